@@ -1,0 +1,153 @@
+//! Committers make a transaction durable in one step. Local mode's:
+//! write and fsync the output bytes, then one RocksDB `WriteBatch` holds the
+//! state changes, the input positions and the committed output lengths.
+//! A crash before the batch leaves extra output bytes, which recovery cuts
+//! off; a crash after it loses nothing.
+
+use std::sync::Arc;
+
+use crate::sink::{Lineage, LocalSink, SinkError};
+use crate::source::LocalPosition;
+use crate::state_store::{StateError, StateStore, StoreCommit};
+use crate::transaction::Transaction;
+
+/// Metadata key prefix of committed input positions (`input/<index>`).
+const INPUT_PREFIX: &str = "input/";
+/// Metadata key prefix of committed output lengths (`output/<name>`).
+const OUTPUT_PREFIX: &str = "output/";
+
+/// A failed commit; nothing of it became visible.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// Writing outputs failed.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    /// Writing state failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// Committed metadata is unreadable or does not match the job.
+    #[error("{0}")]
+    Metadata(String),
+}
+
+/// What a committer recovered: where to resume reading.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Committed position of each input partition.
+    pub positions: Vec<LocalPosition>,
+}
+
+/// Makes transactions durable, atomically.
+pub trait Committer {
+    /// Makes `txn` durable together with the input `positions` reached, then
+    /// empties it. On error nothing of `txn` is visible, and the caller
+    /// must rewind to the last committed positions.
+    fn commit(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError>;
+}
+
+/// A committed input position, with the file it belongs to.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CommittedInput {
+    file: String,
+    #[serde(flatten)]
+    position: LocalPosition,
+}
+
+/// The local-mode committer.
+pub struct LocalCommitter {
+    store: Arc<dyn StateStore>,
+    sink: LocalSink,
+    lineage: Lineage,
+    output_names: Vec<String>,
+}
+
+impl LocalCommitter {
+    /// Recovers a local job's outputs and positions from `store`: cuts the
+    /// output files to their committed lengths and returns where each input
+    /// resumes. Refuses inputs renamed or reordered since the last commit.
+    pub fn recover(
+        store: Arc<dyn StateStore>,
+        output_dir: &std::path::Path,
+        output_names: &[String],
+        lineage: Lineage,
+    ) -> Result<(LocalCommitter, Recovered), CommitError> {
+        let mut committed_lengths = std::collections::HashMap::new();
+        for (key, value) in store.scan_meta(OUTPUT_PREFIX.as_bytes())? {
+            let len = std::str::from_utf8(&value).ok().and_then(|text| text.parse::<u64>().ok());
+            let len = len.ok_or_else(|| damaged(&key))?;
+            committed_lengths.insert(key[OUTPUT_PREFIX.len()..].to_vec(), len);
+        }
+        let lengths: Vec<u64> =
+            output_names.iter().map(|name| committed_lengths.get(name.as_bytes()).copied().unwrap_or(0)).collect();
+        let committed_inputs = read_indexed(&*store, INPUT_PREFIX, |bytes| serde_json::from_slice::<CommittedInput>(bytes).ok())?;
+        if committed_inputs.len() > lineage.partitions.len() {
+            return Err(CommitError::Metadata(format!(
+                "this state directory has committed positions for {} inputs, but the job names {}; \
+                 keep the job's inputs as they were, or use a new state directory",
+                committed_inputs.len(),
+                lineage.partitions.len()
+            )));
+        }
+        let mut positions = Vec::with_capacity(committed_inputs.len());
+        for (index, committed) in committed_inputs.into_iter().enumerate() {
+            if committed.file != lineage.partitions[index] {
+                return Err(CommitError::Metadata(format!(
+                    "input {index} was `{}` when this state was committed, but the job now names `{}` there; \
+                     keep the inputs in the same order, or use a new state directory",
+                    committed.file, lineage.partitions[index]
+                )));
+            }
+            positions.push(committed.position);
+        }
+        let sink = LocalSink::open(output_dir, output_names, &lengths)?;
+        let output_names = output_names.to_vec();
+        Ok((LocalCommitter { store, sink, lineage, output_names }, Recovered { positions }))
+    }
+
+    /// Path of output `index` (the last is the dead-letter output).
+    pub fn output_path(&self, index: usize) -> &std::path::Path {
+        self.sink.path(index)
+    }
+}
+
+impl Committer for LocalCommitter {
+    fn commit(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError> {
+        self.sink.format(&txn.outputs, &txn.dead_letters, &self.lineage);
+        let lengths = self.sink.sync()?;
+        let mut meta = Vec::with_capacity(positions.len() + lengths.len());
+        for (index, position) in positions.iter().enumerate() {
+            let committed = CommittedInput { file: self.lineage.partitions[index].clone(), position: *position };
+            let value = serde_json::to_vec(&committed).expect("positions serialize");
+            meta.push((format!("{INPUT_PREFIX}{index:08}").into_bytes(), value));
+        }
+        for (name, len) in self.output_names.iter().zip(&lengths) {
+            meta.push((format!("{OUTPUT_PREFIX}{name}").into_bytes(), len.to_string().into_bytes()));
+        }
+        self.store.commit(StoreCommit { state: txn.overlay.changes(), meta })?;
+        txn.overlay.committed();
+        txn.outputs.clear();
+        txn.dead_letters.clear();
+        Ok(())
+    }
+}
+
+/// Reads `<prefix><index>` metadata entries in index order.
+fn read_indexed<T>(
+    store: &dyn StateStore,
+    prefix: &str,
+    parse: impl Fn(&[u8]) -> Option<T>,
+) -> Result<Vec<T>, CommitError> {
+    store
+        .scan_meta(prefix.as_bytes())?
+        .into_iter()
+        .map(|(key, value)| parse(&value).ok_or_else(|| damaged(&key)))
+        .collect()
+}
+
+fn damaged(key: &[u8]) -> CommitError {
+    CommitError::Metadata(format!(
+        "committed metadata `{}` is unreadable; the state directory is damaged",
+        String::from_utf8_lossy(key)
+    ))
+}

@@ -1,0 +1,28 @@
+//! Tally's host: runs user aggregation logic as sandboxed WebAssembly
+//! components over streams, with exactly-once results.
+//!
+//! The data path, one module per step:
+//! [`source`] → [`task`] → [`plugin`] → [`transaction`] / [`overlay`] →
+//! [`committer`] → [`sink`] and [`state_store`].
+//!
+//! ```no_run
+//! use tally_host::{config::JobConfig, plugin::PluginRuntime, task::LocalTask};
+//!
+//! let job = JobConfig::from_file("billing.toml".as_ref())?;
+//! let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
+//! let summary = LocalTask::open(&job, &plugin)?.run()?;
+//! println!("{} records, {} dead-lettered", summary.records, summary.dead_lettered);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod committer;
+pub mod config;
+pub mod lock;
+pub mod overlay;
+pub mod plugin;
+pub mod sink;
+pub mod source;
+pub mod state_store;
+pub mod task;
+pub mod testing;
+pub mod transaction;

@@ -1,0 +1,270 @@
+//! The `tally` command line.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use tally_host::config::{JobConfig, LocalConfig, Limits, DEFAULT_BATCH_SIZE, DEFAULT_DEAD_LETTER_OUTPUT};
+use tally_host::plugin::{PluginRuntime, WIT_PACKAGE, WIT_VERSION};
+use tally_host::state_store::{RocksStore, StateStore};
+use tally_host::task::LocalTask;
+
+/// Tally: exactly-once stream aggregation with WebAssembly plugins.
+#[derive(Parser)]
+#[command(name = "tally", version, about)]
+struct Cli {
+    /// Log as JSON lines instead of text (logs go to stderr; filter with RUST_LOG).
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a job in local mode: NDJSON files in, NDJSON files out, exactly once.
+    ///
+    /// Example:
+    ///   tally run --plugin usage_billing.wasm --output totals \
+    ///     --input usage-0.ndjson --input usage-1.ndjson --output-dir out --state-dir state
+    ///   tally run billing.toml
+    Run(RunArgs),
+    /// Build, inspect plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+    /// Read a local job's committed state.
+    #[command(subcommand)]
+    State(StateCommand),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// A job file (TOML); the other flags then must not be given.
+    job: Option<PathBuf>,
+    /// The plugin component.
+    #[arg(long, conflicts_with = "job")]
+    plugin: Option<PathBuf>,
+    /// An NDJSON input file (one partition); repeat for more.
+    #[arg(long = "input", conflicts_with = "job")]
+    inputs: Vec<PathBuf>,
+    /// An output the plugin emits to; repeat for more.
+    #[arg(long = "output", conflicts_with = "job")]
+    outputs: Vec<String>,
+    /// Directory of the output files.
+    #[arg(long, conflicts_with = "job")]
+    output_dir: Option<PathBuf>,
+    /// Directory of the job's state.
+    #[arg(long, conflicts_with = "job")]
+    state_dir: Option<PathBuf>,
+    /// Job name (prefixes idempotency keys).
+    #[arg(long, default_value = "job", conflicts_with = "job")]
+    name: String,
+    /// Commit interval in milliseconds.
+    #[arg(long, default_value_t = 100, conflicts_with = "job")]
+    commit_interval_ms: u64,
+    /// Most events per plugin call.
+    #[arg(long, default_value_t = DEFAULT_BATCH_SIZE, conflicts_with = "job")]
+    batch_size: usize,
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Build a Rust plugin crate into a component.
+    ///
+    /// Example: tally plugin build plugins/usage-billing --out usage_billing.wasm
+    Build {
+        /// The plugin crate's directory.
+        dir: PathBuf,
+        /// Where to write the component (default: printed at the end).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Show a plugin's contract version, imports, exports and size, and whether this host runs it.
+    ///
+    /// Example: tally plugin inspect usage_billing.wasm
+    Inspect {
+        /// The component file.
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum StateCommand {
+    /// List every committed key and value of a local job.
+    ///
+    /// Example: tally state list --state-dir state
+    List {
+        /// The job's state directory.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Print one JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(args) => run_job(args),
+        Command::Plugin(PluginCommand::Build { dir, out }) => build_plugin(&dir, out.as_deref()),
+        Command::Plugin(PluginCommand::Inspect { file, json }) => inspect_plugin(&file, json),
+        Command::State(StateCommand::List { state_dir, json }) => list_state(&state_dir, json),
+    }
+}
+
+fn run_job(args: RunArgs) -> anyhow::Result<()> {
+    let job = match args.job {
+        Some(path) => JobConfig::from_file(&path)?,
+        None => {
+            let missing = |flag: &str| anyhow::anyhow!("give a job file, or --{flag} (see `tally run --help`)");
+            let job = JobConfig {
+                name: args.name,
+                plugin: args.plugin.ok_or_else(|| missing("plugin"))?,
+                outputs: args.outputs,
+                dead_letter_output: DEFAULT_DEAD_LETTER_OUTPUT.to_string(),
+                commit_interval_ms: args.commit_interval_ms,
+                batch_size: args.batch_size,
+                limits: Limits::default(),
+                local: LocalConfig {
+                    inputs: args.inputs,
+                    output_dir: args.output_dir.ok_or_else(|| missing("output-dir"))?,
+                    state_dir: args.state_dir.ok_or_else(|| missing("state-dir"))?,
+                },
+            };
+            job.validate()?;
+            job
+        }
+    };
+    let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
+    let mut task = LocalTask::open(&job, &plugin)?;
+    let summary = task.run()?;
+    let seconds = summary.elapsed.as_secs_f64();
+    println!(
+        "job `{}`: {} records ({} applied, {} dead-lettered), {} outputs, {} commits in {:.2}s ({:.0} records/s)",
+        job.name,
+        summary.records,
+        summary.applied,
+        summary.dead_lettered,
+        summary.outputs,
+        summary.commits,
+        seconds,
+        summary.records as f64 / seconds.max(1e-9)
+    );
+    for output in job.outputs.iter().chain([&job.dead_letter_output]) {
+        if let Some(path) = task.output_path(output) {
+            println!("  {output}: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn build_plugin(dir: &Path, out: Option<&Path>) -> anyhow::Result<()> {
+    let target_dir = tally_plugin_build::default_target_dir(dir);
+    let built = tally_plugin_build::build_crate(dir, &target_dir)?;
+    let path = match out {
+        Some(out) => {
+            std::fs::copy(&built.component, out).with_context(|| format!("copying the component to `{}`", out.display()))?;
+            out.to_path_buf()
+        }
+        None => built.component,
+    };
+    let plugin = PluginRuntime::new()?.load_file(&path)?;
+    println!("built `{}`: {} ({} bytes, {})", built.package, path.display(), plugin.size(), plugin.digest());
+    Ok(())
+}
+
+fn inspect_plugin(file: &Path, json: bool) -> anyhow::Result<()> {
+    let inspection = PluginRuntime::new()?.inspect(file)?;
+    let tally_versions: Vec<&str> = inspection
+        .info
+        .imports
+        .iter()
+        .chain(&inspection.info.exports)
+        .filter_map(|name| name.strip_prefix(WIT_PACKAGE)?.split_once('@').map(|(_, version)| version))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let verdict = match &inspection.verdict {
+        Ok(()) => "runs on this host".to_string(),
+        Err(err) => format!("refused: {err}"),
+    };
+    if json {
+        let value = serde_json::json!({
+            "file": inspection.name,
+            "size": inspection.size,
+            "digest": inspection.digest,
+            "wit_versions": tally_versions,
+            "imports": inspection.info.imports,
+            "exports": inspection.info.exports,
+            "runs_on_this_host": inspection.verdict.is_ok(),
+            "verdict": verdict,
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        println!("file:     {}", inspection.name);
+        println!("size:     {} bytes", inspection.size);
+        println!("digest:   {}", inspection.digest);
+        println!("contract: {WIT_PACKAGE}@{} (this host: {WIT_PACKAGE}@{WIT_VERSION})", tally_versions.join(", "));
+        println!("imports:  {}", list_or_none(&inspection.info.imports));
+        println!("exports:  {}", list_or_none(&inspection.info.exports));
+        println!("verdict:  {verdict}");
+    }
+    if inspection.verdict.is_err() {
+        bail!("plugin `{}` would be refused", inspection.name);
+    }
+    Ok(())
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() { "(none)".to_string() } else { items.join(", ") }
+}
+
+fn list_state(state_dir: &Path, json: bool) -> anyhow::Result<()> {
+    let db = state_dir.join("db");
+    if !db.exists() {
+        bail!("`{}` holds no Tally state (no `db` inside); pass the --state-dir of a job that has run", state_dir.display());
+    }
+    // RocksDB admits one process at a time: take the job's lock, so a
+    // running job is reported rather than raced.
+    let _lock = tally_host::lock::StateDirLock::acquire(state_dir)?;
+    let store = RocksStore::open(&db)?;
+    for (key, value) in store.scan_state()? {
+        if json {
+            println!("{}", serde_json::json!({ "key": json_or_text(&key), "value": json_or_text(&value) }));
+        } else {
+            println!("{}\t{}", String::from_utf8_lossy(&key), String::from_utf8_lossy(&value));
+        }
+    }
+    Ok(())
+}
+
+/// Bytes as JSON when they are JSON (as the Rust SDK stores them), else as a string.
+fn json_or_text(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes).unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
+}

@@ -1,0 +1,366 @@
+//! The plugin runtime: compiles a component once, checks it, and runs it in
+//! sandboxed instances, one per task.
+//!
+//! Every instance has its own `Store` with a memory limit and a fuel budget
+//! per batch; a plugin that breaks either is stopped, not the host. The
+//! engine is configured for determinism (no threads: the feature is not
+//! compiled in; canonical NaNs;
+//! deterministic relaxed SIMD), and a plugin can reach nothing but the
+//! `tally:plugin` imports, so re-running a batch gives the same result.
+
+mod bindings;
+pub mod check;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
+
+pub use bindings::{Event, Rejection, WIT_PACKAGE, WIT_VERSION};
+pub use check::{ComponentInfo, PluginError};
+
+use crate::config::Limits;
+use crate::state_store::{MemoryStore, StateError};
+use crate::transaction::{HostCallError, Transaction, Violation};
+
+/// Why a batch failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// The plugin misbehaved on this batch (trap, budget, limit); the
+    /// message is the dead-letter reason if one event is to blame.
+    #[error("{0}")]
+    Plugin(String),
+    /// The host failed (state store); not the plugin's fault.
+    #[error(transparent)]
+    Host(#[from] StateError),
+    /// The plugin could not be re-instantiated after a failure.
+    #[error(transparent)]
+    Instantiate(#[from] PluginError),
+}
+
+/// Something that turns a batch of events into state changes and outputs
+/// recorded in a [`Transaction`]: a Wasm plugin instance, or (for
+/// benchmarks) the same logic compiled natively.
+pub trait Processor {
+    /// Processes `events` in order; returns the events the plugin refused.
+    /// On `Err`, the caller must drop the batch from the transaction.
+    fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError>;
+
+    /// The digest that identifies the running code in output lineage.
+    fn digest(&self) -> &str;
+}
+
+/// Owns the Wasmtime engine; one per host.
+#[derive(Clone)]
+pub struct PluginRuntime {
+    engine: Engine,
+}
+
+impl PluginRuntime {
+    /// An engine configured for sandboxed, deterministic plugins.
+    pub fn new() -> Result<PluginRuntime, PluginError> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.consume_fuel(true);
+        config.cranelift_nan_canonicalization(true);
+        config.relaxed_simd_deterministic(true);
+        let engine = Engine::new(&config)
+            .map_err(|err| PluginError::Invalid { name: "(engine)".into(), reason: format!("{err:#}") })?;
+        Ok(PluginRuntime { engine })
+    }
+
+    /// Reads, compiles and checks the plugin at `path`.
+    pub fn load_file(&self, path: &Path) -> Result<LoadedPlugin, PluginError> {
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+        self.load(&file_name(path), &bytes)
+    }
+
+    /// Compiles and checks a plugin; `name` is used in messages.
+    pub fn load(&self, name: &str, bytes: &[u8]) -> Result<LoadedPlugin, PluginError> {
+        let component = check::compile(&self.engine, name, bytes)?;
+        let info = check::component_info(&self.engine, &component);
+        check::check_contract(name, &info)?;
+        let instantiate_error = |err: wasmtime::Error| PluginError::Instantiate { name: name.to_string(), reason: format!("{err:#}") };
+        let mut linker = Linker::<StoreData>::new(&self.engine);
+        bindings::PluginWorld::add_to_linker::<_, HasSelf<StoreData>>(&mut linker, |data| data).map_err(instantiate_error)?;
+        let pre = linker.instantiate_pre(&component).map_err(instantiate_error)?;
+        let pre = bindings::PluginWorldPre::new(pre).map_err(instantiate_error)?;
+        Ok(LoadedPlugin {
+            inner: Arc::new(LoadedInner {
+                engine: self.engine.clone(),
+                name: name.to_string(),
+                digest: digest(bytes),
+                size: bytes.len(),
+                info,
+                pre,
+            }),
+        })
+    }
+
+    /// Describes the plugin at `path` and whether this host would run it
+    /// (for `tally plugin inspect`). Errs only when it is not a component.
+    pub fn inspect(&self, path: &Path) -> Result<Inspection, PluginError> {
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+        let name = file_name(path);
+        let component = check::compile(&self.engine, &name, &bytes)?;
+        let info = check::component_info(&self.engine, &component);
+        let verdict = check::check_contract(&name, &info);
+        Ok(Inspection { digest: digest(&bytes), size: bytes.len(), name, info, verdict })
+    }
+}
+
+/// What `tally plugin inspect` shows.
+#[derive(Debug)]
+pub struct Inspection {
+    /// File name.
+    pub name: String,
+    /// `sha256:<hex>` of the bytes.
+    pub digest: String,
+    /// Size in bytes.
+    pub size: usize,
+    /// Imports and exports.
+    pub info: ComponentInfo,
+    /// Whether this host would run it, and if not why.
+    pub verdict: Result<(), PluginError>,
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// The digest that identifies plugin bytes in lineage: `sha256:<hex>`.
+pub fn digest(bytes: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(bytes))
+}
+
+/// A compiled, checked plugin; cheap to clone, instantiated per task.
+#[derive(Clone)]
+pub struct LoadedPlugin {
+    inner: Arc<LoadedInner>,
+}
+
+struct LoadedInner {
+    engine: Engine,
+    name: String,
+    digest: String,
+    size: usize,
+    info: ComponentInfo,
+    pre: bindings::PluginWorldPre<StoreData>,
+}
+
+impl LoadedPlugin {
+    /// File name the plugin was loaded from.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// `sha256:<hex>` of the component bytes.
+    pub fn digest(&self) -> &str {
+        &self.inner.digest
+    }
+
+    /// Size of the component in bytes.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The component's imports and exports.
+    pub fn info(&self) -> &ComponentInfo {
+        &self.inner.info
+    }
+
+    /// A fresh sandboxed instance with `limits`.
+    pub fn instantiate(&self, limits: Limits) -> Result<PluginInstance, PluginError> {
+        let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), limits);
+        let mut instance = PluginInstance { plugin: self.clone(), store: None, bindings: None, idle_txn: Some(placeholder), limits };
+        instance.reinstantiate()?;
+        Ok(instance)
+    }
+}
+
+/// What a plugin's `Store` holds: the transaction it works on (only during
+/// a call) and its memory limit.
+pub struct StoreData {
+    txn: Transaction,
+    memory_limit: u64,
+    memory_exceeded: bool,
+    violation: Option<Violation>,
+    host_failure: Option<StateError>,
+}
+
+impl ResourceLimiter for StoreData {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired as u64 > self.memory_limit {
+            self.memory_exceeded = true;
+            return Err(wasmtime::Error::msg("plugin exceeded its memory limit"));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 1 << 20)
+    }
+}
+
+impl StoreData {
+    /// Records why a host call failed and turns it into a trap.
+    fn fail(&mut self, err: HostCallError) -> wasmtime::Error {
+        let message = err.to_string();
+        match err {
+            HostCallError::Violation(violation) => self.violation = Some(violation),
+            HostCallError::State(state) => self.host_failure = Some(state),
+        }
+        wasmtime::Error::msg(message)
+    }
+}
+
+impl bindings::types::Host for StoreData {}
+
+impl bindings::state::Host for StoreData {
+    fn get(&mut self, key: Vec<u8>) -> wasmtime::Result<Option<Vec<u8>>> {
+        match self.txn.get_many(std::slice::from_ref(&key)) {
+            Ok(mut values) => Ok(values.pop().flatten()),
+            Err(err) => Err(self.fail(err)),
+        }
+    }
+
+    fn get_many(&mut self, keys: Vec<Vec<u8>>) -> wasmtime::Result<Vec<Option<Vec<u8>>>> {
+        self.txn.get_many(&keys).map_err(|err| self.fail(err))
+    }
+
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> wasmtime::Result<()> {
+        self.txn.put_many(vec![(key, value)]).map_err(|v| self.fail(v.into()))
+    }
+
+    fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>) -> wasmtime::Result<()> {
+        self.txn.put_many(entries).map_err(|v| self.fail(v.into()))
+    }
+
+    fn delete(&mut self, key: Vec<u8>) -> wasmtime::Result<()> {
+        self.txn.delete_many(vec![key]).map_err(|v| self.fail(v.into()))
+    }
+
+    fn delete_many(&mut self, keys: Vec<Vec<u8>>) -> wasmtime::Result<()> {
+        self.txn.delete_many(keys).map_err(|v| self.fail(v.into()))
+    }
+}
+
+impl bindings::output::Host for StoreData {
+    fn emit(&mut self, record: bindings::OutputRecord) -> wasmtime::Result<()> {
+        self.txn.emit(record.event, &record.output, record.key, record.value).map_err(|v| self.fail(v.into()))
+    }
+
+    fn emit_many(&mut self, records: Vec<bindings::OutputRecord>) -> wasmtime::Result<()> {
+        for record in records {
+            self.txn.emit(record.event, &record.output, record.key, record.value).map_err(|v| self.fail(v.into()))?;
+        }
+        Ok(())
+    }
+}
+
+impl bindings::log::Host for StoreData {
+    fn log(&mut self, level: bindings::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            bindings::Level::Trace => tracing::Level::TRACE,
+            bindings::Level::Debug => tracing::Level::DEBUG,
+            bindings::Level::Info => tracing::Level::INFO,
+            bindings::Level::Warn => tracing::Level::WARN,
+            bindings::Level::Error => tracing::Level::ERROR,
+        };
+        self.txn.log(level, &message);
+        Ok(())
+    }
+}
+
+/// A running, sandboxed instance of a plugin.
+pub struct PluginInstance {
+    plugin: LoadedPlugin,
+    store: Option<Store<StoreData>>,
+    bindings: Option<bindings::PluginWorld>,
+    /// The transaction the store holds between calls (swapped with the
+    /// caller's during a call); kept here while the store is being rebuilt.
+    idle_txn: Option<Transaction>,
+    limits: Limits,
+}
+
+impl PluginInstance {
+    /// The plugin this instance runs.
+    pub fn plugin(&self) -> &LoadedPlugin {
+        &self.plugin
+    }
+
+    /// Throws the instance away and makes a fresh one: after a trap the
+    /// guest's memory may be inconsistent.
+    fn reinstantiate(&mut self) -> Result<(), PluginError> {
+        let txn = match self.store.take() {
+            Some(store) => store.into_data().txn,
+            None => self.idle_txn.take().expect("an instance always holds a spare transaction"),
+        };
+        let data = StoreData { txn, memory_limit: self.limits.memory_bytes, memory_exceeded: false, violation: None, host_failure: None };
+        let mut store = Store::new(&self.plugin.inner.engine, data);
+        store.limiter(|data| data as &mut dyn ResourceLimiter);
+        // Instantiation runs guest code too (start functions, allocator setup).
+        store.set_fuel(self.limits.fuel_per_event).expect("fuel is enabled in the engine");
+        let bindings = self.plugin.inner.pre.instantiate(&mut store).map_err(|err| PluginError::Instantiate {
+            name: self.plugin.name().to_string(),
+            reason: format!("{err:#}"),
+        })?;
+        self.store = Some(store);
+        self.bindings = Some(bindings);
+        Ok(())
+    }
+
+    /// Why the last call failed, as a dead-letter reason.
+    fn failure(&mut self, err: wasmtime::Error, fuel: u64, logged: Option<String>) -> ProcessError {
+        let data = self.store.as_mut().expect("store is present during a call").data_mut();
+        if let Some(state) = data.host_failure.take() {
+            return ProcessError::Host(state);
+        }
+        if let Some(violation) = data.violation.take() {
+            return ProcessError::Plugin(violation.0);
+        }
+        if data.memory_exceeded {
+            return ProcessError::Plugin(format!(
+                "plugin exceeded its memory limit of {} MiB (limits.memory_bytes)",
+                self.limits.memory_bytes >> 20
+            ));
+        }
+        if err.downcast_ref::<Trap>() == Some(&Trap::OutOfFuel) {
+            return ProcessError::Plugin(format!(
+                "plugin exceeded its CPU budget of {fuel} fuel for the batch ({} per event, limits.fuel_per_event)",
+                self.limits.fuel_per_event
+            ));
+        }
+        let trap = err.downcast_ref::<Trap>().map_or_else(|| format!("{err}"), |trap| trap.to_string());
+        match logged {
+            Some(logged) => ProcessError::Plugin(format!("plugin trapped ({trap}): {logged}")),
+            None => ProcessError::Plugin(format!("plugin trapped: {trap}")),
+        }
+    }
+}
+
+impl Processor for PluginInstance {
+    fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
+        let fuel = self.limits.fuel_per_event.saturating_mul(events.len().max(1) as u64);
+        let store = self.store.as_mut().expect("an instance always has a store between calls");
+        store.set_fuel(fuel).expect("fuel is enabled in the engine");
+        std::mem::swap(&mut store.data_mut().txn, txn);
+        let bindings = self.bindings.as_ref().expect("bindings exist with the store");
+        let result = bindings.tally_plugin_aggregator().call_process(&mut *store, events);
+        std::mem::swap(&mut store.data_mut().txn, txn);
+        match result {
+            Ok(rejections) => Ok(rejections),
+            Err(err) => {
+                let failure = self.failure(err, fuel, txn.last_plugin_error.take());
+                self.reinstantiate()?;
+                Err(failure)
+            }
+        }
+    }
+
+    fn digest(&self) -> &str {
+        self.plugin.digest()
+    }
+}

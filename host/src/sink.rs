@@ -1,0 +1,215 @@
+//! The local sink: one NDJSON file per output, `<output_dir>/<name>.ndjson`.
+//!
+//! Every line carries its lineage (DESIGN invariant 7): the source partition
+//! and offset, the plugin digest and a deterministic idempotency key:
+//!
+//! ```text
+//! {"key":{..},"value":{..},"source":{"partition":"usage-0.ndjson","offset":12},"plugin":"sha256:..","idempotency_key":"billing/0/12/0"}
+//! ```
+//!
+//! Dead letters go to the dead-letter output's file, with the reason and the
+//! record as read. Appends become durable with [`LocalSink::sync`]; after a
+//! crash, [`LocalSink::open`] cuts each file back to its committed length.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::de::IgnoredAny;
+
+use crate::transaction::{DeadLetter, PendingOutput, SourcePosition};
+
+/// A failure writing outputs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// An output file could not be opened, written or synced.
+    #[error("cannot write output `{}`: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+    /// An output file is shorter than what was committed to it.
+    #[error(
+        "output `{}` has {len} bytes, but {committed} bytes were committed to it: it was changed outside Tally; \
+         restore it, or start over with a new state directory and output directory",
+        path.display()
+    )]
+    Shrunk { path: PathBuf, len: u64, committed: u64 },
+}
+
+/// Static parts of every line's lineage.
+#[derive(Debug, Clone)]
+pub struct Lineage {
+    /// Job name, the first part of idempotency keys.
+    pub job: String,
+    /// Partition names (input file names), by index.
+    pub partitions: Vec<String>,
+    /// Digest of the plugin that produced the records.
+    pub plugin_digest: String,
+}
+
+struct OutputFile {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    pending: Vec<u8>,
+}
+
+/// The output files of a local job; the last one is the dead-letter output.
+pub struct LocalSink {
+    files: Vec<OutputFile>,
+}
+
+impl LocalSink {
+    /// Opens (creating) `<dir>/<name>.ndjson` for each of `names`, cut back
+    /// to `committed[i]` bytes (missing entries mean 0).
+    pub fn open(dir: &Path, names: &[String], committed: &[u64]) -> Result<LocalSink, SinkError> {
+        std::fs::create_dir_all(dir).map_err(|source| SinkError::Write { path: dir.to_path_buf(), source })?;
+        let files = names
+            .iter()
+            .enumerate()
+            .map(|(index, name)| {
+                let path = dir.join(format!("{name}.ndjson"));
+                let committed = committed.get(index).copied().unwrap_or(0);
+                let write_error = |source| SinkError::Write { path: path.clone(), source };
+                let file = OpenOptions::new().create(true).append(true).open(&path).map_err(write_error)?;
+                let len = file.metadata().map_err(write_error)?.len();
+                if len < committed {
+                    return Err(SinkError::Shrunk { path, len, committed });
+                }
+                if len > committed {
+                    tracing::info!(output = %path.display(), from = len, to = committed, "cutting uncommitted output");
+                    file.set_len(committed).map_err(write_error)?;
+                    file.sync_all().map_err(write_error)?;
+                }
+                Ok(OutputFile { path, file, len: committed, pending: Vec::new() })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(LocalSink { files })
+    }
+
+    /// Path of output `index`.
+    pub fn path(&self, index: usize) -> &Path {
+        &self.files[index].path
+    }
+
+    /// Formats `outputs` and `dead_letters` into the pending bytes of their files.
+    pub fn format(&mut self, outputs: &[PendingOutput], dead_letters: &[DeadLetter], lineage: &Lineage) {
+        for record in outputs {
+            let line = &mut self.files[record.output].pending;
+            line.extend_from_slice(b"{\"key\":");
+            match &record.key {
+                Some(key) => write_json_or_text(line, key),
+                None => line.extend_from_slice(b"null"),
+            }
+            line.extend_from_slice(b",\"value\":");
+            write_json_or_text(line, &record.value);
+            write_lineage(line, record.source, record.sequence, lineage);
+            line.extend_from_slice(b"}\n");
+        }
+        let dead_letter_file = self.files.len() - 1;
+        for dead in dead_letters {
+            let line = &mut self.files[dead_letter_file].pending;
+            line.extend_from_slice(b"{\"reason\":");
+            write_json_string(line, &dead.reason);
+            line.extend_from_slice(b",\"record\":");
+            write_json_string(line, &String::from_utf8_lossy(&dead.record));
+            write_lineage(line, dead.source, 0, lineage);
+            line.extend_from_slice(b"}\n");
+        }
+    }
+
+    /// Writes and syncs the pending bytes; returns every file's new length.
+    pub fn sync(&mut self) -> Result<Vec<u64>, SinkError> {
+        for output in &mut self.files {
+            if output.pending.is_empty() {
+                continue;
+            }
+            let write_error = |source| SinkError::Write { path: output.path.clone(), source };
+            (&output.file).write_all(&output.pending).map_err(write_error)?;
+            output.file.sync_data().map_err(write_error)?;
+            output.len += output.pending.len() as u64;
+            output.pending.clear();
+        }
+        Ok(self.files.iter().map(|output| output.len).collect())
+    }
+}
+
+/// `,"source":{..},"plugin":"..","idempotency_key":".."` (no closing brace).
+fn write_lineage(line: &mut Vec<u8>, source: SourcePosition, sequence: u32, lineage: &Lineage) {
+    line.extend_from_slice(b",\"source\":{\"partition\":");
+    write_json_string(line, &lineage.partitions[source.partition as usize]);
+    let _ = write!(line, ",\"offset\":{}}},\"plugin\":\"{}\",\"idempotency_key\":", source.offset, lineage.plugin_digest);
+    let key = format!("{}/{}/{}/{}", lineage.job, source.partition, source.offset, sequence);
+    write_json_string(line, &key);
+}
+
+/// Embeds `bytes` as is when they are JSON, else as a JSON string.
+fn write_json_or_text(line: &mut Vec<u8>, bytes: &[u8]) {
+    let single_line = !bytes.contains(&b'\n');
+    if single_line && serde_json::from_slice::<IgnoredAny>(bytes).is_ok() {
+        line.extend_from_slice(bytes);
+    } else {
+        write_json_string(line, &String::from_utf8_lossy(bytes));
+    }
+}
+
+fn write_json_string(line: &mut Vec<u8>, text: &str) {
+    serde_json::to_writer(line, text).expect("writing to a Vec cannot fail");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lineage() -> Lineage {
+        Lineage { job: "billing".into(), partitions: vec!["p0.ndjson".into()], plugin_digest: "sha256:ab".into() }
+    }
+
+    #[test]
+    fn lines_carry_lineage_and_only_synced_bytes_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = vec!["totals".to_string(), "dead-letters".to_string()];
+        let mut sink = LocalSink::open(dir.path(), &names, &[]).unwrap();
+        let output = PendingOutput {
+            output: 0,
+            key: Some(b"\"acme\"".to_vec()),
+            value: b"{\"total\":3}".to_vec(),
+            source: SourcePosition { partition: 0, offset: 7 },
+            sequence: 1,
+        };
+        let dead = DeadLetter { source: SourcePosition { partition: 0, offset: 8 }, reason: "bad".into(), record: b"x\"y".to_vec() };
+        sink.format(&[output.clone()], &[dead], &lineage());
+        let lengths = sink.sync().unwrap();
+        let totals = std::fs::read_to_string(sink.path(0)).unwrap();
+        assert_eq!(
+            totals,
+            "{\"key\":\"acme\",\"value\":{\"total\":3},\"source\":{\"partition\":\"p0.ndjson\",\"offset\":7},\"plugin\":\"sha256:ab\",\"idempotency_key\":\"billing/0/7/1\"}\n"
+        );
+        let dead_line: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(sink.path(1)).unwrap()).unwrap();
+        assert_eq!(dead_line["reason"], "bad");
+        assert_eq!(dead_line["record"], "x\"y");
+
+        // Bytes written after the last commit are cut on reopen, and the
+        // next writes append after the committed ones.
+        sink.format(&[output.clone()], &[], &lineage());
+        sink.sync().unwrap();
+        let mut sink = LocalSink::open(dir.path(), &names, &lengths).unwrap();
+        assert_eq!(std::fs::read_to_string(sink.path(0)).unwrap(), totals);
+        sink.format(&[output], &[], &lineage());
+        sink.sync().unwrap();
+        assert_eq!(std::fs::read_to_string(sink.path(0)).unwrap(), totals.repeat(2));
+    }
+
+    #[test]
+    fn a_value_that_is_not_json_is_written_as_a_string() {
+        let mut line = Vec::new();
+        write_json_or_text(&mut line, b"not json");
+        assert_eq!(line, b"\"not json\"");
+    }
+
+    #[test]
+    fn a_shrunk_output_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = LocalSink::open(dir.path(), &["totals".into()], &[10]).err().unwrap().to_string();
+        assert!(err.contains("has 0 bytes, but 10 bytes were committed"), "{err}");
+    }
+}

@@ -1,0 +1,188 @@
+//! The local source: NDJSON files, one file per partition. A record is a
+//! line; its offset is the line number. Positions are (line, byte) pairs, so
+//! a restart seeks straight to the first uncommitted line.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use crate::transaction::SourcePosition;
+
+/// Read buffer per input file.
+const READ_BUFFER_BYTES: usize = 1 << 20;
+
+/// A failure reading the inputs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// An input file could not be opened or read.
+    #[error("cannot read input `{}`: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    /// An input file is shorter than what was already committed from it.
+    #[error(
+        "input `{}` has {len} bytes, but {committed} bytes of it were already processed and committed: \
+         it was truncated or replaced; restore the original file, or start over with a new state directory and output directory",
+        path.display()
+    )]
+    Shrunk { path: PathBuf, len: u64, committed: u64 },
+}
+
+/// How far a partition has been read: the next line and its byte position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LocalPosition {
+    /// Line number of the next record.
+    pub next_line: u64,
+    /// Byte position of the next record.
+    pub byte: u64,
+}
+
+/// One record read from an input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputRecord {
+    /// Where it came from.
+    pub position: SourcePosition,
+    /// The line, without its line ending.
+    pub value: Vec<u8>,
+}
+
+struct Partition {
+    path: PathBuf,
+    reader: BufReader<File>,
+    position: LocalPosition,
+    exhausted: bool,
+}
+
+/// NDJSON input files read in round-robin batches.
+pub struct LocalSource {
+    partitions: Vec<Partition>,
+    line: Vec<u8>,
+}
+
+impl LocalSource {
+    /// Opens `paths`, each positioned at `positions[i]` (or the start).
+    pub fn open(paths: &[PathBuf], positions: &[LocalPosition]) -> Result<LocalSource, SourceError> {
+        let partitions = paths
+            .iter()
+            .enumerate()
+            .map(|(index, path)| {
+                let position = positions.get(index).copied().unwrap_or_default();
+                open_partition(path, position)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(LocalSource { partitions, line: Vec::new() })
+    }
+
+    /// Reads up to `max` records into `out`, taking an equal share from each
+    /// partition that has records left; reads nothing once all are exhausted.
+    pub fn next_batch(&mut self, max: usize, out: &mut Vec<InputRecord>) -> Result<(), SourceError> {
+        let live = self.partitions.iter().filter(|p| !p.exhausted).count();
+        if live == 0 {
+            return Ok(());
+        }
+        let share = (max / live).max(1);
+        for (index, partition) in self.partitions.iter_mut().enumerate() {
+            let mut taken = 0;
+            while taken < share && !partition.exhausted && out.len() < max {
+                self.line.clear();
+                let read = partition
+                    .reader
+                    .read_until(b'\n', &mut self.line)
+                    .map_err(|source| SourceError::Read { path: partition.path.clone(), source })?;
+                if read == 0 {
+                    partition.exhausted = true;
+                    break;
+                }
+                let position = SourcePosition { partition: index as u32, offset: partition.position.next_line };
+                partition.position.next_line += 1;
+                partition.position.byte += read as u64;
+                let mut value = std::mem::take(&mut self.line);
+                trim_line_ending(&mut value);
+                out.push(InputRecord { position, value });
+                taken += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where each partition will continue reading.
+    pub fn positions(&self) -> Vec<LocalPosition> {
+        self.partitions.iter().map(|p| p.position).collect()
+    }
+
+    /// Whether every partition has been read to its end.
+    pub fn is_exhausted(&self) -> bool {
+        self.partitions.iter().all(|p| p.exhausted)
+    }
+}
+
+fn open_partition(path: &Path, position: LocalPosition) -> Result<Partition, SourceError> {
+    let read_error = |source| SourceError::Read { path: path.to_path_buf(), source };
+    let mut file = File::open(path).map_err(read_error)?;
+    let len = file.metadata().map_err(read_error)?.len();
+    if len < position.byte {
+        return Err(SourceError::Shrunk { path: path.to_path_buf(), len, committed: position.byte });
+    }
+    file.seek(SeekFrom::Start(position.byte)).map_err(read_error)?;
+    Ok(Partition {
+        path: path.to_path_buf(),
+        reader: BufReader::with_capacity(READ_BUFFER_BYTES, file),
+        position,
+        exhausted: false,
+    })
+}
+
+fn trim_line_ending(line: &mut Vec<u8>) {
+    if line.last() == Some(&b'\n') {
+        line.pop();
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn values(records: &[InputRecord]) -> Vec<(u32, u64, String)> {
+        records
+            .iter()
+            .map(|r| (r.position.partition, r.position.offset, String::from_utf8(r.value.clone()).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn reads_partitions_in_turn_and_resumes_from_a_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = write(dir.path(), "a", "a0\na1\r\na2");
+        let b = write(dir.path(), "b", "b0\n");
+        let mut source = LocalSource::open(&[a.clone(), b.clone()], &[]).unwrap();
+        let mut batch = Vec::new();
+        source.next_batch(4, &mut batch).unwrap();
+        assert_eq!(values(&batch), vec![(0, 0, "a0".into()), (0, 1, "a1".into()), (1, 0, "b0".into())]);
+        let resume = source.positions();
+        assert_eq!(resume[0], LocalPosition { next_line: 2, byte: 7 });
+
+        let mut source = LocalSource::open(&[a, b], &resume).unwrap();
+        let mut batch = Vec::new();
+        source.next_batch(10, &mut batch).unwrap();
+        assert_eq!(values(&batch), vec![(0, 2, "a2".into())]);
+        batch.clear();
+        source.next_batch(10, &mut batch).unwrap();
+        assert!(batch.is_empty() && source.is_exhausted());
+    }
+
+    #[test]
+    fn a_shrunk_input_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = write(dir.path(), "a", "a0\n");
+        let err = LocalSource::open(&[a], &[LocalPosition { next_line: 5, byte: 100 }]).err().unwrap().to_string();
+        assert!(err.contains("has 3 bytes, but 100 bytes of it were already processed"), "{err}");
+    }
+}

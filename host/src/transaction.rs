@@ -1,0 +1,304 @@
+//! A transaction in progress: its state overlay, its buffered outputs and
+//! dead letters, and the host side of the plugin's `state`, `output` and
+//! `log` calls, with the job's limits enforced on each.
+//!
+//! Nothing here is durable; the committer makes a transaction durable in one
+//! step, or the task drops it.
+
+use std::sync::Arc;
+
+use crate::config::Limits;
+use crate::overlay::Overlay;
+use crate::state_store::{StateError, StateStore};
+
+/// Where an input record came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourcePosition {
+    /// Partition index within the job.
+    pub partition: u32,
+    /// Offset (line number in local mode) within the partition.
+    pub offset: u64,
+}
+
+/// A record for an output, waiting for the commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingOutput {
+    /// Index of the output among the job's declared outputs.
+    pub output: usize,
+    /// Record key.
+    pub key: Option<Vec<u8>>,
+    /// Record value.
+    pub value: Vec<u8>,
+    /// The input record that caused it.
+    pub source: SourcePosition,
+    /// Its number among the records caused by the same input record; with
+    /// `source` it makes the idempotency key.
+    pub sequence: u32,
+}
+
+/// A refused or trapping input record, waiting for the commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Where the record came from.
+    pub source: SourcePosition,
+    /// Why it was not applied.
+    pub reason: String,
+    /// The record as read.
+    pub record: Vec<u8>,
+}
+
+/// Why a plugin call broke one of the job's limits or rules; the plugin is
+/// stopped (a trap) and the message says which rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Violation(pub String);
+
+/// A failing host call: the plugin broke a rule, or the host itself failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostCallError {
+    /// The plugin broke a limit or rule.
+    #[error(transparent)]
+    Violation(#[from] Violation),
+    /// The state store failed: not the plugin's fault.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// A transaction's uncommitted work, and the host calls that add to it.
+pub struct Transaction {
+    /// Uncommitted state changes.
+    pub overlay: Overlay,
+    /// Uncommitted output records, in emission order.
+    pub outputs: Vec<PendingOutput>,
+    /// Uncommitted dead letters.
+    pub dead_letters: Vec<DeadLetter>,
+    /// The most recent error the plugin logged in this batch (a panic
+    /// message, with the Rust SDK), for the dead-letter reason of a trap.
+    pub last_plugin_error: Option<String>,
+    store: Arc<dyn StateStore>,
+    output_names: Arc<[String]>,
+    limits: Limits,
+    batch: Vec<SourcePosition>,
+    batch_sequences: Vec<u32>,
+    batch_output_bytes: u64,
+    batch_outputs_start: usize,
+}
+
+impl Transaction {
+    /// An empty transaction over `store`, for a plugin that may emit to `output_names`.
+    pub fn new(store: Arc<dyn StateStore>, output_names: Arc<[String]>, limits: Limits) -> Transaction {
+        Transaction {
+            overlay: Overlay::default(),
+            outputs: Vec::new(),
+            dead_letters: Vec::new(),
+            last_plugin_error: None,
+            store,
+            output_names,
+            limits,
+            batch: Vec::new(),
+            batch_sequences: Vec::new(),
+            batch_output_bytes: 0,
+            batch_outputs_start: 0,
+        }
+    }
+
+    /// The outputs the plugin may emit to, by index.
+    pub fn output_names(&self) -> &[String] {
+        &self.output_names
+    }
+
+    /// The store the transaction reads through.
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    /// The limits enforced on host calls.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Whether the transaction holds anything to commit.
+    pub fn is_empty(&self) -> bool {
+        self.overlay.is_empty() && self.outputs.is_empty() && self.dead_letters.is_empty()
+    }
+
+    /// Starts a batch of events from `positions` (one per event, in order).
+    pub fn begin_batch(&mut self, positions: impl Iterator<Item = SourcePosition>) {
+        self.batch.clear();
+        self.batch.extend(positions);
+        self.batch_sequences.clear();
+        self.batch_sequences.resize(self.batch.len(), 0);
+        self.batch_output_bytes = 0;
+        self.batch_outputs_start = self.outputs.len();
+        self.last_plugin_error = None;
+    }
+
+    /// The batch succeeded: keep its state changes and outputs.
+    pub fn keep_batch(&mut self) {
+        self.overlay.keep_batch();
+    }
+
+    /// The batch failed: forget its state changes and outputs.
+    pub fn drop_batch(&mut self) {
+        self.overlay.drop_batch();
+        self.outputs.truncate(self.batch_outputs_start);
+    }
+
+    /// Position of event `index` of the current batch.
+    pub fn position(&self, index: u32) -> Result<SourcePosition, Violation> {
+        self.batch.get(index as usize).copied().ok_or_else(|| {
+            Violation(format!("plugin referred to event {index}, but the batch has {} events", self.batch.len()))
+        })
+    }
+
+    /// Drops everything uncommitted.
+    pub fn abort(&mut self) {
+        self.overlay.abort();
+        self.outputs.clear();
+        self.dead_letters.clear();
+    }
+
+    /// Host side of `state.get-many`.
+    pub fn get_many(&mut self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, HostCallError> {
+        for key in keys {
+            self.check_key(key)?;
+        }
+        Ok(self.overlay.get_many(keys, &*self.store)?)
+    }
+
+    /// Host side of `state.put` and `state.put-many`.
+    pub fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), Violation> {
+        for (key, value) in entries {
+            self.check_key(&key)?;
+            if value.len() > self.limits.max_value_bytes as usize {
+                return Err(Violation(format!(
+                    "plugin wrote a state value of {} bytes, over the job's limit of {} bytes (limits.max_value_bytes)",
+                    value.len(),
+                    self.limits.max_value_bytes
+                )));
+            }
+            self.overlay.put(key, value);
+        }
+        Ok(())
+    }
+
+    /// Host side of `state.delete` and `state.delete-many`.
+    pub fn delete_many(&mut self, keys: Vec<Vec<u8>>) -> Result<(), Violation> {
+        for key in keys {
+            self.check_key(&key)?;
+            self.overlay.delete(key);
+        }
+        Ok(())
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<(), Violation> {
+        if key.len() > self.limits.max_key_bytes as usize {
+            return Err(Violation(format!(
+                "plugin used a state key of {} bytes, over the job's limit of {} bytes (limits.max_key_bytes)",
+                key.len(),
+                self.limits.max_key_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Host side of `output.emit` and `output.emit-many`: one record for
+    /// output `name`, caused by event `event` of the batch.
+    pub fn emit(&mut self, event: u32, name: &str, key: Option<Vec<u8>>, value: Vec<u8>) -> Result<(), Violation> {
+        let output = self.output_names.iter().position(|declared| declared == name).ok_or_else(|| {
+            Violation(format!(
+                "plugin emitted to output `{name}`, which the job does not declare (declared: {}); add it to the job's outputs",
+                self.output_names.join(", ")
+            ))
+        })?;
+        let source = self.position(event)?;
+        if value.len() > self.limits.max_value_bytes as usize {
+            return Err(Violation(format!(
+                "plugin emitted a value of {} bytes to `{name}`, over the job's limit of {} bytes (limits.max_value_bytes)",
+                value.len(),
+                self.limits.max_value_bytes
+            )));
+        }
+        self.batch_output_bytes += (value.len() + key.as_ref().map_or(0, Vec::len)) as u64;
+        if self.batch_output_bytes > self.limits.max_output_bytes_per_batch {
+            return Err(Violation(format!(
+                "plugin emitted more than the job's limit of {} output bytes in one batch (limits.max_output_bytes_per_batch)",
+                self.limits.max_output_bytes_per_batch
+            )));
+        }
+        let sequence = &mut self.batch_sequences[event as usize];
+        self.outputs.push(PendingOutput { output, key, value, source, sequence: *sequence });
+        *sequence += 1;
+        Ok(())
+    }
+
+    /// Host side of `log.log`: the plugin's line goes to the host log
+    /// (target `tally::plugin`); error lines are kept for dead-letter reasons.
+    pub fn log(&mut self, level: tracing::Level, message: &str) {
+        match level {
+            tracing::Level::ERROR => tracing::error!(target: "tally::plugin", "{message}"),
+            tracing::Level::WARN => tracing::warn!(target: "tally::plugin", "{message}"),
+            tracing::Level::INFO => tracing::info!(target: "tally::plugin", "{message}"),
+            tracing::Level::DEBUG => tracing::debug!(target: "tally::plugin", "{message}"),
+            tracing::Level::TRACE => tracing::trace!(target: "tally::plugin", "{message}"),
+        }
+        if level == tracing::Level::ERROR {
+            self.last_plugin_error = Some(message.to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state_store::MemoryStore;
+
+    fn transaction(limits: Limits) -> Transaction {
+        Transaction::new(Arc::new(MemoryStore::default()), vec!["totals".to_string()].into(), limits)
+    }
+
+    fn positions(n: u64) -> impl Iterator<Item = SourcePosition> {
+        (0..n).map(|offset| SourcePosition { partition: 0, offset })
+    }
+
+    #[test]
+    fn outputs_carry_their_source_and_a_sequence_per_event() {
+        let mut txn = transaction(Limits::default());
+        txn.begin_batch(positions(2));
+        txn.emit(1, "totals", None, b"a".to_vec()).unwrap();
+        txn.emit(1, "totals", None, b"b".to_vec()).unwrap();
+        txn.emit(0, "totals", None, b"c".to_vec()).unwrap();
+        let got: Vec<(u64, u32)> = txn.outputs.iter().map(|o| (o.source.offset, o.sequence)).collect();
+        assert_eq!(got, vec![(1, 0), (1, 1), (0, 0)]);
+    }
+
+    #[test]
+    fn a_dropped_batch_takes_its_outputs_with_it() {
+        let mut txn = transaction(Limits::default());
+        txn.begin_batch(positions(1));
+        txn.emit(0, "totals", None, b"kept".to_vec()).unwrap();
+        txn.keep_batch();
+        txn.begin_batch(positions(1));
+        txn.emit(0, "totals", None, b"dropped".to_vec()).unwrap();
+        txn.put_many(vec![(b"k".to_vec(), b"v".to_vec())]).unwrap();
+        txn.drop_batch();
+        assert_eq!(txn.outputs.len(), 1);
+        assert_eq!(txn.outputs[0].value, b"kept");
+        assert!(txn.overlay.is_empty());
+    }
+
+    #[test]
+    fn rule_breaking_calls_are_refused_with_the_rule_named() {
+        let limits = Limits { max_key_bytes: 4, max_value_bytes: 8, max_output_bytes_per_batch: 10, ..Limits::default() };
+        let mut txn = transaction(limits);
+        txn.begin_batch(positions(1));
+        let unknown = txn.emit(0, "audit", None, b"x".to_vec()).unwrap_err().0;
+        assert!(unknown.contains("output `audit`, which the job does not declare (declared: totals)"), "{unknown}");
+        let missing_event = txn.emit(3, "totals", None, b"x".to_vec()).unwrap_err().0;
+        assert!(missing_event.contains("event 3, but the batch has 1 events"), "{missing_event}");
+        assert!(txn.put_many(vec![(b"long-key".to_vec(), b"v".to_vec())]).unwrap_err().0.contains("max_key_bytes"));
+        assert!(txn.put_many(vec![(b"k".to_vec(), vec![0; 9])]).unwrap_err().0.contains("max_value_bytes"));
+        txn.emit(0, "totals", None, vec![0; 8]).unwrap();
+        assert!(txn.emit(0, "totals", None, vec![0; 8]).unwrap_err().0.contains("max_output_bytes_per_batch"));
+    }
+}

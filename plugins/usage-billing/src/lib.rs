@@ -1,0 +1,69 @@
+//! Usage billing: the running total of metered usage per customer, metric
+//! and billing period (the UTC calendar month of the event's timestamp).
+//!
+//! Input: `{"customer":"acme","metric":"api_calls","quantity":3,"ts":"2026-11-03T10:00:00Z"}`.
+//! Every accepted event emits the key's new total to the `totals` output.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Number;
+use tally_sdk::{Aggregate, Reject};
+use time::{format_description::well_known::Rfc3339, OffsetDateTime, UtcOffset};
+
+/// One metered usage event.
+#[derive(Deserialize)]
+pub struct Usage {
+    customer: String,
+    metric: String,
+    quantity: Number,
+    ts: String,
+}
+
+/// What is billed together: one customer, one metric, one month (`2026-11`).
+#[derive(Serialize, Deserialize, PartialEq, Eq, Hash, Clone, Debug)]
+pub struct BillingKey {
+    pub customer: String,
+    pub metric: String,
+    pub period: String,
+}
+
+/// The new running total of a key, emitted after every update.
+#[derive(Serialize, Deserialize, PartialEq, Eq, Debug)]
+pub struct Total {
+    pub customer: String,
+    pub metric: String,
+    pub period: String,
+    pub total: u64,
+}
+
+/// The billing aggregation.
+#[derive(Default)]
+pub struct UsageBilling;
+
+impl Aggregate for UsageBilling {
+    type Event = Usage;
+    type Key = BillingKey;
+    type State = u64;
+    type Output = Total;
+    const OUTPUT: &'static str = "totals";
+
+    fn key(&self, usage: &Usage) -> Result<BillingKey, Reject> {
+        let ts = OffsetDateTime::parse(&usage.ts, &Rfc3339)
+            .map_err(|err| Reject(format!("ts must be an RFC 3339 timestamp like 2026-11-03T10:00:00Z, got {:?}: {err}", usage.ts)))?
+            .to_offset(UtcOffset::UTC);
+        let period = format!("{:04}-{:02}", ts.year(), u8::from(ts.month()));
+        Ok(BillingKey { customer: usage.customer.clone(), metric: usage.metric.clone(), period })
+    }
+
+    fn apply(&self, _key: &BillingKey, total: &u64, usage: Usage) -> Result<u64, Reject> {
+        let quantity = usage.quantity.as_u64().ok_or_else(|| {
+            Reject(format!("quantity must be a non-negative integer, got {}", usage.quantity))
+        })?;
+        total.checked_add(quantity).ok_or_else(|| Reject(format!("total would overflow adding {quantity}")))
+    }
+
+    fn emit(&self, key: &BillingKey, total: &u64) -> Option<Total> {
+        Some(Total { customer: key.customer.clone(), metric: key.metric.clone(), period: key.period.clone(), total: *total })
+    }
+}
+
+tally_sdk::export!(UsageBilling);

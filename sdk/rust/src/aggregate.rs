@@ -1,0 +1,269 @@
+//! Keyed aggregations: the typed way to write a plugin.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::types::{Event, Host, OutputRecord, Plugin, Rejection};
+
+/// Why an event is refused. The reason reaches the dead-letter output as is,
+/// so say what is wrong and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject(pub String);
+
+impl Reject {
+    /// A rejection with the given reason.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Reject(reason.into())
+    }
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A keyed aggregation: each event is mapped to a key, folded into that
+/// key's state, and the new state may be emitted.
+///
+/// `apply` is pure: it gets the current state and returns the next one, so a
+/// rejected event cannot leave a half-applied change behind. A key that has
+/// never been written starts from `State::default()`.
+pub trait Aggregate {
+    /// The input event, decoded from each record's JSON value.
+    type Event: DeserializeOwned;
+    /// The state key (stored as JSON).
+    type Key: Serialize + Eq + Hash;
+    /// The state per key (stored as JSON).
+    type State: Serialize + DeserializeOwned + Default;
+    /// What [`Aggregate::emit`] produces (emitted as JSON).
+    type Output: Serialize;
+    /// The output that emitted records go to; the job must declare it.
+    const OUTPUT: &'static str;
+
+    /// The key an event belongs to, or why the event is refused.
+    fn key(&self, event: &Self::Event) -> Result<Self::Key, Reject>;
+
+    /// The key's next state after `event`, or why the event is refused.
+    fn apply(&self, key: &Self::Key, state: &Self::State, event: Self::Event) -> Result<Self::State, Reject>;
+
+    /// What to emit after an update; nothing by default.
+    fn emit(&self, _key: &Self::Key, _state: &Self::State) -> Option<Self::Output> {
+        None
+    }
+}
+
+impl<A: Aggregate> Plugin for A {
+    fn process(&self, events: Vec<Event>, host: &mut dyn Host) -> Vec<Rejection> {
+        run_aggregate(self, events, host)
+    }
+}
+
+/// One key touched by a batch.
+struct Slot<S> {
+    encoded_key: Vec<u8>,
+    state: S,
+    dirty: bool,
+}
+
+/// Runs one batch of an [`Aggregate`] against `host` with three host calls.
+///
+/// Panics (a trap, inside a component) if a stored state value does not
+/// decode as `A::State`: that is a plugin upgrade that changed its state
+/// format, not a bad event.
+pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &mut dyn Host) -> Vec<Rejection> {
+    let mut rejections = Vec::new();
+    let mut slot_of_key: HashMap<A::Key, usize> = HashMap::new();
+    let mut slots: Vec<Slot<A::State>> = Vec::new();
+    let mut accepted: Vec<(u32, usize, A::Event)> = Vec::with_capacity(events.len());
+
+    for (index, event) in events.into_iter().enumerate() {
+        let index = index as u32;
+        let decoded = match serde_json::from_slice::<A::Event>(&event.value) {
+            Ok(decoded) => decoded,
+            Err(err) => {
+                rejections.push(Rejection { index, reason: format!("event is not valid JSON for this plugin: {err}") });
+                continue;
+            }
+        };
+        let key = match agg.key(&decoded) {
+            Ok(key) => key,
+            Err(reject) => {
+                rejections.push(Rejection { index, reason: reject.0 });
+                continue;
+            }
+        };
+        let slot = match slot_of_key.get(&key) {
+            Some(&slot) => slot,
+            None => {
+                let encoded_key = serde_json::to_vec(&key).expect("a state key must serialize to JSON");
+                slots.push(Slot { encoded_key, state: A::State::default(), dirty: false });
+                slot_of_key.insert(key, slots.len() - 1);
+                slots.len() - 1
+            }
+        };
+        accepted.push((index, slot, decoded));
+    }
+    if accepted.is_empty() {
+        return rejections;
+    }
+
+    let keys: Vec<Vec<u8>> = slots.iter().map(|slot| slot.encoded_key.clone()).collect();
+    for (slot, stored) in slots.iter_mut().zip(host.get_many(keys)) {
+        if let Some(bytes) = stored {
+            slot.state = serde_json::from_slice(&bytes).unwrap_or_else(|err| {
+                panic!("stored state does not decode as this plugin's state type ({err}); a plugin upgrade must keep the state format")
+            });
+        }
+    }
+
+    let key_of_slot: Vec<&A::Key> = {
+        let mut keys: Vec<Option<&A::Key>> = vec![None; slots.len()];
+        for (key, &slot) in &slot_of_key {
+            keys[slot] = Some(key);
+        }
+        keys.into_iter().map(|key| key.expect("every slot has a key")).collect()
+    };
+    let mut outputs = Vec::new();
+    for (index, slot_index, event) in accepted {
+        let key = key_of_slot[slot_index];
+        let slot = &mut slots[slot_index];
+        match agg.apply(key, &slot.state, event) {
+            Ok(next) => {
+                slot.state = next;
+                slot.dirty = true;
+                if let Some(output) = agg.emit(key, &slot.state) {
+                    outputs.push(OutputRecord {
+                        event: index,
+                        output: A::OUTPUT.to_string(),
+                        key: Some(slot.encoded_key.clone()),
+                        value: serde_json::to_vec(&output).expect("an output must serialize to JSON"),
+                    });
+                }
+            }
+            Err(reject) => rejections.push(Rejection { index, reason: reject.0 }),
+        }
+    }
+
+    let writes: Vec<(Vec<u8>, Vec<u8>)> = slots
+        .into_iter()
+        .filter(|slot| slot.dirty)
+        .map(|slot| {
+            let value = serde_json::to_vec(&slot.state).expect("state must serialize to JSON");
+            (slot.encoded_key, value)
+        })
+        .collect();
+    if !writes.is_empty() {
+        host.put_many(writes);
+    }
+    if !outputs.is_empty() {
+        host.emit_many(outputs);
+    }
+    rejections.sort_by_key(|rejection| rejection.index);
+    rejections
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+    use std::collections::BTreeMap;
+
+    #[derive(Default)]
+    struct MemoryHost {
+        state: BTreeMap<Vec<u8>, Vec<u8>>,
+        outputs: Vec<OutputRecord>,
+        calls: usize,
+    }
+
+    impl Host for MemoryHost {
+        fn get_many(&mut self, keys: Vec<Vec<u8>>) -> Vec<Option<Vec<u8>>> {
+            self.calls += 1;
+            keys.iter().map(|key| self.state.get(key).cloned()).collect()
+        }
+        fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>) {
+            self.calls += 1;
+            self.state.extend(entries);
+        }
+        fn delete_many(&mut self, keys: Vec<Vec<u8>>) {
+            self.calls += 1;
+            for key in keys {
+                self.state.remove(&key);
+            }
+        }
+        fn emit_many(&mut self, records: Vec<OutputRecord>) {
+            self.calls += 1;
+            self.outputs.extend(records);
+        }
+        fn log(&mut self, _level: crate::Level, _message: &str) {}
+    }
+
+    #[derive(Deserialize)]
+    struct Add {
+        who: String,
+        n: i64,
+    }
+
+    #[derive(Default)]
+    struct Sum;
+
+    impl Aggregate for Sum {
+        type Event = Add;
+        type Key = String;
+        type State = i64;
+        type Output = i64;
+        const OUTPUT: &'static str = "sums";
+
+        fn key(&self, event: &Add) -> Result<String, Reject> {
+            Ok(event.who.clone())
+        }
+        fn apply(&self, _key: &String, sum: &i64, event: Add) -> Result<i64, Reject> {
+            if event.n < 0 {
+                return Err(Reject::new("n must not be negative"));
+            }
+            Ok(sum + event.n)
+        }
+        fn emit(&self, _key: &String, sum: &i64) -> Option<i64> {
+            Some(*sum)
+        }
+    }
+
+    fn event(offset: u64, value: &str) -> Event {
+        Event { partition: 0, offset, timestamp_ms: None, key: None, value: value.as_bytes().to_vec() }
+    }
+
+    #[test]
+    fn a_batch_folds_per_key_with_three_host_calls_and_rejects_without_changes() {
+        let mut host = MemoryHost::default();
+        host.state.insert(b"\"a\"".to_vec(), b"10".to_vec());
+        let events = vec![
+            event(0, r#"{"who":"a","n":1}"#),
+            event(1, r#"{"who":"b","n":2}"#),
+            event(2, r#"{"who":"a","n":-5}"#),
+            event(3, "not json"),
+            event(4, r#"{"who":"a","n":3}"#),
+        ];
+        let rejections = Sum.process(events, &mut host);
+        assert_eq!(rejections.iter().map(|r| r.index).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(rejections[0].reason, "n must not be negative");
+        assert!(rejections[1].reason.starts_with("event is not valid JSON for this plugin"));
+        assert_eq!(host.calls, 3);
+        assert_eq!(host.state[b"\"a\"".as_slice()], b"14");
+        assert_eq!(host.state[b"\"b\"".as_slice()], b"2");
+        let emitted: Vec<(u32, String)> =
+            host.outputs.iter().map(|o| (o.event, String::from_utf8(o.value.clone()).unwrap())).collect();
+        assert_eq!(emitted, vec![(0, "11".into()), (1, "2".into()), (4, "14".into())]);
+    }
+
+    #[test]
+    fn a_batch_of_only_bad_events_makes_no_host_calls() {
+        let mut host = MemoryHost::default();
+        let rejections = Sum.process(vec![event(0, "{}")], &mut host);
+        assert_eq!(rejections.len(), 1);
+        assert_eq!(host.calls, 0);
+    }
+}

@@ -1,0 +1,91 @@
+//! The component boundary: generated `tally:plugin@0.1.0` bindings and the
+//! glue between them and the plain types of this crate. Not public API.
+
+use crate::types::{Event, Host, Level, OutputRecord, Plugin};
+
+#[allow(missing_docs)]
+pub mod generated {
+    wit_bindgen::generate!({
+        path: "../../wit/tally-plugin@0.1.0",
+        world: "plugin",
+        pub_export_macro: true,
+        export_macro_name: "export_plugin",
+        default_bindings_module: "tally_sdk::bindings::generated",
+    });
+}
+
+pub use generated::exports::tally::plugin::aggregator::Guest;
+pub use generated::export_plugin;
+pub use generated::tally::plugin::types::{Event as WitEvent, Rejection as WitRejection};
+
+use generated::tally::plugin::{log, output, state, types};
+
+/// The host as seen from inside a component: the `tally:plugin` imports.
+struct ComponentHost;
+
+impl Host for ComponentHost {
+    fn get_many(&mut self, keys: Vec<Vec<u8>>) -> Vec<Option<Vec<u8>>> {
+        state::get_many(&keys)
+    }
+
+    fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>) {
+        state::put_many(&entries)
+    }
+
+    fn delete_many(&mut self, keys: Vec<Vec<u8>>) {
+        state::delete_many(&keys)
+    }
+
+    fn emit_many(&mut self, records: Vec<OutputRecord>) {
+        let records: Vec<types::OutputRecord> = records
+            .into_iter()
+            .map(|record| types::OutputRecord {
+                event: record.event,
+                output: record.output,
+                key: record.key,
+                value: record.value,
+            })
+            .collect();
+        output::emit_many(&records)
+    }
+
+    fn log(&mut self, level: Level, message: &str) {
+        let level = match level {
+            Level::Trace => types::Level::Trace,
+            Level::Debug => types::Level::Debug,
+            Level::Info => types::Level::Info,
+            Level::Warn => types::Level::Warn,
+            Level::Error => types::Level::Error,
+        };
+        log::log(level, message)
+    }
+}
+
+/// Runs one exported `process` call on a fresh `P`.
+pub fn process<P: Plugin + Default>(events: Vec<WitEvent>) -> Vec<WitRejection> {
+    install_panic_hook();
+    let events = events
+        .into_iter()
+        .map(|event| Event {
+            partition: event.partition,
+            offset: event.offset,
+            timestamp_ms: event.timestamp_ms,
+            key: event.key,
+            value: event.value,
+        })
+        .collect();
+    P::default()
+        .process(events, &mut ComponentHost)
+        .into_iter()
+        .map(|rejection| WitRejection { index: rejection.index, reason: rejection.reason })
+        .collect()
+}
+
+/// Sends panic messages to the host log before the trap, so the host can
+/// name the panic in the dead-letter reason.
+fn install_panic_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        std::panic::set_hook(Box::new(|info| log::log(types::Level::Error, &format!("panic: {info}"))));
+    });
+}

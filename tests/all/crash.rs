@@ -1,0 +1,122 @@
+//! The crash test: `tally run` SIGKILLed at random moments and restarted
+//! until it finishes; afterwards every input line has counted exactly once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tally_host::state_store::{RocksStore, StateStore};
+use tally_tests::*;
+
+use crate::plugins::USAGE_BILLING;
+
+const EVENTS: usize = 200_000;
+const FILES: usize = 4;
+const KILLS: u32 = 12;
+
+#[test]
+fn killed_at_random_moments_a_local_run_still_counts_every_event_exactly_once() {
+    let seed = std::env::var("TALLY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    println!("crash test seed: {seed} (set TALLY_CRASH_SEED to replay)");
+    let mut rng = Rng::new(seed);
+
+    let dir = tempfile::tempdir().unwrap();
+    let lines = usage_lines(seed, EVENTS, 10);
+    let (inputs, partitions) = write_partitions(dir.path(), &lines, FILES);
+    // Small batches and frequent commits make each run slow enough for the
+    // kills to land mid-run, and put many commit boundaries in their way.
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "commit_interval_ms = 2\nbatch_size = 16");
+    let totals_path = dir.path().join("out/totals.ndjson");
+
+    let mut kills = 0;
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        assert!(runs < 200, "the job never finished");
+        let mut child = Command::new(tally_binary())
+            .arg("run")
+            .arg(&job)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap();
+        if kills < KILLS {
+            // Wait until this run is producing output, then kill it a random
+            // moment later.
+            let size_at_start = file_len(&totals_path);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while file_len(&totals_path) == size_at_start && child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "tally made no progress");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            std::thread::sleep(Duration::from_millis(rng.below(150)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                continue;
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(status.success(), "the final run failed: {status}");
+        break;
+    }
+    assert!(kills >= 10, "only {kills} kills landed mid-run");
+
+    check_exactly_once(dir.path(), &lines, &partitions);
+}
+
+fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+fn check_exactly_once(dir: &Path, lines: &[UsageLine], partitions: &[Vec<UsageLine>]) {
+    let input_at = |source: &(String, u64)| -> &UsageLine {
+        let index: usize = source.0.trim_start_matches("usage-").trim_end_matches(".ndjson").parse().unwrap();
+        &partitions[index][source.1 as usize]
+    };
+    let totals = read_totals(&dir.join("out/totals.ndjson"));
+    let dead = read_dead_letters(&dir.join("out/dead-letters.ndjson"));
+
+    // Replaying the output in order: each line adds exactly its own input
+    // line's quantity to its key, and no input line appears twice.
+    let mut running: BTreeMap<BillingKey, u64> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for line in &totals {
+        assert!(seen.insert(line.source.clone()), "input {:?} contributed twice", line.source);
+        let (key, quantity) = input_at(&line.source).effect.clone().expect("a bad line must not produce a total");
+        assert_eq!(line.key, key, "output at {:?} has the wrong key", line.source);
+        let total = running.entry(key).or_insert(0);
+        *total += quantity;
+        assert_eq!(line.total, *total, "running total broken at {:?}", line.source);
+    }
+    for (partition, offset, _) in &dead {
+        let source = (partition.clone(), *offset);
+        assert!(seen.insert(source.clone()), "input {source:?} was dead-lettered and also counted, or dead-lettered twice");
+        assert!(input_at(&source).effect.is_none(), "good input {source:?} was dead-lettered");
+    }
+    assert_eq!(totals.len() + dead.len(), lines.len(), "processed + dead-lettered = input");
+    assert_eq!(final_totals(&totals), expected_totals(lines));
+
+    // The committed state agrees with the output.
+    let store = RocksStore::open(&dir.join("state/db")).unwrap();
+    let state: BTreeMap<BillingKey, u64> = store
+        .scan_state()
+        .unwrap()
+        .into_iter()
+        .map(|(key, value)| {
+            let key: serde_json::Value = serde_json::from_slice(&key).unwrap();
+            let key = (
+                key["customer"].as_str().unwrap().to_string(),
+                key["metric"].as_str().unwrap().to_string(),
+                key["period"].as_str().unwrap().to_string(),
+            );
+            (key, serde_json::from_slice(&value).unwrap())
+        })
+        .collect();
+    assert_eq!(state, expected_totals(lines));
+}

@@ -1,0 +1,112 @@
+//! A local run end to end: totals, dead letters, lineage, resume, the lock.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use tally_host::lock::StateDirLock;
+use tally_tests::*;
+
+use crate::plugins::USAGE_BILLING;
+
+#[test]
+fn a_local_run_produces_the_independently_computed_totals() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = usage_lines(7, 20_000, 20);
+    let (inputs, partitions) = write_partitions(dir.path(), &lines, 3);
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "");
+
+    let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(run.status.success(), "tally run failed: {}", String::from_utf8_lossy(&run.stderr));
+    let report = String::from_utf8_lossy(&run.stdout);
+    let bad = lines.iter().filter(|line| line.effect.is_none()).count();
+    assert!(report.contains(&format!("20000 records ({} applied, {bad} dead-lettered)", 20_000 - bad)), "{report}");
+
+    let totals = read_totals(&dir.path().join("out/totals.ndjson"));
+    assert_eq!(final_totals(&totals), expected_totals(&lines));
+    assert_eq!(totals.len(), 20_000 - bad, "every accepted event emits one total");
+
+    // Lineage: every accepted line appears once, with a stable idempotency key.
+    let sources: BTreeSet<(String, u64)> = totals.iter().map(|t| t.source.clone()).collect();
+    assert_eq!(sources.len(), totals.len());
+    let first = &totals[0];
+    let partition_index = inputs.iter().position(|p| p.file_name().unwrap().to_str() == Some(&first.source.0)).unwrap();
+    assert_eq!(first.idempotency_key, format!("billing/{partition_index}/{}/0", first.source.1));
+
+    // Dead letters: exactly the bad lines, each with a reason.
+    let dead = read_dead_letters(&dir.path().join("out/dead-letters.ndjson"));
+    let expected_dead: BTreeSet<(String, u64)> = partitions
+        .iter()
+        .enumerate()
+        .flat_map(|(p, lines)| {
+            lines.iter().enumerate().filter(|(_, l)| l.effect.is_none()).map(move |(o, _)| (format!("usage-{p}.ndjson"), o as u64))
+        })
+        .collect();
+    assert_eq!(dead.iter().map(|(p, o, _)| (p.clone(), *o)).collect::<BTreeSet<_>>(), expected_dead);
+    assert!(dead.iter().all(|(_, _, reason)| !reason.is_empty()));
+
+    // A second run finds nothing new to do and changes nothing.
+    let before = std::fs::read(dir.path().join("out/totals.ndjson")).unwrap();
+    let again = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains(": 0 records"), "{}", String::from_utf8_lossy(&again.stdout));
+    assert_eq!(std::fs::read(dir.path().join("out/totals.ndjson")).unwrap(), before);
+}
+
+#[test]
+fn each_kind_of_bad_record_is_dead_lettered_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("bad.ndjson");
+    std::fs::write(
+        &input,
+        [
+            r#"{"customer":"acme","metric":"api_calls","quantity":3,"ts":"2026-11-03T10:00:00Z"}"#,
+            r#"{"customer":"acme","metric":"api_calls","quantity":3"#,
+            r#"{"metric":"api_calls","quantity":3,"ts":"2026-11-03T10:00:00Z"}"#,
+            r#"{"customer":"acme","metric":"api_calls","quantity":-3,"ts":"2026-11-03T10:00:00Z"}"#,
+            r#"{"customer":"acme","metric":"api_calls","quantity":2.5,"ts":"2026-11-03T10:00:00Z"}"#,
+            r#"{"customer":"acme","metric":"api_calls","quantity":4,"ts":"2026-11-03T10:00:00Z"}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &[input], "");
+    let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+
+    let dead = read_dead_letters(&dir.path().join("out/dead-letters.ndjson"));
+    let reasons: Vec<(u64, &str)> = dead.iter().map(|(_, offset, reason)| (*offset, reason.as_str())).collect();
+    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    assert!(reasons[0].0 == 1 && reasons[0].1.contains("not valid JSON") && reasons[0].1.contains("EOF"), "{reasons:?}");
+    assert!(reasons[1].0 == 2 && reasons[1].1.contains("missing field `customer`"), "{reasons:?}");
+    assert_eq!(reasons[2], (3, "quantity must be a non-negative integer, got -3"));
+    assert_eq!(reasons[3], (4, "quantity must be a non-negative integer, got 2.5"));
+    let totals = read_totals(&dir.path().join("out/totals.ndjson"));
+    assert_eq!(totals.iter().map(|t| t.total).collect::<Vec<_>>(), vec![3, 7]);
+}
+
+#[test]
+fn a_second_run_on_a_held_state_directory_is_refused_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = usage_lines(1, 100, 0);
+    let (inputs, _) = write_partitions(dir.path(), &lines, 1);
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "");
+    let _held = StateDirLock::acquire(&dir.path().join("state")).unwrap();
+
+    let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("is in use by another tally process"), "{stderr}");
+    assert!(!dir.path().join("out").exists(), "a refused run must not create outputs");
+}
+
+#[test]
+fn a_job_file_with_an_unknown_field_is_refused_with_the_field_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inputs, _) = write_partitions(dir.path(), &usage_lines(1, 10, 0), 1);
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "commit_intervall_ms = 5");
+    let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("unknown field `commit_intervall_ms`"), "{stderr}");
+    assert!(!dir.path().join("state").exists() && !dir.path().join("out").exists());
+}

@@ -1,0 +1,12 @@
+//! End-to-end tests of Tally: real plugins built from source, real RocksDB,
+//! the real `tally` binary.
+
+#[deny(dead_code)]
+mod plugins {
+    include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
+}
+
+mod crash;
+mod local_run;
+mod refusals;
+mod sandbox;

@@ -1,0 +1,202 @@
+//! Helpers shared by Tally's end-to-end tests and benchmarks: usage events
+//! with independently known totals, job files, and the `tally` binary.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+pub mod native;
+
+/// The billing key: (customer, metric, period).
+pub type BillingKey = (String, String, String);
+
+/// A small deterministic random number generator (SplitMix64), so every
+/// test run sees the same events for the same seed.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// One generated input line and what it should do.
+#[derive(Debug, Clone)]
+pub struct UsageLine {
+    /// The NDJSON line.
+    pub line: String,
+    /// The key and quantity it adds, or `None` if it must be dead-lettered.
+    pub effect: Option<(BillingKey, u64)>,
+}
+
+/// Generates `count` usage lines. About `bad_per_mille`/1000 of them are bad
+/// in one of the ways the plugin must reject. Timestamps straddle the
+/// October/November and November/December month ends, some with UTC
+/// offsets that move them across the boundary; the expected period of each
+/// is known by construction, not by parsing.
+pub fn usage_lines(seed: u64, count: usize, bad_per_mille: u64) -> Vec<UsageLine> {
+    const CUSTOMERS: &[&str] = &["acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"];
+    const METRICS: &[&str] = &["api_calls", "storage_gb_hours", "egress_mb"];
+    // (timestamp, billing period it falls in once converted to UTC)
+    const TIMES: &[(&str, &str)] = &[
+        ("2026-10-31T23:59:59Z", "2026-10"),
+        ("2026-11-01T00:00:00Z", "2026-11"),
+        ("2026-11-01T00:30:00+01:00", "2026-10"),
+        ("2026-10-31T20:00:00-05:00", "2026-11"),
+        ("2026-11-15T12:00:00.250Z", "2026-11"),
+        ("2026-11-30T23:59:59Z", "2026-11"),
+        ("2026-12-01T00:00:00Z", "2026-12"),
+        ("2026-11-30T22:00:00-03:00", "2026-12"),
+    ];
+    let mut rng = Rng::new(seed);
+    (0..count)
+        .map(|_| {
+            let customer = CUSTOMERS[rng.below(CUSTOMERS.len() as u64) as usize];
+            let metric = METRICS[rng.below(METRICS.len() as u64) as usize];
+            let (ts, period) = TIMES[rng.below(TIMES.len() as u64) as usize];
+            let quantity = rng.below(1000);
+            if rng.below(1000) < bad_per_mille {
+                let line = match rng.below(6) {
+                    0 => format!(r#"{{"customer":"{customer}","metric":"{metric}","quantity":{quantity},"ts":"{ts}""#),
+                    1 => format!(r#"{{"metric":"{metric}","quantity":{quantity},"ts":"{ts}"}}"#),
+                    2 => format!(r#"{{"customer":"{customer}","metric":"{metric}","quantity":-{},"ts":"{ts}"}}"#, quantity + 1),
+                    3 => format!(r#"{{"customer":"{customer}","metric":"{metric}","quantity":{quantity}.5,"ts":"{ts}"}}"#),
+                    4 => format!(r#"{{"customer":"{customer}","metric":"{metric}","quantity":{quantity},"ts":"yesterday"}}"#),
+                    _ => "not json at all".to_string(),
+                };
+                UsageLine { line, effect: None }
+            } else {
+                let line = format!(r#"{{"customer":"{customer}","metric":"{metric}","quantity":{quantity},"ts":"{ts}"}}"#);
+                let key = (customer.to_string(), metric.to_string(), period.to_string());
+                UsageLine { line, effect: Some((key, quantity)) }
+            }
+        })
+        .collect()
+}
+
+/// Writes `lines` split round-robin into `files` NDJSON files in `dir`;
+/// returns the paths and, per file, its lines.
+pub fn write_partitions(dir: &Path, lines: &[UsageLine], files: usize) -> (Vec<PathBuf>, Vec<Vec<UsageLine>>) {
+    let mut partitions: Vec<Vec<UsageLine>> = vec![Vec::new(); files];
+    for (index, line) in lines.iter().enumerate() {
+        partitions[index % files].push(line.clone());
+    }
+    let paths = partitions
+        .iter()
+        .enumerate()
+        .map(|(index, lines)| {
+            let path = dir.join(format!("usage-{index}.ndjson"));
+            let mut text = String::new();
+            for line in lines {
+                writeln!(text, "{}", line.line).unwrap();
+            }
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect();
+    (paths, partitions)
+}
+
+/// The totals the lines must add up to.
+pub fn expected_totals<'a>(lines: impl IntoIterator<Item = &'a UsageLine>) -> BTreeMap<BillingKey, u64> {
+    let mut totals = BTreeMap::new();
+    for (key, quantity) in lines.into_iter().filter_map(|line| line.effect.clone()) {
+        *totals.entry(key).or_insert(0) += quantity;
+    }
+    totals
+}
+
+/// Writes a local-mode job file for the billing plugin.
+pub fn write_billing_job(dir: &Path, plugin: &str, inputs: &[PathBuf], extra: &str) -> PathBuf {
+    let inputs: Vec<String> = inputs.iter().map(|p| format!("{:?}", p.display().to_string())).collect();
+    let job = format!(
+        "name = \"billing\"\nplugin = {plugin:?}\noutputs = [\"totals\"]\n{extra}\n[local]\ninputs = [{}]\noutput_dir = \"out\"\nstate_dir = \"state\"\n",
+        inputs.join(", ")
+    );
+    let path = dir.join("billing.toml");
+    std::fs::write(&path, job).unwrap();
+    path
+}
+
+/// The `tally` binary of this build (`cargo build --release` puts it next
+/// to the test binaries' `deps/` directory).
+pub fn tally_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("test binaries live in <target>/<profile>/deps");
+    let binary = profile_dir.join("tally");
+    assert!(
+        binary.exists(),
+        "`{}` is missing: build it first with `cargo build --release -p tally-host` (scripts/test does)",
+        binary.display()
+    );
+    binary
+}
+
+/// One line of the `totals` output, as the tests read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TotalLine {
+    /// The billing key.
+    pub key: BillingKey,
+    /// The running total after this update.
+    pub total: u64,
+    /// Source partition (file name) and offset (line number).
+    pub source: (String, u64),
+    /// The idempotency key.
+    pub idempotency_key: String,
+}
+
+/// Reads the `totals` output file.
+pub fn read_totals(path: &Path) -> Vec<TotalLine> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad output line {line:?}: {e}"));
+            let value = &v["value"];
+            TotalLine {
+                key: (
+                    value["customer"].as_str().unwrap().to_string(),
+                    value["metric"].as_str().unwrap().to_string(),
+                    value["period"].as_str().unwrap().to_string(),
+                ),
+                total: value["total"].as_u64().unwrap(),
+                source: (v["source"]["partition"].as_str().unwrap().to_string(), v["source"]["offset"].as_u64().unwrap()),
+                idempotency_key: v["idempotency_key"].as_str().unwrap().to_string(),
+            }
+        })
+        .collect()
+}
+
+/// Reads the dead-letter output: (source partition, offset, reason).
+pub fn read_dead_letters(path: &Path) -> Vec<(String, u64, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            (
+                v["source"]["partition"].as_str().unwrap().to_string(),
+                v["source"]["offset"].as_u64().unwrap(),
+                v["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The last total per key in the output, which must equal the expected totals.
+pub fn final_totals(lines: &[TotalLine]) -> BTreeMap<BillingKey, u64> {
+    lines.iter().map(|line| (line.key.clone(), line.total)).collect()
+}

@@ -1,0 +1,97 @@
+//! A plugin's logic compiled natively into the host, behind the same
+//! [`Processor`] trait the Wasm runtime implements. The benchmark runs the
+//! billing job both ways through the same task, so the only difference is
+//! the Wasm boundary.
+
+use tally_host::plugin::{Event, ProcessError, Processor, Rejection};
+use tally_host::transaction::{HostCallError, Transaction};
+use tally_sdk::{Host, Level, OutputRecord, Plugin};
+
+/// Runs a `tally_sdk::Plugin` natively.
+pub struct NativeProcessor<P> {
+    plugin: P,
+    digest: String,
+}
+
+impl<P: Plugin> NativeProcessor<P> {
+    /// Wraps `plugin`; `name` appears in lineage as `native:<name>`.
+    pub fn new(plugin: P, name: &str) -> Self {
+        NativeProcessor { plugin, digest: format!("native:{name}") }
+    }
+}
+
+/// The SDK's host interface, served straight from the transaction.
+struct DirectHost<'a> {
+    txn: &'a mut Transaction,
+    failure: Option<HostCallError>,
+}
+
+impl DirectHost<'_> {
+    fn fail(&mut self, err: HostCallError) {
+        self.failure.get_or_insert(err);
+    }
+}
+
+impl Host for DirectHost<'_> {
+    fn get_many(&mut self, keys: Vec<Vec<u8>>) -> Vec<Option<Vec<u8>>> {
+        match self.txn.get_many(&keys) {
+            Ok(values) => values,
+            Err(err) => {
+                let empty = vec![None; keys.len()];
+                self.fail(err);
+                empty
+            }
+        }
+    }
+
+    fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>) {
+        if let Err(err) = self.txn.put_many(entries) {
+            self.fail(err.into());
+        }
+    }
+
+    fn delete_many(&mut self, keys: Vec<Vec<u8>>) {
+        if let Err(err) = self.txn.delete_many(keys) {
+            self.fail(err.into());
+        }
+    }
+
+    fn emit_many(&mut self, records: Vec<OutputRecord>) {
+        for record in records {
+            if let Err(err) = self.txn.emit(record.event, &record.output, record.key, record.value) {
+                self.fail(err.into());
+                return;
+            }
+        }
+    }
+
+    fn log(&mut self, _level: Level, _message: &str) {}
+}
+
+impl<P: Plugin> Processor for NativeProcessor<P> {
+    fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
+        // The Wasm path copies each event into guest memory; this copies it
+        // into the SDK's owned type.
+        let events = events
+            .iter()
+            .map(|event| tally_sdk::Event {
+                partition: event.partition,
+                offset: event.offset,
+                timestamp_ms: event.timestamp_ms,
+                key: event.key.clone(),
+                value: event.value.clone(),
+            })
+            .collect();
+        let mut host = DirectHost { txn, failure: None };
+        let rejections = self.plugin.process(events, &mut host);
+        match host.failure {
+            None => Ok(rejections.into_iter().map(|r| Rejection { index: r.index, reason: r.reason }).collect()),
+            Some(HostCallError::Violation(violation)) => Err(ProcessError::Plugin(violation.0)),
+            Some(HostCallError::State(state)) => Err(ProcessError::Host(state)),
+        }
+    }
+
+    fn digest(&self) -> &str {
+        &self.digest
+    }
+}
