@@ -30,9 +30,9 @@ pub const DEFAULT_BATCH_SIZE: usize = 1024;
 pub const DEFAULT_DEAD_LETTER_OUTPUT: &str = "dead-letters";
 /// Linear memory a plugin instance may grow to.
 pub const DEFAULT_MEMORY_BYTES: u64 = 64 << 20;
-/// CPU budget per event, in Wasm fuel (about one unit per instruction); a
-/// batch of N events gets N times this.
-pub const DEFAULT_FUEL_PER_EVENT: u64 = 10_000_000;
+/// CPU budget of one plugin call (one batch), in milliseconds. A batch of
+/// 1024 billing events takes about 2 ms.
+pub const DEFAULT_CPU_BUDGET_MS: u64 = 1_000;
 /// Largest state key a plugin may write.
 pub const DEFAULT_MAX_KEY_BYTES: u32 = 4 << 10;
 /// Largest state value or output record value a plugin may write.
@@ -99,8 +99,9 @@ pub struct LocalConfig {
 pub struct Limits {
     /// Linear memory, in bytes.
     pub memory_bytes: u64,
-    /// CPU budget per event in a batch, in fuel units.
-    pub fuel_per_event: u64,
+    /// CPU budget of one plugin call (one batch), in milliseconds; checked
+    /// every [`crate::plugin::EPOCH_TICK`].
+    pub cpu_budget_ms: u64,
     /// Largest state key, in bytes.
     pub max_key_bytes: u32,
     /// Largest state value or output value, in bytes.
@@ -113,7 +114,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             memory_bytes: DEFAULT_MEMORY_BYTES,
-            fuel_per_event: DEFAULT_FUEL_PER_EVENT,
+            cpu_budget_ms: DEFAULT_CPU_BUDGET_MS,
             max_key_bytes: DEFAULT_MAX_KEY_BYTES,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             max_output_bytes_per_batch: DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH,
@@ -199,7 +200,7 @@ impl JobConfig {
             ));
         }
         let limits = &self.limits;
-        if limits.memory_bytes < (1 << 20) || limits.fuel_per_event == 0 || limits.max_key_bytes == 0 {
+        if limits.memory_bytes < (1 << 20) || limits.cpu_budget_ms == 0 || limits.max_key_bytes == 0 {
             return invalid("limits must be positive, and memory_bytes at least 1 MiB".into());
         }
         Ok(())

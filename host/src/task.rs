@@ -175,14 +175,12 @@ impl LocalTask {
         output_names.push(config.dead_letter_output.clone());
         let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits);
         let processor = make_processor(&txn)?;
-        let lineage = Lineage {
-            job: config.name.clone(),
-            partitions: local.inputs.iter().map(|path| partition_name(path)).collect(),
-            plugin_digest: processor.digest().to_string(),
-        };
+        let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
+        let lineage = Lineage::new(&config.name, partitions, processor.digest());
+        let processor_digest = processor.digest().to_string();
         let (committer, recovered) = LocalCommitter::recover(store, &local.output_dir, &output_names, lineage)?;
         let source = LocalSource::open(&local.inputs, &recovered.positions)?;
-        tracing::info!(job = %config.name, resumed_from = ?recovered.positions, "local job opened");
+        tracing::info!(job = %config.name, plugin = %processor_digest, resumed_from = ?recovered.positions, "local job opened");
         Ok(LocalTask { config: config.clone(), source, processor, txn, committer, _lock: lock })
     }
 

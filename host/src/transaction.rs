@@ -202,15 +202,28 @@ impl Transaction {
         Ok(())
     }
 
-    /// Host side of `output.emit` and `output.emit-many`: one record for
-    /// output `name`, caused by event `event` of the batch.
-    pub fn emit(&mut self, event: u32, name: &str, key: Option<Vec<u8>>, value: Vec<u8>) -> Result<(), Violation> {
+    /// Host side of `output.emit` and `output.emit-many`: records for
+    /// output `name`, each `(event, key, value)` caused by event `event` of
+    /// the batch.
+    pub fn emit_many(
+        &mut self,
+        name: &str,
+        records: impl IntoIterator<Item = (u32, Option<Vec<u8>>, Vec<u8>)>,
+    ) -> Result<(), Violation> {
         let output = self.output_names.iter().position(|declared| declared == name).ok_or_else(|| {
             Violation(format!(
                 "plugin emitted to output `{name}`, which the job does not declare (declared: {}); add it to the job's outputs",
                 self.output_names.join(", ")
             ))
         })?;
+        for (event, key, value) in records {
+            self.emit_one(output, name, event, key, value)?;
+        }
+        Ok(())
+    }
+
+    /// One record for output index `output` (named `name`).
+    fn emit_one(&mut self, output: usize, name: &str, event: u32, key: Option<Vec<u8>>, value: Vec<u8>) -> Result<(), Violation> {
         let source = self.position(event)?;
         if value.len() > self.limits.max_value_bytes as usize {
             return Err(Violation(format!(
@@ -265,9 +278,9 @@ mod tests {
     fn outputs_carry_their_source_and_a_sequence_per_event() {
         let mut txn = transaction(Limits::default());
         txn.begin_batch(positions(2));
-        txn.emit(1, "totals", None, b"a".to_vec()).unwrap();
-        txn.emit(1, "totals", None, b"b".to_vec()).unwrap();
-        txn.emit(0, "totals", None, b"c".to_vec()).unwrap();
+        txn.emit_many("totals", [(1, None, b"a".to_vec())]).unwrap();
+        txn.emit_many("totals", [(1, None, b"b".to_vec())]).unwrap();
+        txn.emit_many("totals", [(0, None, b"c".to_vec())]).unwrap();
         let got: Vec<(u64, u32)> = txn.outputs.iter().map(|o| (o.source.offset, o.sequence)).collect();
         assert_eq!(got, vec![(1, 0), (1, 1), (0, 0)]);
     }
@@ -276,10 +289,10 @@ mod tests {
     fn a_dropped_batch_takes_its_outputs_with_it() {
         let mut txn = transaction(Limits::default());
         txn.begin_batch(positions(1));
-        txn.emit(0, "totals", None, b"kept".to_vec()).unwrap();
+        txn.emit_many("totals", [(0, None, b"kept".to_vec())]).unwrap();
         txn.keep_batch();
         txn.begin_batch(positions(1));
-        txn.emit(0, "totals", None, b"dropped".to_vec()).unwrap();
+        txn.emit_many("totals", [(0, None, b"dropped".to_vec())]).unwrap();
         txn.put_many(vec![(b"k".to_vec(), b"v".to_vec())]).unwrap();
         txn.drop_batch();
         assert_eq!(txn.outputs.len(), 1);
@@ -292,13 +305,13 @@ mod tests {
         let limits = Limits { max_key_bytes: 4, max_value_bytes: 8, max_output_bytes_per_batch: 10, ..Limits::default() };
         let mut txn = transaction(limits);
         txn.begin_batch(positions(1));
-        let unknown = txn.emit(0, "audit", None, b"x".to_vec()).unwrap_err().0;
+        let unknown = txn.emit_many("audit", [(0, None, b"x".to_vec())]).unwrap_err().0;
         assert!(unknown.contains("output `audit`, which the job does not declare (declared: totals)"), "{unknown}");
-        let missing_event = txn.emit(3, "totals", None, b"x".to_vec()).unwrap_err().0;
+        let missing_event = txn.emit_many("totals", [(3, None, b"x".to_vec())]).unwrap_err().0;
         assert!(missing_event.contains("event 3, but the batch has 1 events"), "{missing_event}");
         assert!(txn.put_many(vec![(b"long-key".to_vec(), b"v".to_vec())]).unwrap_err().0.contains("max_key_bytes"));
         assert!(txn.put_many(vec![(b"k".to_vec(), vec![0; 9])]).unwrap_err().0.contains("max_value_bytes"));
-        txn.emit(0, "totals", None, vec![0; 8]).unwrap();
-        assert!(txn.emit(0, "totals", None, vec![0; 8]).unwrap_err().0.contains("max_output_bytes_per_batch"));
+        txn.emit_many("totals", [(0, None, vec![0; 8])]).unwrap();
+        assert!(txn.emit_many("totals", [(0, None, vec![0; 8])]).unwrap_err().0.contains("max_output_bytes_per_batch"));
     }
 }

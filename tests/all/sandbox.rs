@@ -11,7 +11,7 @@ use crate::plugins::MISBEHAVING;
 
 #[test]
 fn misbehaving_events_are_dead_lettered_and_the_rest_count_once() {
-    let limits = Limits { memory_bytes: 16 << 20, fuel_per_event: 20_000_000, ..Limits::default() };
+    let limits = Limits { memory_bytes: 16 << 20, cpu_budget_ms: 200, ..Limits::default() };
     let mut plugin = PluginTest::load_with_limits(Path::new(MISBEHAVING), &["counts"], limits).unwrap();
     let sent = plugin.send([
         r#"{"k":"a"}"#,
@@ -26,7 +26,7 @@ fn misbehaving_events_are_dead_lettered_and_the_rest_count_once() {
     let dead: Vec<(u64, &str)> = sent.dead_letters.iter().map(|d| (d.offset, d.reason.as_str())).collect();
     assert_eq!(dead.iter().map(|d| d.0).collect::<Vec<_>>(), vec![1, 3, 5, 6], "{dead:?}");
     assert!(dead[0].1.contains("plugin trapped") && dead[0].1.contains("asked to panic on key a"), "{dead:?}");
-    assert!(dead[1].1.contains("exceeded its CPU budget"), "{dead:?}");
+    assert!(dead[1].1.contains("exceeded its CPU budget of 200 ms per batch"), "{dead:?}");
     assert!(dead[2].1.contains("exceeded its memory limit of 16 MiB"), "{dead:?}");
     assert_eq!(dead[3].1, "asked to reject");
 

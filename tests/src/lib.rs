@@ -166,14 +166,14 @@ pub fn read_totals(path: &Path) -> Vec<TotalLine> {
     text.lines()
         .map(|line| {
             let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad output line {line:?}: {e}"));
-            let value = &v["value"];
+            let key = &v["key"];
             TotalLine {
                 key: (
-                    value["customer"].as_str().unwrap().to_string(),
-                    value["metric"].as_str().unwrap().to_string(),
-                    value["period"].as_str().unwrap().to_string(),
+                    key["customer"].as_str().unwrap().to_string(),
+                    key["metric"].as_str().unwrap().to_string(),
+                    key["period"].as_str().unwrap().to_string(),
                 ),
-                total: value["total"].as_u64().unwrap(),
+                total: v["value"].as_u64().unwrap(),
                 source: (v["source"]["partition"].as_str().unwrap().to_string(), v["source"]["offset"].as_u64().unwrap()),
                 idempotency_key: v["idempotency_key"].as_str().unwrap().to_string(),
             }

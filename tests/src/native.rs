@@ -56,12 +56,10 @@ impl Host for DirectHost<'_> {
         }
     }
 
-    fn emit_many(&mut self, records: Vec<OutputRecord>) {
-        for record in records {
-            if let Err(err) = self.txn.emit(record.event, &record.output, record.key, record.value) {
-                self.fail(err.into());
-                return;
-            }
+    fn emit_many(&mut self, output: &str, records: Vec<OutputRecord>) {
+        let records = records.into_iter().map(|record| (record.event, record.key, record.value));
+        if let Err(err) = self.txn.emit_many(output, records) {
+            self.fail(err.into());
         }
     }
 

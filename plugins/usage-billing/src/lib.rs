@@ -2,7 +2,8 @@
 //! and billing period (the UTC calendar month of the event's timestamp).
 //!
 //! Input: `{"customer":"acme","metric":"api_calls","quantity":3,"ts":"2026-11-03T10:00:00Z"}`.
-//! Every accepted event emits the key's new total to the `totals` output.
+//! Every accepted event emits the key's new total to the `totals` output:
+//! the record key is the [`BillingKey`], the value the total.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
@@ -26,15 +27,6 @@ pub struct BillingKey {
     pub period: String,
 }
 
-/// The new running total of a key, emitted after every update.
-#[derive(Serialize, Deserialize, PartialEq, Eq, Debug)]
-pub struct Total {
-    pub customer: String,
-    pub metric: String,
-    pub period: String,
-    pub total: u64,
-}
-
 /// The billing aggregation.
 #[derive(Default)]
 pub struct UsageBilling;
@@ -43,7 +35,7 @@ impl Aggregate for UsageBilling {
     type Event = Usage;
     type Key = BillingKey;
     type State = u64;
-    type Output = Total;
+    type Output = u64;
     const OUTPUT: &'static str = "totals";
 
     fn key(&self, usage: &Usage) -> Result<BillingKey, Reject> {
@@ -61,8 +53,8 @@ impl Aggregate for UsageBilling {
         total.checked_add(quantity).ok_or_else(|| Reject(format!("total would overflow adding {quantity}")))
     }
 
-    fn emit(&self, key: &BillingKey, total: &u64) -> Option<Total> {
-        Some(Total { customer: key.customer.clone(), metric: key.metric.clone(), period: key.period.clone(), total: *total })
+    fn emit(&self, _key: &BillingKey, total: &u64) -> Option<u64> {
+        Some(*total)
     }
 }
 

@@ -2,7 +2,7 @@
 //! test driver: totals, billing periods, and every kind of bad input.
 
 use tally_host::testing::{PluginTest, Sent};
-use usage_billing::{BillingKey, Total};
+use usage_billing::BillingKey;
 
 fn plugin() -> PluginTest {
     PluginTest::build(env!("CARGO_MANIFEST_DIR"), &["totals"]).expect("the billing plugin builds and loads")
@@ -16,8 +16,9 @@ fn key(customer: &str, metric: &str, period: &str) -> BillingKey {
     BillingKey { customer: customer.into(), metric: metric.into(), period: period.into() }
 }
 
-fn totals(sent: &Sent) -> Vec<Total> {
-    sent.outputs.iter().map(|output| output.json()).collect()
+/// (key, total) of each emitted record.
+fn totals(sent: &Sent) -> Vec<(BillingKey, u64)> {
+    sent.outputs.iter().map(|output| (serde_json::from_slice(output.key.as_ref().unwrap()).unwrap(), output.json())).collect()
 }
 
 #[test]
@@ -30,7 +31,7 @@ fn every_update_emits_the_running_total_of_its_key() {
         usage("globex", "api_calls", "1", "2026-11-05T10:00:00Z"),
     ]);
     assert!(sent.dead_letters.is_empty(), "{:?}", sent.dead_letters);
-    let got: Vec<(String, String, u64)> = totals(&sent).into_iter().map(|t| (t.customer, t.metric, t.total)).collect();
+    let got: Vec<(String, String, u64)> = totals(&sent).into_iter().map(|(k, total)| (k.customer, k.metric, total)).collect();
     assert_eq!(
         got,
         vec![
@@ -44,7 +45,7 @@ fn every_update_emits_the_running_total_of_its_key() {
 
     // State persists across batches.
     let sent = plugin.send([usage("acme", "api_calls", "5", "2026-11-30T23:59:59Z")]);
-    assert_eq!(totals(&sent)[0].total, 12);
+    assert_eq!(totals(&sent)[0].1, 12);
     assert_eq!(plugin.state::<u64>(&key("acme", "api_calls", "2026-11")), Some(12));
 }
 
@@ -61,7 +62,7 @@ fn events_on_both_sides_of_a_month_end_go_to_their_own_period() {
         usage("acme", "api_calls", "10000", "2026-12-31T23:59:59.999Z"),
     ]);
     assert!(sent.dead_letters.is_empty(), "{:?}", sent.dead_letters);
-    let periods: Vec<(String, u64)> = totals(&sent).into_iter().map(|t| (t.period, t.total)).collect();
+    let periods: Vec<(String, u64)> = totals(&sent).into_iter().map(|(k, total)| (k.period, total)).collect();
     assert_eq!(
         periods,
         vec![
@@ -107,7 +108,7 @@ fn each_kind_of_bad_input_is_rejected_with_a_reason_and_changes_nothing() {
     expect(7, "ts must be an RFC 3339 timestamp");
     expect(8, "total would overflow");
     // The good events around the bad ones count exactly once.
-    assert_eq!(totals(&sent).iter().map(|t| t.total).collect::<Vec<_>>(), vec![2, 7]);
+    assert_eq!(totals(&sent).iter().map(|(_, total)| *total).collect::<Vec<_>>(), vec![2, 7]);
     assert_eq!(plugin.state::<u64>(&key("acme", "api_calls", "2026-11")), Some(7));
     assert_eq!(plugin.all_state().len(), 1);
 }

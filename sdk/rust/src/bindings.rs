@@ -36,17 +36,12 @@ impl Host for ComponentHost {
         state::delete_many(&keys)
     }
 
-    fn emit_many(&mut self, records: Vec<OutputRecord>) {
+    fn emit_many(&mut self, name: &str, records: Vec<OutputRecord>) {
         let records: Vec<types::OutputRecord> = records
             .into_iter()
-            .map(|record| types::OutputRecord {
-                event: record.event,
-                output: record.output,
-                key: record.key,
-                value: record.value,
-            })
+            .map(|record| types::OutputRecord { event: record.event, key: record.key, value: record.value })
             .collect();
-        output::emit_many(&records)
+        output::emit_many(name, &records)
     }
 
     fn log(&mut self, level: Level, message: &str) {

@@ -20,8 +20,6 @@ pub struct Event {
 pub struct OutputRecord {
     /// Index (within the batch) of the event that caused this record.
     pub event: u32,
-    /// Output name, as declared by the job.
-    pub output: String,
     /// Record key.
     pub key: Option<Vec<u8>>,
     /// Record payload.
@@ -63,8 +61,8 @@ pub trait Host {
     fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>);
     /// Deletes many keys.
     fn delete_many(&mut self, keys: Vec<Vec<u8>>);
-    /// Emits many output records, in order.
-    fn emit_many(&mut self, records: Vec<OutputRecord>);
+    /// Emits many records to `output` (a name the job declares), in order.
+    fn emit_many(&mut self, output: &str, records: Vec<OutputRecord>);
     /// Writes a line to the host's log.
     fn log(&mut self, level: Level, message: &str);
 }
