@@ -189,6 +189,9 @@ fn build_plugin(dir: &Path, out: Option<&Path>) -> anyhow::Result<()> {
     let built = tally_plugin_build::build_crate(dir, &target_dir)?;
     let path = match out {
         Some(out) => {
+            if let Some(parent) = out.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).with_context(|| format!("creating `{}`", parent.display()))?;
+            }
             std::fs::copy(&built.component, out).with_context(|| format!("copying the component to `{}`", out.display()))?;
             out.to_path_buf()
         }
