@@ -72,6 +72,14 @@ impl LocalSource {
         Ok(LocalSource { partitions, line: Vec::new() })
     }
 
+    /// Checks that every input can be opened, without reading it.
+    pub fn check_readable(paths: &[PathBuf]) -> Result<(), SourceError> {
+        for path in paths {
+            File::open(path).map_err(|source| SourceError::Read { path: path.clone(), source })?;
+        }
+        Ok(())
+    }
+
     /// Reads up to `max` records into `out`, taking an equal share from each
     /// partition that has records left; reads nothing once all are exhausted.
     pub fn next_batch(&mut self, max: usize, out: &mut Vec<InputRecord>) -> Result<(), SourceError> {

@@ -159,22 +159,24 @@ impl LocalTask {
     pub fn open(config: &JobConfig, plugin: &LoadedPlugin) -> Result<LocalTask, TaskError> {
         let plugin = plugin.clone();
         let limits = config.limits;
-        LocalTask::open_with(config, move |_txn| Ok(Box::new(plugin.instantiate(limits)?)))
+        LocalTask::open_with(config, move || Ok(Box::new(plugin.instantiate(limits)?)))
     }
 
     /// Like [`LocalTask::open`], with the processor made by `make_processor`
     /// (benchmarks use it to run the same logic natively).
     pub fn open_with(
         config: &JobConfig,
-        make_processor: impl FnOnce(&Transaction) -> Result<Box<dyn Processor>, PluginError>,
+        make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<LocalTask, TaskError> {
         let local = &config.local;
+        // Refuse a missing input before anything is created on disk.
+        LocalSource::check_readable(&local.inputs)?;
         let lock = StateDirLock::acquire(&local.state_dir)?;
         let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&local.state_dir.join("db"))?);
         let mut output_names = config.outputs.clone();
         output_names.push(config.dead_letter_output.clone());
         let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits);
-        let processor = make_processor(&txn)?;
+        let processor = make_processor()?;
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
         let processor_digest = processor.digest().to_string();

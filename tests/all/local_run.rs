@@ -110,3 +110,36 @@ fn a_job_file_with_an_unknown_field_is_refused_with_the_field_named() {
     assert!(stderr.contains("unknown field `commit_intervall_ms`"), "{stderr}");
     assert!(!dir.path().join("state").exists() && !dir.path().join("out").exists());
 }
+
+#[test]
+fn a_missing_input_is_named_and_nothing_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &[dir.path().join("usage-9.ndjson")], "");
+    let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("cannot read input") && stderr.contains("usage-9.ndjson"), "{stderr}");
+    assert!(!dir.path().join("state").exists() && !dir.path().join("out").exists());
+}
+
+#[test]
+fn plugin_build_turns_a_crate_into_a_component_that_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let crate_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/usage-billing");
+    let out = dir.path().join("plugins/billing.wasm");
+    let build = Command::new(tally_binary()).args(["plugin", "build", crate_dir, "--out"]).arg(&out).output().unwrap();
+    assert!(build.status.success(), "{}", String::from_utf8_lossy(&build.stderr));
+    assert!(String::from_utf8_lossy(&build.stdout).contains("built `usage-billing`"));
+
+    let (inputs, _) = write_partitions(dir.path(), &usage_lines(5, 1_000, 0), 2);
+    let job = write_billing_job(dir.path(), out.to_str().unwrap(), &inputs, "");
+    let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let totals = read_totals(&dir.path().join("out/totals.ndjson"));
+    assert_eq!(final_totals(&totals), expected_totals(&usage_lines(5, 1_000, 0)));
+
+    let not_a_crate = Command::new(tally_binary()).args(["plugin", "build"]).arg(dir.path()).output().unwrap();
+    assert!(!not_a_crate.status.success());
+    let stderr = String::from_utf8_lossy(&not_a_crate.stderr);
+    assert!(stderr.contains("is not a plugin crate"), "{stderr}");
+}

@@ -58,7 +58,7 @@ fn main() {
             let config = job(dir.path(), inputs.clone(), &format!("{kind}-{round}"));
             let mut task = match kind {
                 "wasm" => LocalTask::open(&config, &plugin).unwrap(),
-                _ => LocalTask::open_with(&config, |_| {
+                _ => LocalTask::open_with(&config, || {
                     Ok(Box::new(NativeProcessor::new(usage_billing::UsageBilling, "usage-billing")))
                 })
                 .unwrap(),
