@@ -2,6 +2,12 @@
 //! same aggregation compiled natively into the host, run side by side
 //! (alternating, same input, same task, same 100 ms commits), with the ratio.
 //!
+//! Two rates per run: events per wall-clock second (what a user sees, fsync
+//! waits included) and events per CPU second of this process (steadier on a
+//! noisy machine). Medians over the rounds, and the median of each round's
+//! own wasm/native ratio (the two runs of a round are back to back, so they
+//! share the machine's mood).
+//!
 //! `cargo bench -p tally-tests --bench local_mode` (TALLY_BENCH_EVENTS and
 //! TALLY_BENCH_ROUNDS change the size; scripts/bench runs it pinned to one core).
 
@@ -16,6 +22,15 @@ use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, write
 #[allow(dead_code)] // the benchmark uses only the billing plugin
 mod plugins {
     include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
+}
+
+/// CPU time (user + system) this process has used so far, from /proc.
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th overall.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0 // USER_HZ is 100 on Linux
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -40,7 +55,7 @@ fn main() {
         return; // `cargo test --benches` asks benches to list their tests
     }
     let events = env_or("TALLY_BENCH_EVENTS", 1_000_000);
-    let rounds = env_or("TALLY_BENCH_ROUNDS", 3);
+    let rounds = env_or("TALLY_BENCH_ROUNDS", 5);
     let dir = tempfile::tempdir_in(std::env::var("TALLY_BENCH_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()))
         .expect("bench directory");
     let lines = usage_lines(2026, events, 0);
@@ -50,6 +65,7 @@ fn main() {
 
     println!("local mode, billing job, {events} events in 4 files, 100 ms commits, {rounds} rounds each");
     let (mut wasm, mut native) = (Vec::new(), Vec::new());
+    let (mut wasm_cpu, mut native_cpu) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         for kind in ["wasm", "native"] {
             if std::env::var("TALLY_BENCH_ONLY").is_ok_and(|only| only != kind) {
@@ -63,13 +79,25 @@ fn main() {
                 })
                 .unwrap(),
             };
+            let cpu_before = process_cpu_seconds();
             let summary: RunSummary = task.run().unwrap();
+            let cpu = process_cpu_seconds() - cpu_before;
             assert_eq!(summary.records as usize, events);
             let totals = read_totals(&config.local.output_dir.join("totals.ndjson"));
             assert_eq!(final_totals(&totals), expected, "{kind} computed wrong totals");
             let rate = events as f64 / summary.elapsed.as_secs_f64();
-            println!("  round {round} {kind:>6}: {:>10.0} events/s ({:.2?}, {} commits)", rate, summary.elapsed, summary.commits);
-            if kind == "wasm" { wasm.push(rate) } else { native.push(rate) }
+            let cpu_rate = events as f64 / cpu;
+            println!(
+                "  round {round} {kind:>6}: {rate:>10.0} events/s wall ({:.2?}, {} commits), {cpu_rate:>10.0} events/CPU-s",
+                summary.elapsed, summary.commits
+            );
+            if kind == "wasm" {
+                wasm.push(rate);
+                wasm_cpu.push(cpu_rate);
+            } else {
+                native.push(rate);
+                native_cpu.push(cpu_rate);
+            }
             drop(task);
             std::fs::remove_dir_all(dir.path().join(format!("{kind}-{round}"))).ok();
         }
@@ -81,6 +109,14 @@ fn main() {
     if wasm.is_empty() || native.is_empty() {
         return;
     }
+    let mut paired: Vec<f64> = wasm_cpu.iter().zip(&native_cpu).map(|(w, n)| w / n).collect();
+    let paired = median(&mut paired);
     let (wasm, native) = (median(&mut wasm), median(&mut native));
-    println!("median: wasm {wasm:.0} events/s, native {native:.0} events/s, wasm/native = {:.2}", wasm / native);
+    let (wasm_cpu, native_cpu) = (median(&mut wasm_cpu), median(&mut native_cpu));
+    println!("median wall: wasm {wasm:.0} events/s, native {native:.0} events/s, wasm/native = {:.2}", wasm / native);
+    println!(
+        "median CPU:  wasm {wasm_cpu:.0} events/CPU-s, native {native_cpu:.0} events/CPU-s, wasm/native = {:.2}",
+        wasm_cpu / native_cpu
+    );
+    println!("median of per-round CPU ratios: wasm/native = {paired:.2}");
 }
