@@ -14,8 +14,11 @@ const PLUGINS: &[(&str, &str)] = &[
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let workspace = manifest_dir.parent().expect("tests/ sits in the workspace root");
-    for watched in ["wit", "sdk/rust", "plugins"] {
-        println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
+    // Relative to this package: build-script results are shared by every
+    // checkout that uses the same target directory, so absolute paths would
+    // watch another checkout's sources.
+    for watched in ["../wit", "../sdk/rust", "../plugins", "../Cargo.lock"] {
+        println!("cargo:rerun-if-changed={watched}");
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
 

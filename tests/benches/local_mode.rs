@@ -33,6 +33,10 @@ fn process_cpu_seconds() -> f64 {
     ticks as f64 / 100.0 // USER_HZ is 100 on Linux
 }
 
+/// The allocator the `tally` binary uses, so both runs see what users get.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
