@@ -207,7 +207,7 @@ mod tests {
             sequence: 1,
         };
         let dead = DeadLetter { source: SourcePosition { partition: 0, offset: 8 }, reason: "bad".into(), record: b"x\"y".to_vec() };
-        sink.format(&[output.clone()], &[dead], &lineage());
+        sink.format(std::slice::from_ref(&output), &[dead], &lineage());
         let lengths = sink.sync().unwrap();
         let totals = std::fs::read_to_string(sink.path(0)).unwrap();
         assert_eq!(
@@ -220,7 +220,7 @@ mod tests {
 
         // Bytes written after the last commit are cut on reopen, and the
         // next writes append after the committed ones.
-        sink.format(&[output.clone()], &[], &lineage());
+        sink.format(std::slice::from_ref(&output), &[], &lineage());
         sink.sync().unwrap();
         let mut sink = LocalSink::open(dir.path(), &names, &lengths).unwrap();
         assert_eq!(std::fs::read_to_string(sink.path(0)).unwrap(), totals);

@@ -25,6 +25,9 @@ pub enum StateError {
     Commit(rocksdb::Error),
 }
 
+/// A key and its value, as scans return them.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
 /// Everything one transaction changes in a store, applied atomically.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StoreCommit {
@@ -41,9 +44,9 @@ pub trait StateStore: Send + Sync {
     /// Reads one metadata key.
     fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError>;
     /// All metadata entries whose key starts with `prefix`, in key order.
-    fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError>;
+    fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError>;
     /// All state entries, in key order (for inspection and tests).
-    fn scan_state(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError>;
+    fn scan_state(&self) -> Result<Vec<Entry>, StateError>;
     /// Applies `commit` atomically and durably (synced to disk when the
     /// backend is on disk). On error nothing of it is applied.
     fn commit(&self, commit: StoreCommit) -> Result<(), StateError>;
@@ -74,7 +77,7 @@ impl RocksStore {
         self.db.cf_handle(name).expect("column families are created on open")
     }
 
-    fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError> {
+    fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
         let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
         let mut entries = Vec::new();
         for item in self.db.iterator_cf(self.cf(cf), mode) {
@@ -102,11 +105,11 @@ impl StateStore for RocksStore {
         self.db.get_cf(self.cf(META_CF), key).map_err(StateError::Read)
     }
 
-    fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError> {
+    fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
         self.scan(META_CF, prefix)
     }
 
-    fn scan_state(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError> {
+    fn scan_state(&self) -> Result<Vec<Entry>, StateError> {
         self.scan(STATE_CF, b"")
     }
 
@@ -131,37 +134,44 @@ impl StateStore for RocksStore {
 /// An in-memory backend with the same behaviour, minus durability.
 #[derive(Default)]
 pub struct MemoryStore {
-    maps: Mutex<(BTreeMap<Vec<u8>, Vec<u8>>, BTreeMap<Vec<u8>, Vec<u8>>)>,
+    maps: Mutex<MemoryMaps>,
+}
+
+/// Both namespaces, behind one lock so a commit is atomic.
+#[derive(Default)]
+struct MemoryMaps {
+    state: BTreeMap<Vec<u8>, Vec<u8>>,
+    meta: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 impl StateStore for MemoryStore {
     fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
         let maps = self.maps.lock().expect("memory store lock");
-        Ok(keys.iter().map(|key| maps.0.get(*key).cloned()).collect())
+        Ok(keys.iter().map(|key| maps.state.get(*key).cloned()).collect())
     }
 
     fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-        Ok(self.maps.lock().expect("memory store lock").1.get(key).cloned())
+        Ok(self.maps.lock().expect("memory store lock").meta.get(key).cloned())
     }
 
-    fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError> {
+    fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
         let maps = self.maps.lock().expect("memory store lock");
-        Ok(maps.1.range(prefix.to_vec()..).take_while(|(key, _)| key.starts_with(prefix)).map(clone_entry).collect())
+        Ok(maps.meta.range(prefix.to_vec()..).take_while(|(key, _)| key.starts_with(prefix)).map(clone_entry).collect())
     }
 
-    fn scan_state(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError> {
-        Ok(self.maps.lock().expect("memory store lock").0.iter().map(clone_entry).collect())
+    fn scan_state(&self) -> Result<Vec<Entry>, StateError> {
+        Ok(self.maps.lock().expect("memory store lock").state.iter().map(clone_entry).collect())
     }
 
     fn commit(&self, commit: StoreCommit) -> Result<(), StateError> {
         let mut maps = self.maps.lock().expect("memory store lock");
         for (key, value) in commit.state {
             match value {
-                Some(value) => maps.0.insert(key, value),
-                None => maps.0.remove(&key),
+                Some(value) => maps.state.insert(key, value),
+                None => maps.state.remove(&key),
             };
         }
-        maps.1.extend(commit.meta);
+        maps.meta.extend(commit.meta);
         Ok(())
     }
 }
