@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
@@ -183,7 +185,15 @@ fn run_job(args: RunArgs) -> anyhow::Result<()> {
     };
     let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
     let mut task = LocalTask::open(&job, &plugin)?;
-    let summary = task.run()?;
+    // SIGINT or SIGTERM: finish the current batch, commit, and exit cleanly.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing the signal handler")?;
+    }
+    let summary = task.run_until(&stop)?;
+    if summary.stopped_early {
+        println!("stopped on request; everything processed so far is committed, and the next run resumes there");
+    }
     let seconds = summary.elapsed.as_secs_f64();
     println!(
         "job `{}`: {} records ({} applied, {} dead-lettered), {} outputs, {} commits in {:.2}s ({:.0} records/s)",

@@ -6,6 +6,7 @@
 //! the events around it are applied exactly once (DESIGN invariant 5).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,9 @@ pub struct RunSummary {
     pub commits: u64,
     /// Wall time of the run.
     pub elapsed: Duration,
+    /// Whether the run stopped on request before the inputs' end (after
+    /// committing everything it had processed).
+    pub stopped_early: bool,
 }
 
 /// What one batch did to the transaction.
@@ -197,6 +201,12 @@ impl LocalTask {
     /// Processes every input to its end, committing every commit interval
     /// and once at the end.
     pub fn run(&mut self) -> Result<RunSummary, TaskError> {
+        self.run_until(&AtomicBool::new(false))
+    }
+
+    /// Like [`LocalTask::run`], but stops early once `stop` is set (checked
+    /// between batches), committing what was processed: a clean shutdown.
+    pub fn run_until(&mut self, stop: &AtomicBool) -> Result<RunSummary, TaskError> {
         let started = Instant::now();
         let interval = self.config.commit_interval();
         let mut summary = RunSummary::default();
@@ -204,6 +214,10 @@ impl LocalTask {
         let mut events = Vec::with_capacity(self.config.batch_size);
         let mut last_commit = Instant::now();
         loop {
+            if stop.load(Ordering::Relaxed) {
+                summary.stopped_early = true;
+                break;
+            }
             self.source.next_batch(self.config.batch_size, &mut records)?;
             if records.is_empty() {
                 break;

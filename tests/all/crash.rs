@@ -120,3 +120,30 @@ fn check_exactly_once(dir: &Path, lines: &[UsageLine], partitions: &[Vec<UsageLi
         .collect();
     assert_eq!(state, expected_totals(lines));
 }
+
+#[test]
+fn sigterm_commits_what_was_processed_and_a_restart_finishes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = usage_lines(11, 100_000, 10);
+    let (inputs, partitions) = write_partitions(dir.path(), &lines, FILES);
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "commit_interval_ms = 2\nbatch_size = 16");
+    let totals_path = dir.path().join("out/totals.ndjson");
+
+    let child = Command::new(tally_binary()).arg("run").arg(&job).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while file_len(&totals_path) == 0 {
+        assert!(Instant::now() < deadline, "tally made no progress");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let stopped = child.wait_with_output().unwrap();
+    assert!(stopped.status.success(), "SIGTERM should end the run cleanly: {}", stopped.status);
+    let said = String::from_utf8_lossy(&stopped.stdout);
+    assert!(said.contains("stopped on request"), "{said}");
+    let partial = read_totals(&totals_path).len();
+    assert!(partial > 0 && partial < lines.len(), "the run should stop midway, processed {partial}");
+
+    let rest = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(rest.status.success());
+    check_exactly_once(dir.path(), &lines, &partitions);
+}
