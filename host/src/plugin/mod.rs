@@ -201,15 +201,15 @@ impl LoadedPlugin {
 
     /// A fresh sandboxed instance with `limits`.
     pub fn instantiate(&self, limits: Limits) -> Result<PluginInstance, PluginError> {
-        let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), limits);
-        let mut instance = PluginInstance { plugin: self.clone(), store: None, bindings: None, idle_txn: Some(placeholder), limits };
+        let mut instance = PluginInstance { plugin: self.clone(), store: None, bindings: None, limits };
         instance.reinstantiate()?;
         Ok(instance)
     }
 }
 
-/// What a plugin's `Store` holds: the transaction it works on (only during
-/// a call) and its memory limit.
+/// What a plugin's `Store` holds: the transaction it works on (the
+/// caller's, swapped in for the duration of a call; an empty placeholder in
+/// between) and its memory limit.
 pub struct StoreData {
     txn: Transaction,
     memory_limit: u64,
@@ -305,9 +305,6 @@ pub struct PluginInstance {
     plugin: LoadedPlugin,
     store: Option<Store<StoreData>>,
     bindings: Option<bindings::PluginWorld>,
-    /// The transaction the store holds between calls (swapped with the
-    /// caller's during a call); kept here while the store is being rebuilt.
-    idle_txn: Option<Transaction>,
     limits: Limits,
 }
 
@@ -320,11 +317,8 @@ impl PluginInstance {
     /// Throws the instance away and makes a fresh one: after a trap the
     /// guest's memory may be inconsistent.
     fn reinstantiate(&mut self) -> Result<(), PluginError> {
-        let txn = match self.store.take() {
-            Some(store) => store.into_data().txn,
-            None => self.idle_txn.take().expect("an instance always holds a spare transaction"),
-        };
-        let data = StoreData { txn, memory_limit: self.limits.memory_bytes, memory_exceeded: false, violation: None, host_failure: None };
+        let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), self.limits);
+        let data = StoreData { txn: placeholder, memory_limit: self.limits.memory_bytes, memory_exceeded: false, violation: None, host_failure: None };
         let mut store = Store::new(&self.plugin.inner.engine, data);
         store.limiter(|data| data as &mut dyn ResourceLimiter);
         // Instantiation runs guest code too (start functions, allocator setup).
