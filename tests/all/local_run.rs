@@ -143,3 +143,60 @@ fn plugin_build_turns_a_crate_into_a_component_that_runs() {
     let stderr = String::from_utf8_lossy(&not_a_crate.stderr);
     assert!(stderr.contains("is not a plugin crate"), "{stderr}");
 }
+
+#[test]
+fn re_running_the_same_input_gives_the_same_output_records() {
+    // Invariant 4: no clock, randomness or batch timing reaches a record, so
+    // every output line (idempotency key included) is the same on every run.
+    // Only how lines of different partitions interleave may differ; each
+    // customer's events sit in one partition (as Kafka's key partitioning
+    // would put them), so a key's running totals do not depend on it.
+    let lines = usage_lines(21, 30_000, 10);
+    let partition_of = |line: &str| {
+        let event: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+        event["customer"].as_str().map_or(0, |customer| customer.len() % 3)
+    };
+    let sorted_lines = |bytes: Vec<u8>| {
+        let mut lines: Vec<String> = String::from_utf8(bytes).unwrap().lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    };
+    let outputs: Vec<(Vec<String>, Vec<String>)> = ["5", "100"]
+        .iter()
+        .map(|interval| {
+            let dir = tempfile::tempdir().unwrap();
+            let inputs: Vec<std::path::PathBuf> = (0..3).map(|p| dir.path().join(format!("usage-{p}.ndjson"))).collect();
+            let mut texts = vec![String::new(); 3];
+            for line in &lines {
+                texts[partition_of(&line.line)].push_str(&format!("{}\n", line.line));
+            }
+            for (path, text) in inputs.iter().zip(&texts) {
+                std::fs::write(path, text).unwrap();
+            }
+            let extra = format!("commit_interval_ms = {interval}\nbatch_size = {}", if *interval == "5" { 7 } else { 1024 });
+            let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, &extra);
+            let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+            assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+            let read = |name: &str| sorted_lines(std::fs::read(dir.path().join("out").join(name)).unwrap());
+            (read("totals.ndjson"), read("dead-letters.ndjson"))
+        })
+        .collect();
+    assert!(!outputs[0].0.is_empty() && !outputs[0].1.is_empty());
+    assert!(outputs[0] == outputs[1], "different batching changed output records");
+}
+
+#[test]
+fn reordered_inputs_are_refused_against_committed_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inputs, _) = write_partitions(dir.path(), &usage_lines(4, 1_000, 0), 2);
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "");
+    assert!(Command::new(tally_binary()).arg("run").arg(&job).output().unwrap().status.success());
+    let before = std::fs::read(dir.path().join("out/totals.ndjson")).unwrap();
+
+    let swapped = write_billing_job(dir.path(), USAGE_BILLING, &[inputs[1].clone(), inputs[0].clone()], "");
+    let run = Command::new(tally_binary()).arg("run").arg(&swapped).output().unwrap();
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("input 0 was `usage-0.ndjson` when this state was committed, but the job now names `usage-1.ndjson`"), "{stderr}");
+    assert_eq!(std::fs::read(dir.path().join("out/totals.ndjson")).unwrap(), before);
+}
