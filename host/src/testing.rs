@@ -10,7 +10,7 @@
 //!
 //! let mut plugin = PluginTest::build(env!("CARGO_MANIFEST_DIR"), &["totals"]).unwrap();
 //! let batch = plugin.send([r#"{"customer":"acme","metric":"api_calls","quantity":3,"ts":"2026-11-03T10:00:00Z"}"#]);
-//! assert_eq!(batch.outputs.len(), 1);
+//! assert_eq!(batch.outputs[0].json::<u64>(), 3);
 //! assert!(batch.dead_letters.is_empty());
 //! ```
 
