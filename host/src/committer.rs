@@ -16,7 +16,9 @@ const INPUT_PREFIX: &str = "input/";
 /// Metadata key prefix of committed output lengths (`output/<name>`).
 const OUTPUT_PREFIX: &str = "output/";
 
-/// A failed commit; nothing of it became visible.
+/// A failed commit. Its state and positions were not committed, but some of
+/// its output bytes may already be in the files: stop using the committer;
+/// reopening the job recovers (cuts those bytes off).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CommitError {
@@ -41,8 +43,8 @@ pub struct Recovered {
 /// Makes transactions durable, atomically.
 pub trait Committer {
     /// Makes `txn` durable together with the input `positions` reached, then
-    /// empties it. On error nothing of `txn` is visible, and the caller
-    /// must rewind to the last committed positions.
+    /// empties it. On error the commit point was not reached: the caller must
+    /// stop and reopen the job, which recovers from the last commit.
     fn commit(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError>;
 }
 
@@ -78,8 +80,8 @@ impl LocalCommitter {
             let len = len.ok_or_else(|| damaged(&key))?;
             committed_lengths.insert(key[OUTPUT_PREFIX.len()..].to_vec(), len);
         }
-        let lengths: Vec<u64> =
-            output_names.iter().map(|name| committed_lengths.get(name.as_bytes()).copied().unwrap_or(0)).collect();
+        let lengths: Vec<Option<u64>> =
+            output_names.iter().map(|name| committed_lengths.get(name.as_bytes()).copied()).collect();
         let committed_inputs = read_indexed(&*store, INPUT_PREFIX, |bytes| serde_json::from_slice::<CommittedInput>(bytes).ok())?;
         if committed_inputs.len() > lineage.partitions.len() {
             return Err(CommitError::Metadata(format!(
@@ -101,6 +103,17 @@ impl LocalCommitter {
             positions.push(committed.position);
         }
         let sink = LocalSink::open(output_dir, output_names, &lengths)?;
+        // Claim new outputs (committed length 0) before writing to them, so a
+        // crash before the first commit is recovered like any other.
+        let claims: Vec<(Vec<u8>, Vec<u8>)> = output_names
+            .iter()
+            .zip(&lengths)
+            .filter(|(_, len)| len.is_none())
+            .map(|(name, _)| (format!("{OUTPUT_PREFIX}{name}").into_bytes(), b"0".to_vec()))
+            .collect();
+        if !claims.is_empty() {
+            store.commit(StoreCommit { state: Vec::new(), meta: claims })?;
+        }
         let output_names = output_names.to_vec();
         Ok((LocalCommitter { store, sink, lineage, output_names }, Recovered { positions }))
     }
@@ -125,9 +138,7 @@ impl Committer for LocalCommitter {
             meta.push((format!("{OUTPUT_PREFIX}{name}").into_bytes(), len.to_string().into_bytes()));
         }
         self.store.commit(StoreCommit { state: txn.overlay.changes(), meta })?;
-        txn.overlay.committed();
-        txn.outputs.clear();
-        txn.dead_letters.clear();
+        txn.committed();
         Ok(())
     }
 }
@@ -150,4 +161,83 @@ fn damaged(key: &[u8]) -> CommitError {
         "committed metadata `{}` is unreadable; the state directory is damaged",
         String::from_utf8_lossy(key)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Limits;
+    use crate::state_store::{MemoryStore, StateError};
+    use crate::transaction::SourcePosition;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A store whose commits fail on demand: the crash window between the
+    /// output fsync and the state commit, made deterministic.
+    #[derive(Default)]
+    struct FailingStore {
+        inner: MemoryStore,
+        fail_commits: AtomicBool,
+    }
+
+    impl StateStore for FailingStore {
+        fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+            self.inner.get_many(keys)
+        }
+        fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+            self.inner.get_meta(key)
+        }
+        fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<crate::state_store::Entry>, StateError> {
+            self.inner.scan_meta(prefix)
+        }
+        fn scan_state(&self) -> Result<Vec<crate::state_store::Entry>, StateError> {
+            self.inner.scan_state()
+        }
+        fn commit(&self, commit: StoreCommit) -> Result<(), StateError> {
+            if self.fail_commits.load(Ordering::Relaxed) {
+                return Err(StateError::Commit("injected failure".into()));
+            }
+            self.inner.commit(commit)
+        }
+    }
+
+    fn lineage() -> Lineage {
+        Lineage::new("job", vec!["in.ndjson".into()], "sha256:00")
+    }
+
+    fn txn_with_one_output(store: Arc<dyn StateStore>, offset: u64) -> Transaction {
+        let mut txn = Transaction::new(store, vec!["totals".to_string()].into(), Limits::default());
+        txn.begin_batch(std::iter::once(SourcePosition { partition: 0, offset }));
+        txn.put_many(vec![(b"k".to_vec(), offset.to_string().into_bytes())]).unwrap();
+        txn.emit_many("totals", [(0, None, b"1".to_vec())]).unwrap();
+        txn.keep_batch();
+        txn
+    }
+
+    #[test]
+    fn a_commit_that_fails_after_the_output_fsync_is_undone_by_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FailingStore::default());
+        let names = vec!["totals".to_string(), "dead-letters".to_string()];
+        let (mut committer, recovered) = LocalCommitter::recover(store.clone(), dir.path(), &names, lineage()).unwrap();
+        assert!(recovered.positions.is_empty());
+
+        let first = LocalPosition { next_line: 1, byte: 10 };
+        committer.commit(&mut txn_with_one_output(store.clone(), 0), &[first]).unwrap();
+        let committed_output = std::fs::read(dir.path().join("totals.ndjson")).unwrap();
+
+        store.fail_commits.store(true, Ordering::Relaxed);
+        let second = LocalPosition { next_line: 2, byte: 20 };
+        let err = committer.commit(&mut txn_with_one_output(store.clone(), 1), &[second]).unwrap_err();
+        assert!(err.to_string().contains("injected failure"));
+        // The output bytes of the failed commit reached the file...
+        assert!(std::fs::read(dir.path().join("totals.ndjson")).unwrap().len() > committed_output.len());
+
+        // ...and recovery cuts them, resuming from the first commit.
+        store.fail_commits.store(false, Ordering::Relaxed);
+        drop(committer);
+        let (_, recovered) = LocalCommitter::recover(store.clone(), dir.path(), &names, lineage()).unwrap();
+        assert_eq!(recovered.positions, vec![first]);
+        assert_eq!(std::fs::read(dir.path().join("totals.ndjson")).unwrap(), committed_output);
+        assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"0".to_vec())]);
+    }
 }

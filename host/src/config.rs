@@ -30,8 +30,8 @@ pub const DEFAULT_BATCH_SIZE: usize = 1024;
 pub const DEFAULT_DEAD_LETTER_OUTPUT: &str = "dead-letters";
 /// Linear memory a plugin instance may grow to.
 pub const DEFAULT_MEMORY_BYTES: u64 = 64 << 20;
-/// CPU budget of one plugin call (one batch), in milliseconds. A batch of
-/// 1024 billing events takes about 2 ms.
+/// CPU budget of one plugin call (one batch), in milliseconds of the
+/// calling thread's CPU time. A batch of 1024 billing events takes about 2 ms.
 pub const DEFAULT_CPU_BUDGET_MS: u64 = 1_000;
 /// Largest state key a plugin may write.
 pub const DEFAULT_MAX_KEY_BYTES: u32 = 4 << 10;
@@ -39,6 +39,10 @@ pub const DEFAULT_MAX_KEY_BYTES: u32 = 4 << 10;
 pub const DEFAULT_MAX_VALUE_BYTES: u32 = 1 << 20;
 /// Most output bytes (keys and values) a plugin may emit per batch.
 pub const DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH: u64 = 64 << 20;
+/// Most state bytes (keys and values) a plugin may write per batch.
+pub const DEFAULT_MAX_STATE_BYTES_PER_BATCH: u64 = 64 << 20;
+/// Largest batch a job may ask for.
+pub const MAX_BATCH_SIZE: usize = 65_536;
 
 /// A bad job configuration.
 #[derive(Debug, thiserror::Error)]
@@ -99,15 +103,18 @@ pub struct LocalConfig {
 pub struct Limits {
     /// Linear memory, in bytes.
     pub memory_bytes: u64,
-    /// CPU budget of one plugin call (one batch), in milliseconds; checked
-    /// every [`crate::plugin::EPOCH_TICK`].
+    /// CPU budget of one plugin call (one batch), in milliseconds of thread
+    /// CPU time; checked every [`crate::plugin::EPOCH_TICK`], so a call may
+    /// run up to one tick past it.
     pub cpu_budget_ms: u64,
     /// Largest state key, in bytes.
     pub max_key_bytes: u32,
     /// Largest state value or output value, in bytes.
     pub max_value_bytes: u32,
-    /// Most output bytes per batch.
+    /// Most output bytes per batch (its retries included).
     pub max_output_bytes_per_batch: u64,
+    /// Most state bytes written per batch (its retries included).
+    pub max_state_bytes_per_batch: u64,
 }
 
 impl Default for Limits {
@@ -118,6 +125,7 @@ impl Default for Limits {
             max_key_bytes: DEFAULT_MAX_KEY_BYTES,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             max_output_bytes_per_batch: DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH,
+            max_state_bytes_per_batch: DEFAULT_MAX_STATE_BYTES_PER_BATCH,
         }
     }
 }
@@ -185,8 +193,8 @@ impl JobConfig {
         if self.commit_interval_ms == 0 {
             return invalid("commit_interval_ms must be at least 1".into());
         }
-        if self.batch_size == 0 {
-            return invalid("batch_size must be at least 1".into());
+        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
+            return invalid(format!("batch_size must be between 1 and {MAX_BATCH_SIZE}, got {}", self.batch_size));
         }
         if self.local.inputs.is_empty() {
             return invalid("local.inputs must name at least one NDJSON file".into());
@@ -200,8 +208,12 @@ impl JobConfig {
             ));
         }
         let limits = &self.limits;
-        if limits.memory_bytes < (1 << 20) || limits.cpu_budget_ms == 0 || limits.max_key_bytes == 0 {
-            return invalid("limits must be positive, and memory_bytes at least 1 MiB".into());
+        let tick_ms = crate::plugin::EPOCH_TICK.as_millis() as u64;
+        if limits.memory_bytes < (1 << 20) || limits.max_key_bytes == 0 || limits.max_value_bytes == 0 {
+            return invalid("limits must be positive, and limits.memory_bytes at least 1 MiB (1048576)".into());
+        }
+        if limits.cpu_budget_ms < tick_ms {
+            return invalid(format!("limits.cpu_budget_ms must be at least {tick_ms} (the budget is checked every {tick_ms} ms)"));
         }
         Ok(())
     }

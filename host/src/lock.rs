@@ -1,38 +1,38 @@
-//! The lock that keeps two `tally run`s off one state directory (local
-//! mode's fencing).
+//! The lock that keeps two `tally run`s off one state directory, or one
+//! output directory (local mode's fencing).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
-/// Name of the lock file inside a state directory.
+/// Name of the lock file inside a locked directory.
 pub const LOCK_FILE: &str = "tally.lock";
 
-/// Why the state directory could not be locked.
+/// Why a directory could not be locked.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
     /// Another process holds the lock.
     #[error(
-        "state directory `{}` is in use by another tally process{holder}; stop it first, or give this run another state directory",
+        "directory `{}` is in use by another tally process{holder}; stop it first, or give this run other state and output directories",
         dir.display()
     )]
     Held { dir: PathBuf, holder: String },
     /// The lock file could not be created.
-    #[error("cannot lock state directory `{}`: {source}", dir.display())]
+    #[error("cannot lock directory `{}`: {source}", dir.display())]
     Io { dir: PathBuf, source: std::io::Error },
 }
 
-/// An exclusive lock on a state directory, released when dropped (or when
-/// the process dies, even by SIGKILL).
+/// An exclusive lock on a directory, released when dropped (or when the
+/// process dies, even by SIGKILL).
 #[derive(Debug)]
-pub struct StateDirLock {
+pub struct DirLock {
     _file: File,
 }
 
-impl StateDirLock {
+impl DirLock {
     /// Creates `dir` if needed and locks it, or says who holds it.
-    pub fn acquire(dir: &Path) -> Result<StateDirLock, LockError> {
+    pub fn acquire(dir: &Path) -> Result<DirLock, LockError> {
         let io_error = |source| LockError::Io { dir: dir.to_path_buf(), source };
         std::fs::create_dir_all(dir).map_err(io_error)?;
         let mut file =
@@ -48,7 +48,7 @@ impl StateDirLock {
             Err(std::fs::TryLockError::Error(err)) => return Err(io_error(err)),
         }
         file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id())).map_err(io_error)?;
-        Ok(StateDirLock { _file: file })
+        Ok(DirLock { _file: file })
     }
 }
 
@@ -59,11 +59,11 @@ mod tests {
     #[test]
     fn a_second_lock_is_refused_until_the_first_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let first = StateDirLock::acquire(dir.path()).unwrap();
-        let err = StateDirLock::acquire(dir.path()).unwrap_err().to_string();
+        let first = DirLock::acquire(dir.path()).unwrap();
+        let err = DirLock::acquire(dir.path()).unwrap_err().to_string();
         assert!(err.contains("is in use by another tally process"), "{err}");
         assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
         drop(first);
-        StateDirLock::acquire(dir.path()).unwrap();
+        DirLock::acquire(dir.path()).unwrap();
     }
 }

@@ -186,8 +186,10 @@ fn run_job(args: RunArgs) -> anyhow::Result<()> {
     let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
     let mut task = LocalTask::open(&job, &plugin)?;
     // SIGINT or SIGTERM: finish the current batch, commit, and exit cleanly.
+    // A second one exits at once (recovery cuts what was not committed).
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone()).context("installing the signal handler")?;
         signal_hook::flag::register(signal, stop.clone()).context("installing the signal handler")?;
     }
     let summary = task.run_until(&stop)?;
@@ -285,7 +287,7 @@ fn list_state(state_dir: &Path, json: bool) -> anyhow::Result<()> {
     }
     // RocksDB admits one process at a time: take the job's lock, so a
     // running job is reported rather than raced.
-    let _lock = tally_host::lock::StateDirLock::acquire(state_dir)?;
+    let _lock = tally_host::lock::DirLock::acquire(state_dir)?;
     let store = RocksStore::open(&db)?;
     for (key, value) in store.scan_state()? {
         if json {

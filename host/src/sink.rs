@@ -30,6 +30,14 @@ pub enum SinkError {
     /// An output file could not be opened, written or synced.
     #[error("cannot write output `{}`: {source}", path.display())]
     Write { path: PathBuf, source: std::io::Error },
+    /// An output file holds bytes this job never committed (a fresh state
+    /// directory over an old output directory).
+    #[error(
+        "output `{}` already holds {len} bytes that this job's state directory never committed; \
+         Tally will not overwrite them: move the file away, or use another output directory",
+        path.display()
+    )]
+    Foreign { path: PathBuf, len: u64 },
     /// An output file is shorter than what was committed to it.
     #[error(
         "output `{}` has {len} bytes, but {committed} bytes were committed to it: it was changed outside Tally; \
@@ -58,8 +66,11 @@ impl Lineage {
     /// (`sha256:<hex>`, shortened on lines).
     pub fn new(job: &str, partitions: Vec<String>, digest: &str) -> Lineage {
         let plugin_digest = match digest.split_once(':') {
-            Some((algorithm, hex)) if hex.len() > LINE_DIGEST_HEX => format!("{algorithm}:{}", &hex[..LINE_DIGEST_HEX]),
-            _ => digest.to_string(),
+            Some((algorithm, hex)) => match hex.get(..LINE_DIGEST_HEX) {
+                Some(short) => format!("{algorithm}:{short}"),
+                None => digest.to_string(),
+            },
+            None => digest.to_string(),
         };
         Lineage { job: job.to_string(), partitions, plugin_digest }
     }
@@ -79,18 +90,24 @@ pub struct LocalSink {
 
 impl LocalSink {
     /// Opens (creating) `<dir>/<name>.ndjson` for each of `names`, cut back
-    /// to `committed[i]` bytes (missing entries mean 0).
-    pub fn open(dir: &Path, names: &[String], committed: &[u64]) -> Result<LocalSink, SinkError> {
+    /// to `committed[i]` bytes. `None` means nothing was ever committed to
+    /// it: the file must then be missing or empty.
+    pub fn open(dir: &Path, names: &[String], committed: &[Option<u64>]) -> Result<LocalSink, SinkError> {
         std::fs::create_dir_all(dir).map_err(|source| SinkError::Write { path: dir.to_path_buf(), source })?;
         let files = names
             .iter()
             .enumerate()
             .map(|(index, name)| {
                 let path = dir.join(format!("{name}.ndjson"));
-                let committed = committed.get(index).copied().unwrap_or(0);
                 let write_error = |source| SinkError::Write { path: path.clone(), source };
                 let file = OpenOptions::new().create(true).append(true).open(&path).map_err(write_error)?;
                 let len = file.metadata().map_err(write_error)?.len();
+                let Some(committed) = committed.get(index).copied().flatten() else {
+                    if len > 0 {
+                        return Err(SinkError::Foreign { path, len });
+                    }
+                    return Ok(OutputFile { path, file, len: 0, pending: Vec::new() });
+                };
                 if len < committed {
                     return Err(SinkError::Shrunk { path, len, committed });
                 }
@@ -172,10 +189,12 @@ fn write_lineage(line: &mut Vec<u8>, source: SourcePosition, sequence: u32, line
     line.push(b'"');
 }
 
-/// Embeds `bytes` as is when they are JSON, else as a JSON string.
+/// Embeds `bytes` as is when they are UTF-8 JSON on one line, else as a
+/// JSON string.
 fn write_json_or_text(line: &mut Vec<u8>, bytes: &[u8]) {
-    let single_line = !bytes.contains(&b'\n');
-    if single_line && serde_json::from_slice::<IgnoredAny>(bytes).is_ok() {
+    let embeddable = std::str::from_utf8(bytes).is_ok_and(|text| !text.contains(['\n', '\r']))
+        && serde_json::from_slice::<IgnoredAny>(bytes).is_ok();
+    if embeddable {
         line.extend_from_slice(bytes);
     } else {
         write_json_string(line, &String::from_utf8_lossy(bytes));
@@ -198,7 +217,7 @@ mod tests {
     fn lines_carry_lineage_and_only_synced_bytes_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let names = vec!["totals".to_string(), "dead-letters".to_string()];
-        let mut sink = LocalSink::open(dir.path(), &names, &[]).unwrap();
+        let mut sink = LocalSink::open(dir.path(), &names, &[None, None]).unwrap();
         let output = PendingOutput {
             output: 0,
             key: Some(b"\"acme\"".to_vec()),
@@ -222,7 +241,8 @@ mod tests {
         // next writes append after the committed ones.
         sink.format(std::slice::from_ref(&output), &[], &lineage());
         sink.sync().unwrap();
-        let mut sink = LocalSink::open(dir.path(), &names, &lengths).unwrap();
+        let committed: Vec<Option<u64>> = lengths.iter().copied().map(Some).collect();
+        let mut sink = LocalSink::open(dir.path(), &names, &committed).unwrap();
         assert_eq!(std::fs::read_to_string(sink.path(0)).unwrap(), totals);
         sink.format(&[output], &[], &lineage());
         sink.sync().unwrap();
@@ -236,16 +256,31 @@ mod tests {
     }
 
     #[test]
-    fn a_value_that_is_not_json_is_written_as_a_string() {
-        let mut line = Vec::new();
-        write_json_or_text(&mut line, b"not json");
-        assert_eq!(line, b"\"not json\"");
+    fn a_value_that_is_not_one_line_of_utf8_json_is_written_as_a_string() {
+        for (value, written) in [
+            (&b"not json"[..], &b"\"not json\""[..]),
+            (b"\"bad \xff utf-8\"", b"\"\\\"bad \xef\xbf\xbd utf-8\\\"\""),
+            (b"{\"a\":1}\r", b"\"{\\\"a\\\":1}\\r\""),
+        ] {
+            let mut line = Vec::new();
+            write_json_or_text(&mut line, value);
+            assert_eq!(String::from_utf8_lossy(&line), String::from_utf8_lossy(written));
+        }
     }
 
     #[test]
     fn a_shrunk_output_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let err = LocalSink::open(dir.path(), &["totals".into()], &[10]).err().unwrap().to_string();
+        let err = LocalSink::open(dir.path(), &["totals".into()], &[Some(10)]).err().unwrap().to_string();
         assert!(err.contains("has 0 bytes, but 10 bytes were committed"), "{err}");
+    }
+
+    #[test]
+    fn an_output_this_job_never_committed_is_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("totals.ndjson"), "someone else's line\n").unwrap();
+        let err = LocalSink::open(dir.path(), &["totals".into()], &[None]).err().unwrap().to_string();
+        assert!(err.contains("already holds 20 bytes that this job's state directory never committed"), "{err}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("totals.ndjson")).unwrap(), "someone else's line\n");
     }
 }

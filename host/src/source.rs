@@ -3,7 +3,7 @@
 //! a restart seeks straight to the first uncommitted line.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use crate::transaction::SourcePosition;
@@ -25,6 +25,14 @@ pub enum SourceError {
         path.display()
     )]
     Shrunk { path: PathBuf, len: u64, committed: u64 },
+    /// The bytes before the committed position are no longer a line end.
+    #[error(
+        "input `{}` changed: byte {committed}, where processing resumes, no longer starts a line \
+         (was the file rewritten, or its last line extended?); restore the original file, \
+         or start over with a new state directory and output directory",
+        path.display()
+    )]
+    Changed { path: PathBuf, committed: u64 },
 }
 
 /// How far a partition has been read: the next line and its byte position.
@@ -130,6 +138,15 @@ fn open_partition(path: &Path, position: LocalPosition) -> Result<Partition, Sou
     if len < position.byte {
         return Err(SourceError::Shrunk { path: path.to_path_buf(), len, committed: position.byte });
     }
+    // The committed position must sit at a line start, or the file changed.
+    if position.byte > 0 && position.byte < len {
+        let mut before = [0u8; 1];
+        file.seek(SeekFrom::Start(position.byte - 1)).map_err(read_error)?;
+        file.read_exact(&mut before).map_err(read_error)?;
+        if before[0] != b'\n' {
+            return Err(SourceError::Changed { path: path.to_path_buf(), committed: position.byte });
+        }
+    }
     file.seek(SeekFrom::Start(position.byte)).map_err(read_error)?;
     Ok(Partition {
         path: path.to_path_buf(),
@@ -184,6 +201,14 @@ mod tests {
         batch.clear();
         source.next_batch(10, &mut batch).unwrap();
         assert!(batch.is_empty() && source.is_exhausted());
+    }
+
+    #[test]
+    fn an_input_changed_under_the_committed_position_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = write(dir.path(), "a", "a0\na1\n");
+        let err = LocalSource::open(&[a], &[LocalPosition { next_line: 1, byte: 2 }]).err().unwrap().to_string();
+        assert!(err.contains("no longer starts a line"), "{err}");
     }
 
     #[test]

@@ -10,19 +10,24 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// A failure of the state backend. Not the plugin's fault: the run stops.
+/// A failure of the state backend (its message says what failed). Not the
+/// plugin's fault: the run stops.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StateError {
-    /// RocksDB could not be opened.
-    #[error("cannot open the state store at `{}`: {source}", path.display())]
-    Open { path: PathBuf, source: rocksdb::Error },
+    /// The store could not be opened.
+    #[error("cannot open the state store at `{}`: {reason}", path.display())]
+    Open { path: PathBuf, reason: String },
     /// A read failed.
     #[error("reading state failed: {0}")]
-    Read(rocksdb::Error),
+    Read(String),
     /// A commit failed; nothing of it was applied.
     #[error("committing state failed: {0}")]
-    Commit(rocksdb::Error),
+    Commit(String),
+}
+
+fn read_error(err: rocksdb::Error) -> StateError {
+    StateError::Read(err.into_string())
 }
 
 /// A key and its value, as scans return them.
@@ -69,7 +74,7 @@ impl RocksStore {
         options.create_if_missing(true);
         options.create_missing_column_families(true);
         let db = rocksdb::DB::open_cf(&options, path, [STATE_CF, META_CF])
-            .map_err(|source| StateError::Open { path: path.to_path_buf(), source })?;
+            .map_err(|err| StateError::Open { path: path.to_path_buf(), reason: err.into_string() })?;
         Ok(RocksStore { db })
     }
 
@@ -81,7 +86,7 @@ impl RocksStore {
         let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
         let mut entries = Vec::new();
         for item in self.db.iterator_cf(self.cf(cf), mode) {
-            let (key, value) = item.map_err(StateError::Read)?;
+            let (key, value) = item.map_err(read_error)?;
             if !key.starts_with(prefix) {
                 break;
             }
@@ -97,12 +102,12 @@ impl StateStore for RocksStore {
         self.db
             .batched_multi_get_cf(cf, keys.iter(), false)
             .into_iter()
-            .map(|value| value.map(|value| value.map(|slice| slice.to_vec())).map_err(StateError::Read))
+            .map(|value| value.map(|value| value.map(|slice| slice.to_vec())).map_err(read_error))
             .collect()
     }
 
     fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-        self.db.get_cf(self.cf(META_CF), key).map_err(StateError::Read)
+        self.db.get_cf(self.cf(META_CF), key).map_err(read_error)
     }
 
     fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
@@ -127,7 +132,7 @@ impl StateStore for RocksStore {
         }
         let mut options = rocksdb::WriteOptions::default();
         options.set_sync(true);
-        self.db.write_opt(batch, &options).map_err(StateError::Commit)
+        self.db.write_opt(batch, &options).map_err(|err| StateError::Commit(err.into_string()))
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::committer::{CommitError, Committer, LocalCommitter};
 use crate::config::JobConfig;
-use crate::lock::{LockError, StateDirLock};
+use crate::lock::{LockError, DirLock};
 use crate::plugin::{Event, LoadedPlugin, PluginError, ProcessError, Processor};
 use crate::sink::Lineage;
 use crate::source::{InputRecord, LocalSource, SourceError};
@@ -38,6 +38,17 @@ pub enum TaskError {
     /// The plugin could not be loaded or instantiated.
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    /// The job's configuration does not fit the plugin; nothing of the
+    /// transaction in progress was committed.
+    #[error("job `{job}` stopped before committing anything more: {message}")]
+    Misconfigured { job: String, message: String },
+    /// The job configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// An earlier commit failed; the task must be reopened, which recovers
+    /// from the last commit.
+    #[error("an earlier commit of job `{job}` failed; open the job again to recover from its last commit")]
+    Failed { job: String },
 }
 
 /// What a run did.
@@ -78,6 +89,17 @@ pub fn process_batch(
     txn: &mut Transaction,
     events: &[Event],
 ) -> Result<BatchOutcome, ProcessError> {
+    txn.reset_batch_budget();
+    process_or_isolate(processor, txn, events)
+}
+
+/// [`process_batch`] without resetting the budget: the retries of a
+/// failed batch share the batch's budget.
+fn process_or_isolate(
+    processor: &mut dyn Processor,
+    txn: &mut Transaction,
+    events: &[Event],
+) -> Result<BatchOutcome, ProcessError> {
     let mut outcome = BatchOutcome::default();
     match run_once(processor, txn, events) {
         Ok(rejected) => {
@@ -91,7 +113,7 @@ pub fn process_batch(
         Err(ProcessError::Plugin(reason)) => {
             tracing::warn!(events = events.len(), %reason, "plugin failed on a batch; retrying its events one by one");
             for event in events {
-                let one = process_batch(processor, txn, std::slice::from_ref(event))?;
+                let one = process_or_isolate(processor, txn, std::slice::from_ref(event))?;
                 outcome.applied += one.applied;
                 outcome.dead_lettered += one.dead_lettered;
             }
@@ -121,6 +143,8 @@ fn run_once(processor: &mut dyn Processor, txn: &mut Transaction, events: &[Even
             events.len()
         )));
     }
+    let rejected: Vec<u32> = rejections.iter().map(|r| r.index).collect();
+    txn.drop_outputs_of(&rejected);
     txn.keep_batch();
     for rejection in &rejections {
         dead_letter(txn, &events[rejection.index as usize], rejection.reason.clone());
@@ -145,6 +169,10 @@ pub fn to_events(records: &mut Vec<InputRecord>, events: &mut Vec<Event>) {
     }));
 }
 
+/// A transaction holding this many bytes commits before its interval is up,
+/// so a burst of big outputs or state cannot grow the host without bound.
+pub const MAX_TRANSACTION_BYTES: u64 = 256 << 20;
+
 /// A local-mode job: NDJSON inputs through a processor into output files,
 /// exactly once across crashes.
 pub struct LocalTask {
@@ -153,7 +181,9 @@ pub struct LocalTask {
     processor: Box<dyn Processor>,
     txn: Transaction,
     committer: LocalCommitter,
-    _lock: StateDirLock,
+    /// Set when a run failed: what is in memory can no longer be committed.
+    failed: bool,
+    _locks: Vec<DirLock>,
 }
 
 impl LocalTask {
@@ -172,22 +202,27 @@ impl LocalTask {
         config: &JobConfig,
         make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<LocalTask, TaskError> {
+        config.validate()?;
         let local = &config.local;
-        // Refuse a missing input before anything is created on disk.
+        // Refuse a missing input or a plugin that cannot start before
+        // anything is created on disk.
         LocalSource::check_readable(&local.inputs)?;
-        let lock = StateDirLock::acquire(&local.state_dir)?;
+        let processor = make_processor()?;
+        let mut locks = vec![DirLock::acquire(&local.state_dir)?];
+        if local.output_dir != local.state_dir {
+            locks.push(DirLock::acquire(&local.output_dir)?);
+        }
         let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&local.state_dir.join("db"))?);
         let mut output_names = config.outputs.clone();
         output_names.push(config.dead_letter_output.clone());
         let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits);
-        let processor = make_processor()?;
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
         let processor_digest = processor.digest().to_string();
         let (committer, recovered) = LocalCommitter::recover(store, &local.output_dir, &output_names, lineage)?;
         let source = LocalSource::open(&local.inputs, &recovered.positions)?;
         tracing::info!(job = %config.name, plugin = %processor_digest, resumed_from = ?recovered.positions, "local job opened");
-        Ok(LocalTask { config: config.clone(), source, processor, txn, committer, _lock: lock })
+        Ok(LocalTask { config: config.clone(), source, processor, txn, committer, failed: false, _locks: locks })
     }
 
     /// Path of output `name`'s file.
@@ -206,7 +241,20 @@ impl LocalTask {
 
     /// Like [`LocalTask::run`], but stops early once `stop` is set (checked
     /// between batches), committing what was processed: a clean shutdown.
+    /// After an error the task refuses to run again: open the job anew.
     pub fn run_until(&mut self, stop: &AtomicBool) -> Result<RunSummary, TaskError> {
+        if self.failed {
+            return Err(TaskError::Failed { job: self.config.name.clone() });
+        }
+        let result = self.run_batches(stop);
+        if result.is_err() {
+            self.failed = true;
+            self.txn.abort();
+        }
+        result
+    }
+
+    fn run_batches(&mut self, stop: &AtomicBool) -> Result<RunSummary, TaskError> {
         let started = Instant::now();
         let interval = self.config.commit_interval();
         let mut summary = RunSummary::default();
@@ -228,12 +276,13 @@ impl LocalTask {
             let outcome = process_batch(&mut *self.processor, &mut self.txn, &events).map_err(|err| match err {
                 ProcessError::Host(state) => TaskError::State(state),
                 ProcessError::Instantiate(plugin) => TaskError::Plugin(plugin),
+                ProcessError::Misconfigured(message) => TaskError::Misconfigured { job: self.config.name.clone(), message },
                 ProcessError::Plugin(_) => unreachable!("plugin failures end as dead letters"),
             })?;
             summary.applied += outcome.applied;
             summary.dead_lettered += outcome.dead_lettered;
             summary.outputs += (self.txn.outputs.len() - outputs_before) as u64;
-            if last_commit.elapsed() >= interval {
+            if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
                 self.commit(&mut summary)?;
                 last_commit = Instant::now();
             }

@@ -159,7 +159,7 @@ impl PluginTest {
             .collect();
         dead_letters.sort_by_key(|dead| dead.offset);
         self.store.commit(StoreCommit { state: self.txn.overlay.changes(), meta: vec![] }).expect("memory store commits");
-        self.txn.overlay.committed();
+        self.txn.committed();
         Sent { outputs, dead_letters }
     }
 

@@ -53,12 +53,18 @@ pub struct DeadLetter {
 #[error("{0}")]
 pub struct Violation(pub String);
 
-/// A failing host call: the plugin broke a rule, or the host itself failed.
+/// A failing host call: the plugin broke a rule, the job and the plugin
+/// disagree, or the host itself failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HostCallError {
-    /// The plugin broke a limit or rule.
+    /// The plugin broke a limit or rule on this event: dead-letter it.
     #[error(transparent)]
     Violation(#[from] Violation),
+    /// The job's configuration does not fit the plugin (an undeclared
+    /// output): every event would fail, so the job must stop instead of
+    /// dead-lettering its whole input.
+    #[error("{0}")]
+    Misconfigured(String),
     /// The state store failed: not the plugin's fault.
     #[error(transparent)]
     State(#[from] StateError),
@@ -80,8 +86,16 @@ pub struct Transaction {
     limits: Limits,
     batch: Vec<SourcePosition>,
     batch_sequences: Vec<u32>,
-    batch_output_bytes: u64,
     batch_outputs_start: usize,
+    budget: BatchBudget,
+    pending_bytes: u64,
+}
+
+/// Bytes a batch has emitted and written so far, its retries included.
+#[derive(Debug, Default, Clone, Copy)]
+struct BatchBudget {
+    output_bytes: u64,
+    state_bytes: u64,
 }
 
 impl Transaction {
@@ -97,8 +111,9 @@ impl Transaction {
             limits,
             batch: Vec::new(),
             batch_sequences: Vec::new(),
-            batch_output_bytes: 0,
             batch_outputs_start: 0,
+            budget: BatchBudget::default(),
+            pending_bytes: 0,
         }
     }
 
@@ -122,15 +137,45 @@ impl Transaction {
         self.overlay.is_empty() && self.outputs.is_empty() && self.dead_letters.is_empty()
     }
 
-    /// Starts a batch of events from `positions` (one per event, in order).
+    /// Resets the per-batch byte budgets; a batch and the one-by-one retries
+    /// of its events share one budget.
+    pub fn reset_batch_budget(&mut self) {
+        self.budget = BatchBudget::default();
+    }
+
+    /// Starts a plugin call over events from `positions` (one per event, in order).
     pub fn begin_batch(&mut self, positions: impl Iterator<Item = SourcePosition>) {
         self.batch.clear();
         self.batch.extend(positions);
         self.batch_sequences.clear();
         self.batch_sequences.resize(self.batch.len(), 0);
-        self.batch_output_bytes = 0;
         self.batch_outputs_start = self.outputs.len();
         self.last_plugin_error = None;
+    }
+
+    /// About how many bytes the transaction holds (outputs and state
+    /// writes); the task commits early when it grows too big.
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes
+    }
+
+    /// Drops this call's outputs caused by the events at `indices` (events
+    /// the plugin rejected: a rejected event must leave no output).
+    pub fn drop_outputs_of(&mut self, indices: &[u32]) {
+        if indices.is_empty() {
+            return;
+        }
+        let rejected: std::collections::HashSet<SourcePosition> =
+            indices.iter().filter_map(|&index| self.batch.get(index as usize).copied()).collect();
+        let start = self.batch_outputs_start;
+        let mut kept = start;
+        for index in start..self.outputs.len() {
+            if !rejected.contains(&self.outputs[index].source) {
+                self.outputs.swap(kept, index);
+                kept += 1;
+            }
+        }
+        self.outputs.truncate(kept);
     }
 
     /// The batch succeeded: keep its state changes and outputs.
@@ -156,6 +201,15 @@ impl Transaction {
         self.overlay.abort();
         self.outputs.clear();
         self.dead_letters.clear();
+        self.pending_bytes = 0;
+    }
+
+    /// The transaction was committed: its buffers are empty again.
+    pub fn committed(&mut self) {
+        self.overlay.committed();
+        self.outputs.clear();
+        self.dead_letters.clear();
+        self.pending_bytes = 0;
     }
 
     /// Host side of `state.get-many`.
@@ -177,6 +231,15 @@ impl Transaction {
                     self.limits.max_value_bytes
                 )));
             }
+            let bytes = (key.len() + value.len()) as u64;
+            self.budget.state_bytes += bytes;
+            if self.budget.state_bytes > self.limits.max_state_bytes_per_batch {
+                return Err(Violation(format!(
+                    "plugin wrote more than the job's limit of {} state bytes in one batch (limits.max_state_bytes_per_batch)",
+                    self.limits.max_state_bytes_per_batch
+                )));
+            }
+            self.pending_bytes += bytes;
             self.overlay.put(key, value);
         }
         Ok(())
@@ -209,9 +272,9 @@ impl Transaction {
         &mut self,
         name: &str,
         records: impl IntoIterator<Item = (u32, Option<Vec<u8>>, Vec<u8>)>,
-    ) -> Result<(), Violation> {
+    ) -> Result<(), HostCallError> {
         let output = self.output_names.iter().position(|declared| declared == name).ok_or_else(|| {
-            Violation(format!(
+            HostCallError::Misconfigured(format!(
                 "plugin emitted to output `{name}`, which the job does not declare (declared: {}); add it to the job's outputs",
                 self.output_names.join(", ")
             ))
@@ -232,8 +295,10 @@ impl Transaction {
                 self.limits.max_value_bytes
             )));
         }
-        self.batch_output_bytes += (value.len() + key.as_ref().map_or(0, Vec::len)) as u64;
-        if self.batch_output_bytes > self.limits.max_output_bytes_per_batch {
+        let bytes = (value.len() + key.as_ref().map_or(0, Vec::len)) as u64;
+        self.budget.output_bytes += bytes;
+        self.pending_bytes += bytes;
+        if self.budget.output_bytes > self.limits.max_output_bytes_per_batch {
             return Err(Violation(format!(
                 "plugin emitted more than the job's limit of {} output bytes in one batch (limits.max_output_bytes_per_batch)",
                 self.limits.max_output_bytes_per_batch
@@ -305,13 +370,14 @@ mod tests {
         let limits = Limits { max_key_bytes: 4, max_value_bytes: 8, max_output_bytes_per_batch: 10, ..Limits::default() };
         let mut txn = transaction(limits);
         txn.begin_batch(positions(1));
-        let unknown = txn.emit_many("audit", [(0, None, b"x".to_vec())]).unwrap_err().0;
-        assert!(unknown.contains("output `audit`, which the job does not declare (declared: totals)"), "{unknown}");
-        let missing_event = txn.emit_many("totals", [(3, None, b"x".to_vec())]).unwrap_err().0;
+        let unknown = txn.emit_many("audit", [(0, None, b"x".to_vec())]).unwrap_err();
+        assert!(matches!(unknown, HostCallError::Misconfigured(_)), "an undeclared output stops the job: {unknown}");
+        assert!(unknown.to_string().contains("output `audit`, which the job does not declare (declared: totals)"), "{unknown}");
+        let missing_event = txn.emit_many("totals", [(3, None, b"x".to_vec())]).unwrap_err().to_string();
         assert!(missing_event.contains("event 3, but the batch has 1 events"), "{missing_event}");
         assert!(txn.put_many(vec![(b"long-key".to_vec(), b"v".to_vec())]).unwrap_err().0.contains("max_key_bytes"));
         assert!(txn.put_many(vec![(b"k".to_vec(), vec![0; 9])]).unwrap_err().0.contains("max_value_bytes"));
         txn.emit_many("totals", [(0, None, vec![0; 8])]).unwrap();
-        assert!(txn.emit_many("totals", [(0, None, vec![0; 8])]).unwrap_err().0.contains("max_output_bytes_per_batch"));
+        assert!(txn.emit_many("totals", [(0, None, vec![0; 8])]).unwrap_err().to_string().contains("max_output_bytes_per_batch"));
     }
 }

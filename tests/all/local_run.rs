@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use tally_host::lock::StateDirLock;
+use tally_host::lock::DirLock;
 use tally_tests::*;
 
 use crate::plugins::USAGE_BILLING;
@@ -90,7 +90,7 @@ fn a_second_run_on_a_held_state_directory_is_refused_and_writes_nothing() {
     let lines = usage_lines(1, 100, 0);
     let (inputs, _) = write_partitions(dir.path(), &lines, 1);
     let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "");
-    let _held = StateDirLock::acquire(&dir.path().join("state")).unwrap();
+    let _held = DirLock::acquire(&dir.path().join("state")).unwrap();
 
     let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
     assert!(!run.status.success());
@@ -199,4 +199,20 @@ fn reordered_inputs_are_refused_against_committed_state() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("input 0 was `usage-0.ndjson` when this state was committed, but the job now names `usage-1.ndjson`"), "{stderr}");
     assert_eq!(std::fs::read(dir.path().join("out/totals.ndjson")).unwrap(), before);
+}
+
+#[test]
+fn an_output_the_job_does_not_declare_stops_the_job_instead_of_dead_lettering_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inputs, _) = write_partitions(dir.path(), &usage_lines(8, 500, 0), 1);
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "").to_string_lossy().into_owned();
+    let text = std::fs::read_to_string(&job).unwrap().replace(r#"outputs = ["totals"]"#, r#"outputs = ["total"]"#);
+    std::fs::write(&job, text).unwrap();
+
+    let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(!run.status.success(), "a misconfigured job must not finish");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("plugin emitted to output `totals`, which the job does not declare (declared: total)"), "{stderr}");
+    assert!(read_dead_letters(&dir.path().join("out/dead-letters.ndjson")).is_empty(), "nothing may be dead-lettered");
+    assert_eq!(std::fs::metadata(dir.path().join("out/total.ndjson")).unwrap().len(), 0);
 }

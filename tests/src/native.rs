@@ -59,7 +59,7 @@ impl Host for DirectHost<'_> {
     fn emit_many(&mut self, output: &str, records: Vec<OutputRecord>) {
         let records = records.into_iter().map(|record| (record.event, record.key, record.value));
         if let Err(err) = self.txn.emit_many(output, records) {
-            self.fail(err.into());
+            self.fail(err);
         }
     }
 
@@ -85,6 +85,7 @@ impl<P: Plugin> Processor for NativeProcessor<P> {
         match host.failure {
             None => Ok(rejections.into_iter().map(|r| Rejection { index: r.index, reason: r.reason }).collect()),
             Some(HostCallError::Violation(violation)) => Err(ProcessError::Plugin(violation.0)),
+            Some(HostCallError::Misconfigured(message)) => Err(ProcessError::Misconfigured(message)),
             Some(HostCallError::State(state)) => Err(ProcessError::Host(state)),
         }
     }

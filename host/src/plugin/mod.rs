@@ -1,10 +1,12 @@
 //! The plugin runtime: compiles a component once, checks it, and runs it in
 //! sandboxed instances, one per task.
 //!
-//! Every instance has its own `Store` with a memory limit and a CPU budget
-//! per batch (an epoch deadline: a ticker thread advances the engine's epoch
-//! every [`EPOCH_TICK`]; fuel metering measured 40% slower on the billing
-//! job); a plugin that breaks either is stopped, not the host. The
+//! Every instance has its own `Store` with a memory limit (all its linear
+//! memories together) and a CPU budget per batch: a ticker thread advances
+//! the engine's epoch every [`EPOCH_TICK`], and at each tick the store
+//! compares the thread's CPU time spent in the call with the budget (fuel
+//! metering measured 40% slower on the billing job). A plugin that breaks
+//! either is stopped, not the host. The
 //! engine is configured for determinism (no threads: the feature is not
 //! compiled in; deterministic relaxed SIMD), and a plugin can reach nothing
 //! but the `tally:plugin` imports, so re-running a batch gives the same
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, UpdateDeadline};
 
 pub use bindings::{Event, Rejection, WIT_PACKAGE, WIT_VERSION};
 pub use check::{ComponentInfo, PluginError};
@@ -40,6 +42,9 @@ pub enum ProcessError {
     /// The host failed (state store); not the plugin's fault.
     #[error(transparent)]
     Host(#[from] StateError),
+    /// The job and the plugin disagree (an undeclared output); the job must stop.
+    #[error("{0}")]
+    Misconfigured(String),
     /// The plugin could not be re-instantiated after a failure.
     #[error(transparent)]
     Instantiate(#[from] PluginError),
@@ -134,9 +139,19 @@ fn spawn_epoch_ticker(engine: &Engine) {
         .expect("spawning the epoch ticker thread");
 }
 
-/// Epoch ticks that make up `budget_ms` (at least one).
-fn budget_ticks(budget_ms: u64) -> u64 {
-    (budget_ms / EPOCH_TICK.as_millis() as u64).max(1)
+/// Most core instances, memories and tables one plugin may create.
+const MAX_INSTANCES: usize = 64;
+const MAX_MEMORIES: usize = 16;
+const MAX_TABLES: usize = 64;
+
+/// CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid timespec to write into; CLOCK_THREAD_CPUTIME_ID
+    // is supported on every Linux.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(status, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// What `tally plugin inspect` shows.
@@ -209,26 +224,46 @@ impl LoadedPlugin {
 
 /// What a plugin's `Store` holds: the transaction it works on (the
 /// caller's, swapped in for the duration of a call; an empty placeholder in
-/// between) and its memory limit.
+/// between), its memory limit and its CPU budget.
 pub struct StoreData {
     txn: Transaction,
     memory_limit: u64,
+    memory_used: u64,
     memory_exceeded: bool,
+    cpu_budget: Duration,
+    call_started: Duration,
+    cpu_exceeded: bool,
     violation: Option<Violation>,
+    misconfigured: Option<String>,
     host_failure: Option<StateError>,
 }
 
 impl ResourceLimiter for StoreData {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired as u64 > self.memory_limit {
+    /// Counts every memory of the store against one limit.
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let growth = desired.saturating_sub(current) as u64;
+        if self.memory_used + growth > self.memory_limit {
             self.memory_exceeded = true;
             return Err(wasmtime::Error::msg("plugin exceeded its memory limit"));
         }
+        self.memory_used += growth;
         Ok(true)
     }
 
     fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         Ok(desired <= 1 << 20)
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
     }
 }
 
@@ -238,6 +273,7 @@ impl StoreData {
         let message = err.to_string();
         match err {
             HostCallError::Violation(violation) => self.violation = Some(violation),
+            HostCallError::Misconfigured(message) => self.misconfigured = Some(message),
             HostCallError::State(state) => self.host_failure = Some(state),
         }
         wasmtime::Error::msg(message)
@@ -282,7 +318,7 @@ impl bindings::output::Host for StoreData {
 
     fn emit_many(&mut self, output: String, records: Vec<bindings::OutputRecord>) -> wasmtime::Result<()> {
         let records = records.into_iter().map(|record| (record.event, record.key, record.value));
-        self.txn.emit_many(&output, records).map_err(|v| self.fail(v.into()))
+        self.txn.emit_many(&output, records).map_err(|err| self.fail(err))
     }
 }
 
@@ -318,11 +354,32 @@ impl PluginInstance {
     /// guest's memory may be inconsistent.
     fn reinstantiate(&mut self) -> Result<(), PluginError> {
         let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), self.limits);
-        let data = StoreData { txn: placeholder, memory_limit: self.limits.memory_bytes, memory_exceeded: false, violation: None, host_failure: None };
+        let data = StoreData {
+            txn: placeholder,
+            memory_limit: self.limits.memory_bytes,
+            memory_used: 0,
+            memory_exceeded: false,
+            cpu_budget: Duration::from_millis(self.limits.cpu_budget_ms),
+            call_started: thread_cpu_time(),
+            cpu_exceeded: false,
+            violation: None,
+            misconfigured: None,
+            host_failure: None,
+        };
         let mut store = Store::new(&self.plugin.inner.engine, data);
         store.limiter(|data| data as &mut dyn ResourceLimiter);
+        // At every epoch tick: stop the plugin once the call has used its CPU
+        // budget (host calls made by the plugin count too; waiting does not).
+        store.epoch_deadline_callback(|mut context| {
+            let data = context.data_mut();
+            if thread_cpu_time().saturating_sub(data.call_started) > data.cpu_budget {
+                data.cpu_exceeded = true;
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            Ok(UpdateDeadline::Continue(1))
+        });
         // Instantiation runs guest code too (start functions, allocator setup).
-        store.set_epoch_deadline(budget_ticks(self.limits.cpu_budget_ms));
+        store.set_epoch_deadline(1);
         let bindings = self.plugin.inner.pre.instantiate(&mut store).map_err(|err| PluginError::Instantiate {
             name: self.plugin.name().to_string(),
             reason: format!("{err:#}"),
@@ -338,6 +395,9 @@ impl PluginInstance {
         if let Some(state) = data.host_failure.take() {
             return ProcessError::Host(state);
         }
+        if let Some(message) = data.misconfigured.take() {
+            return ProcessError::Misconfigured(message);
+        }
         if let Some(violation) = data.violation.take() {
             return ProcessError::Plugin(violation.0);
         }
@@ -347,13 +407,13 @@ impl PluginInstance {
                 self.limits.memory_bytes >> 20
             ));
         }
-        if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+        if data.cpu_exceeded {
             return ProcessError::Plugin(format!(
                 "plugin exceeded its CPU budget of {} ms per batch (limits.cpu_budget_ms)",
                 self.limits.cpu_budget_ms
             ));
         }
-        let trap = err.downcast_ref::<Trap>().map_or_else(|| format!("{err}"), |trap| trap.to_string());
+        let trap = err.downcast_ref::<wasmtime::Trap>().map_or_else(|| format!("{err}"), |trap| trap.to_string());
         match logged {
             Some(logged) => ProcessError::Plugin(format!("plugin trapped ({trap}): {logged}")),
             None => ProcessError::Plugin(format!("plugin trapped: {trap}")),
@@ -364,7 +424,8 @@ impl PluginInstance {
 impl Processor for PluginInstance {
     fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
         let store = self.store.as_mut().expect("an instance always has a store between calls");
-        store.set_epoch_deadline(budget_ticks(self.limits.cpu_budget_ms));
+        store.data_mut().call_started = thread_cpu_time();
+        store.set_epoch_deadline(1);
         std::mem::swap(&mut store.data_mut().txn, txn);
         let bindings = self.bindings.as_ref().expect("bindings exist with the store");
         let result = bindings.tally_plugin_aggregator().call_process(&mut *store, events);
