@@ -64,6 +64,9 @@ struct Partition {
 pub struct LocalSource {
     partitions: Vec<Partition>,
     line: Vec<u8>,
+    /// Partition the next batch starts with, so that batches smaller than
+    /// the number of partitions still visit every partition in turn.
+    next_start: usize,
 }
 
 impl LocalSource {
@@ -77,7 +80,7 @@ impl LocalSource {
                 open_partition(path, position)
             })
             .collect::<Result<_, _>>()?;
-        Ok(LocalSource { partitions, line: Vec::new() })
+        Ok(LocalSource { partitions, line: Vec::new(), next_start: 0 })
     }
 
     /// Checks that every input can be opened, without reading it.
@@ -96,7 +99,11 @@ impl LocalSource {
             return Ok(());
         }
         let share = (max / live).max(1);
-        for (index, partition) in self.partitions.iter_mut().enumerate() {
+        let count = self.partitions.len();
+        let start = self.next_start;
+        self.next_start = (start + 1) % count;
+        for index in (start..count).chain(0..start) {
+            let partition = &mut self.partitions[index];
             let mut taken = 0;
             while taken < share && !partition.exhausted && out.len() < max {
                 self.line.clear();
@@ -209,6 +216,20 @@ mod tests {
         let a = write(dir.path(), "a", "a0\na1\n");
         let err = LocalSource::open(&[a], &[LocalPosition { next_line: 1, byte: 2 }]).err().unwrap().to_string();
         assert!(err.contains("no longer starts a line"), "{err}");
+    }
+
+    #[test]
+    fn batches_smaller_than_the_partition_count_still_visit_every_partition() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (0..3).map(|p| write(dir.path(), &format!("p{p}"), "x\ny\n")).collect();
+        let mut source = LocalSource::open(&paths, &[]).unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let mut batch = Vec::new();
+            source.next_batch(1, &mut batch).unwrap();
+            seen.extend(batch.iter().map(|r| r.position.partition));
+        }
+        assert_eq!(seen, vec![0, 1, 2]);
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub enum PluginError {
     /// The component does not export the entry point.
     #[error("plugin `{name}` does not export `{WIT_PACKAGE}/{REQUIRED_EXPORT}@{WIT_VERSION}` (it exports: {exports}); is it a Tally plugin? Use `tally_sdk::export!`")]
     MissingEntryPoint { name: String, exports: String },
+    /// The Wasm engine could not be created (a host problem, not a plugin's).
+    #[error("cannot start the WebAssembly engine: {0}")]
+    Engine(String),
     /// Linking or instantiating failed despite the checks.
     #[error("plugin `{name}` cannot be instantiated: {reason}")]
     Instantiate { name: String, reason: String },

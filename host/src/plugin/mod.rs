@@ -78,8 +78,7 @@ impl PluginRuntime {
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         config.relaxed_simd_deterministic(true);
-        let engine = Engine::new(&config)
-            .map_err(|err| PluginError::Invalid { name: "(engine)".into(), reason: format!("{err:#}") })?;
+        let engine = Engine::new(&config).map_err(|err| PluginError::Engine(format!("{err:#}")))?;
         spawn_epoch_ticker(&engine);
         Ok(PluginRuntime { engine })
     }
