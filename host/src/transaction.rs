@@ -122,21 +122,6 @@ impl Transaction {
         &self.output_names
     }
 
-    /// The store the transaction reads through.
-    pub fn store(&self) -> &Arc<dyn StateStore> {
-        &self.store
-    }
-
-    /// The limits enforced on host calls.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
-    /// Whether the transaction holds anything to commit.
-    pub fn is_empty(&self) -> bool {
-        self.overlay.is_empty() && self.outputs.is_empty() && self.dead_letters.is_empty()
-    }
-
     /// Resets the per-batch byte budgets; a batch and the one-by-one retries
     /// of its events share one budget.
     pub fn reset_batch_budget(&mut self) {

@@ -344,11 +344,6 @@ pub struct PluginInstance {
 }
 
 impl PluginInstance {
-    /// The plugin this instance runs.
-    pub fn plugin(&self) -> &LoadedPlugin {
-        &self.plugin
-    }
-
     /// Throws the instance away and makes a fresh one: after a trap the
     /// guest's memory may be inconsistent.
     fn reinstantiate(&mut self) -> Result<(), PluginError> {
