@@ -138,7 +138,9 @@ impl PluginTest {
                 Event { partition: 0, offset, timestamp_ms: None, key: None, value: value.as_ref().to_vec() }
             })
             .collect();
-        process_batch(&mut self.instance, &mut self.txn, &events).expect("the in-memory host does not fail");
+        if let Err(err) = process_batch(&mut self.instance, &mut self.txn, &events) {
+            panic!("the test driver could not run the plugin: {err}");
+        }
         let names = self.txn.output_names().to_vec();
         let outputs = self
             .txn

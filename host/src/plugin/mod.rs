@@ -215,9 +215,7 @@ impl LoadedPlugin {
 
     /// A fresh sandboxed instance with `limits`.
     pub fn instantiate(&self, limits: Limits) -> Result<PluginInstance, PluginError> {
-        let mut instance = PluginInstance { plugin: self.clone(), store: None, bindings: None, limits };
-        instance.reinstantiate()?;
-        Ok(instance)
+        Ok(PluginInstance { sandbox: Sandbox::new(self, limits)?, plugin: self.clone(), limits })
     }
 }
 
@@ -337,30 +335,34 @@ impl bindings::log::Host for StoreData {
 
 /// A running, sandboxed instance of a plugin.
 pub struct PluginInstance {
+    sandbox: Sandbox,
     plugin: LoadedPlugin,
-    store: Option<Store<StoreData>>,
-    bindings: Option<bindings::PluginWorld>,
     limits: Limits,
 }
 
-impl PluginInstance {
-    /// Throws the instance away and makes a fresh one: after a trap the
-    /// guest's memory may be inconsistent.
-    fn reinstantiate(&mut self) -> Result<(), PluginError> {
-        let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), self.limits);
+/// One instantiation: its `Store` and the bindings to its exports.
+struct Sandbox {
+    store: Store<StoreData>,
+    bindings: bindings::PluginWorld,
+}
+
+impl Sandbox {
+    /// A fresh store with `limits`, and the plugin instantiated in it.
+    fn new(plugin: &LoadedPlugin, limits: Limits) -> Result<Sandbox, PluginError> {
+        let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), limits);
         let data = StoreData {
             txn: placeholder,
-            memory_limit: self.limits.memory_bytes,
+            memory_limit: limits.memory_bytes,
             memory_used: 0,
             memory_exceeded: false,
-            cpu_budget: Duration::from_millis(self.limits.cpu_budget_ms),
+            cpu_budget: Duration::from_millis(limits.cpu_budget_ms),
             call_started: thread_cpu_time(),
             cpu_exceeded: false,
             violation: None,
             misconfigured: None,
             host_failure: None,
         };
-        let mut store = Store::new(&self.plugin.inner.engine, data);
+        let mut store = Store::new(&plugin.inner.engine, data);
         store.limiter(|data| data as &mut dyn ResourceLimiter);
         // At every epoch tick: stop the plugin once the call has used its CPU
         // budget (host calls made by the plugin count too; waiting does not).
@@ -374,18 +376,18 @@ impl PluginInstance {
         });
         // Instantiation runs guest code too (start functions, allocator setup).
         store.set_epoch_deadline(1);
-        let bindings = self.plugin.inner.pre.instantiate(&mut store).map_err(|err| PluginError::Instantiate {
-            name: self.plugin.name().to_string(),
+        let bindings = plugin.inner.pre.instantiate(&mut store).map_err(|err| PluginError::Instantiate {
+            name: plugin.name().to_string(),
             reason: format!("{err:#}"),
         })?;
-        self.store = Some(store);
-        self.bindings = Some(bindings);
-        Ok(())
+        Ok(Sandbox { store, bindings })
     }
+}
 
+impl PluginInstance {
     /// Why the last call failed, as a dead-letter reason.
     fn failure(&mut self, err: wasmtime::Error, logged: Option<String>) -> ProcessError {
-        let data = self.store.as_mut().expect("store is present during a call").data_mut();
+        let data = self.sandbox.store.data_mut();
         if let Some(state) = data.host_failure.take() {
             return ProcessError::Host(state);
         }
@@ -417,18 +419,18 @@ impl PluginInstance {
 
 impl Processor for PluginInstance {
     fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
-        let store = self.store.as_mut().expect("an instance always has a store between calls");
+        let Sandbox { store, bindings } = &mut self.sandbox;
         store.data_mut().call_started = thread_cpu_time();
         store.set_epoch_deadline(1);
         std::mem::swap(&mut store.data_mut().txn, txn);
-        let bindings = self.bindings.as_ref().expect("bindings exist with the store");
         let result = bindings.tally_plugin_aggregator().call_process(&mut *store, events);
         std::mem::swap(&mut store.data_mut().txn, txn);
         match result {
             Ok(rejections) => Ok(rejections),
             Err(err) => {
                 let failure = self.failure(err, txn.last_plugin_error.take());
-                self.reinstantiate()?;
+                // After a trap the guest's memory may be inconsistent: start over.
+                self.sandbox = Sandbox::new(&self.plugin, self.limits)?;
                 Err(failure)
             }
         }
