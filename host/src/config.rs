@@ -16,6 +16,9 @@
 //! [limits]
 //! memory_bytes = 67108864
 //! ```
+//!
+//! A Kafka job has a `[kafka]` section instead of `[local]` (see
+//! [`KafkaConfig`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -82,7 +85,94 @@ pub struct JobConfig {
     #[serde(default)]
     pub limits: Limits,
     /// Local mode: NDJSON files in, NDJSON files out.
-    pub local: LocalConfig,
+    #[serde(default)]
+    pub local: Option<LocalConfig>,
+    /// Kafka mode: topics in, topics out, exactly once by Kafka transactions.
+    #[serde(default)]
+    pub kafka: Option<KafkaConfig>,
+}
+
+/// Which guarantee a Kafka job gives.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Guarantee {
+    /// Outputs, changelog and input offsets commit in one Kafka transaction.
+    #[default]
+    ExactlyOnce,
+    /// Outputs and changelog are flushed, then offsets committed: after a
+    /// crash some records are processed again.
+    AtLeastOnce,
+}
+
+/// Transaction timeout of a Kafka job when it does not set one: how long a
+/// crashed or paused instance's open transaction can hold back readers.
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 10_000;
+
+/// Kafka mode's brokers, topics and state.
+///
+/// ```toml
+/// [kafka]
+/// brokers = "127.0.0.1:9092"
+/// inputs = ["usage"]
+/// outputs = { totals = "billing-totals" }
+/// dead_letter_topic = "billing-dead-letters"
+/// state_dir = "state"
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap servers (`host:port,...`).
+    pub brokers: String,
+    /// Consumer group; `tally-<job name>` when not set. Every process of the
+    /// job uses the same group and shares the partitions.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Input topics. They must have the same number of partitions: partition
+    /// `p` of every input feeds the same state (like Kafka Streams' tasks).
+    pub inputs: Vec<String>,
+    /// Topic of each output: `output name -> topic`.
+    pub outputs: std::collections::BTreeMap<String, String>,
+    /// Topic of rejected and trapping records.
+    pub dead_letter_topic: String,
+    /// Directory of this process's local state (RocksDB), its lock and its
+    /// instance id.
+    pub state_dir: PathBuf,
+    /// `exactly_once` (default) or `at_least_once`.
+    #[serde(default)]
+    pub guarantee: Guarantee,
+    /// Create missing input, output and dead-letter topics (with as many
+    /// partitions as the inputs, or `create_partitions` when no input exists).
+    #[serde(default)]
+    pub create_topics: bool,
+    /// Partitions of topics created when no input topic exists yet.
+    #[serde(default = "default_create_partitions")]
+    pub create_partitions: u32,
+    /// Kafka transaction timeout, in milliseconds.
+    #[serde(default = "default_transaction_timeout_ms")]
+    pub transaction_timeout_ms: u64,
+    /// Extra librdkafka properties for every client of the job (for example
+    /// `"session.timeout.ms" = "6000"`).
+    #[serde(default)]
+    pub client: std::collections::BTreeMap<String, String>,
+}
+
+fn default_create_partitions() -> u32 {
+    1
+}
+fn default_transaction_timeout_ms() -> u64 {
+    DEFAULT_TRANSACTION_TIMEOUT_MS
+}
+
+impl KafkaConfig {
+    /// The consumer group of job `job`.
+    pub fn group_id(&self, job: &str) -> String {
+        self.group.clone().unwrap_or_else(|| format!("tally-{job}"))
+    }
+
+    /// The topic of output `name`, if the job maps it.
+    pub fn output_topic(&self, name: &str) -> Option<&str> {
+        self.outputs.get(name).map(String::as_str)
+    }
 }
 
 /// Local mode's inputs, outputs and state.
@@ -160,9 +250,30 @@ impl JobConfig {
             }
         };
         resolve(&mut self.plugin);
-        self.local.inputs.iter_mut().for_each(resolve);
-        resolve(&mut self.local.output_dir);
-        resolve(&mut self.local.state_dir);
+        if let Some(local) = &mut self.local {
+            local.inputs.iter_mut().for_each(resolve);
+            resolve(&mut local.output_dir);
+            resolve(&mut local.state_dir);
+        }
+        if let Some(kafka) = &mut self.kafka {
+            resolve(&mut kafka.state_dir);
+        }
+    }
+
+    /// The local section, or an error saying the job is not a local job.
+    pub fn local(&self) -> Result<&LocalConfig, ConfigError> {
+        self.local.as_ref().ok_or_else(|| ConfigError::Invalid {
+            job: self.name.clone(),
+            message: "this is not a local job: it has no [local] section".into(),
+        })
+    }
+
+    /// The kafka section, or an error saying the job is not a Kafka job.
+    pub fn kafka(&self) -> Result<&KafkaConfig, ConfigError> {
+        self.kafka.as_ref().ok_or_else(|| ConfigError::Invalid {
+            job: self.name.clone(),
+            message: "this is not a Kafka job: it has no [kafka] section".into(),
+        })
     }
 
     /// The commit interval as a duration.
@@ -196,16 +307,13 @@ impl JobConfig {
         if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
             return invalid(format!("batch_size must be between 1 and {MAX_BATCH_SIZE}, got {}", self.batch_size));
         }
-        if self.local.inputs.is_empty() {
-            return invalid("local.inputs must name at least one NDJSON file".into());
-        }
-        let mut file_names: Vec<_> = self.local.inputs.iter().map(|path| path.file_name()).collect();
-        file_names.sort_unstable();
-        if let Some(pair) = file_names.windows(2).find(|pair| pair[0] == pair[1]) {
-            return invalid(format!(
-                "two inputs share the file name {:?}; input file names name partitions in lineage, so they must differ",
-                pair[0].unwrap_or_default()
-            ));
+        match (&self.local, &self.kafka) {
+            (Some(local), None) => self.validate_local(local)?,
+            (None, Some(kafka)) => self.validate_kafka(kafka)?,
+            (Some(_), Some(_)) => return invalid("give either a [local] or a [kafka] section, not both".into()),
+            (None, None) => {
+                return invalid("say where the job reads and writes: add a [local] section (files) or a [kafka] section (topics)".into());
+            }
         }
         let limits = &self.limits;
         let tick_ms = crate::plugin::EPOCH_TICK.as_millis() as u64;
@@ -217,6 +325,72 @@ impl JobConfig {
         }
         Ok(())
     }
+
+    fn validate_local(&self, local: &LocalConfig) -> Result<(), ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid { job: self.name.clone(), message });
+        if local.inputs.is_empty() {
+            return invalid("local.inputs must name at least one NDJSON file".into());
+        }
+        let mut file_names: Vec<_> = local.inputs.iter().map(|path| path.file_name()).collect();
+        file_names.sort_unstable();
+        if let Some(pair) = file_names.windows(2).find(|pair| pair[0] == pair[1]) {
+            return invalid(format!(
+                "two inputs share the file name {:?}; input file names name partitions in lineage, so they must differ",
+                pair[0].unwrap_or_default()
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_kafka(&self, kafka: &KafkaConfig) -> Result<(), ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid { job: self.name.clone(), message });
+        if kafka.brokers.trim().is_empty() {
+            return invalid("kafka.brokers must name at least one broker (host:port)".into());
+        }
+        if kafka.inputs.is_empty() {
+            return invalid("kafka.inputs must name at least one topic".into());
+        }
+        for output in &self.outputs {
+            if !kafka.outputs.contains_key(output) {
+                return invalid(format!("output `{output}` has no topic: add `{output} = \"<topic>\"` to kafka.outputs"));
+            }
+        }
+        if let Some(extra) = kafka.outputs.keys().find(|name| !self.outputs.contains(name)) {
+            return invalid(format!("kafka.outputs maps `{extra}`, which is not in the job's outputs; add it there or remove it"));
+        }
+        let mut topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
+        topics.extend(kafka.outputs.values().map(String::as_str));
+        topics.push(&kafka.dead_letter_topic);
+        if let Some(bad) = topics.iter().find(|topic| !valid_topic(topic)) {
+            return invalid(format!("{bad:?} is not a valid Kafka topic name (letters, digits, `.`, `_`, `-`; 1 to 249 characters)"));
+        }
+        let inputs: std::collections::HashSet<&str> = kafka.inputs.iter().map(String::as_str).collect();
+        if inputs.len() != kafka.inputs.len() {
+            return invalid("kafka.inputs names a topic twice".into());
+        }
+        if let Some(loop_topic) = topics[kafka.inputs.len()..].iter().find(|topic| inputs.contains(*topic)) {
+            return invalid(format!("topic `{loop_topic}` is both an input and an output; a job must not read what it writes"));
+        }
+        if kafka.transaction_timeout_ms < 1_000 || kafka.transaction_timeout_ms < 2 * self.commit_interval_ms {
+            return invalid("kafka.transaction_timeout_ms must be at least 1000 and at least twice commit_interval_ms".into());
+        }
+        if let Some(key) = kafka.client.keys().find(|key| crate::kafka::topics::OWNED_PROPERTIES.contains(&key.as_str())) {
+            return invalid(format!("kafka.client may not set `{key}`: Tally sets it itself, and the guarantee depends on it"));
+        }
+        if kafka.create_partitions == 0 {
+            return invalid("kafka.create_partitions must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Kafka's rule for topic names.
+fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
 }
 
 #[cfg(test)]
@@ -248,8 +422,9 @@ mod tests {
         assert_eq!(job.dead_letter_output, "dead-letters");
         assert_eq!(job.limits, Limits::default());
         assert_eq!(job.plugin, dir.path().join("billing.wasm"));
-        assert_eq!(job.local.inputs, vec![dir.path().join("in/p0.ndjson")]);
-        assert_eq!(job.local.state_dir, PathBuf::from("/var/state"));
+        let local = job.local().unwrap();
+        assert_eq!(local.inputs, vec![dir.path().join("in/p0.ndjson")]);
+        assert_eq!(local.state_dir, PathBuf::from("/var/state"));
     }
 
     #[test]
@@ -266,5 +441,45 @@ mod tests {
         assert!(err.contains("output `dead-letters` is declared twice"), "{err}");
         let (_dir, path) = write_job(&JOB.replace(r#"outputs = ["totals"]"#, "outputs = []"));
         assert!(JobConfig::from_file(&path).unwrap_err().to_string().contains("declare at least one output"));
+    }
+
+    const KAFKA_JOB: &str = r#"
+        name = "billing"
+        plugin = "billing.wasm"
+        outputs = ["totals"]
+        [kafka]
+        brokers = "127.0.0.1:9092"
+        inputs = ["usage"]
+        outputs = { totals = "billing-totals" }
+        dead_letter_topic = "billing-dead-letters"
+        state_dir = "state"
+    "#;
+
+    #[test]
+    fn a_kafka_job_gets_defaults() {
+        let (dir, path) = write_job(KAFKA_JOB);
+        let job = JobConfig::from_file(&path).unwrap();
+        let kafka = job.kafka().unwrap();
+        assert_eq!(kafka.guarantee, Guarantee::ExactlyOnce);
+        assert_eq!(kafka.group_id(&job.name), "tally-billing");
+        assert_eq!(kafka.state_dir, dir.path().join("state"));
+        assert!(job.local().is_err());
+    }
+
+    #[test]
+    fn kafka_mistakes_say_what_to_change() {
+        let cases = [
+            (KAFKA_JOB.replace("outputs = { totals", "outputs = { total"), "output `totals` has no topic"),
+            (KAFKA_JOB.replace("\"usage\"", "\"billing-totals\""), "both an input and an output"),
+            (KAFKA_JOB.replace("\"usage\"", "\"us age\""), "not a valid Kafka topic name"),
+            (KAFKA_JOB.replace("[kafka]", "guarantee = \"twice\"\n[kafka]"), "unknown field `guarantee`"),
+            (format!("{KAFKA_JOB}\nguarantee = \"twice\""), "unknown variant `twice`"),
+            (format!("{JOB}\n{}", &KAFKA_JOB[KAFKA_JOB.find("[kafka]").unwrap()..]), "not both"),
+        ];
+        for (text, expected) in cases {
+            let (_dir, path) = write_job(&text);
+            let err = JobConfig::from_file(&path).unwrap_err().to_string();
+            assert!(err.contains(expected), "expected {expected:?} in: {err}");
+        }
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! The data path, one module per step:
 //! [`source`] → [`task`] → [`plugin`] → [`transaction`] / [`overlay`] →
-//! [`committer`] → [`sink`] and [`state_store`].
+//! [`committer`] → [`sink`] and [`state_store`]. Kafka mode's source,
+//! committer and changelog are in [`kafka`].
 //!
 //! ```no_run
 //! use tally_host::{config::JobConfig, plugin::PluginRuntime, task::LocalTask};
@@ -17,6 +18,7 @@
 
 pub mod committer;
 pub mod config;
+pub mod kafka;
 pub mod lock;
 pub mod overlay;
 pub mod plugin;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use tally_host::config::{JobConfig, LocalConfig, Limits, DEFAULT_BATCH_SIZE, DEFAULT_DEAD_LETTER_OUTPUT};
-use tally_host::plugin::{PluginRuntime, WIT_PACKAGE, WIT_VERSION};
+use tally_host::kafka::{KafkaJob, KafkaRunOptions};
+use tally_host::plugin::{LoadedPlugin, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
 use tally_host::state_store::{RocksStore, StateStore};
 use tally_host::task::LocalTask;
 
@@ -74,6 +75,10 @@ struct RunArgs {
     /// Most events per plugin call.
     #[arg(long, default_value_t = DEFAULT_BATCH_SIZE, conflicts_with = "job")]
     batch_size: usize,
+    /// Kafka jobs: stop (after committing) once every assigned partition
+    /// has been read to its end, instead of running until stopped.
+    #[arg(long)]
+    until_caught_up: bool,
 }
 
 #[derive(Subcommand)]
@@ -173,25 +178,26 @@ fn run_job(args: RunArgs) -> anyhow::Result<()> {
                 commit_interval_ms: args.commit_interval_ms,
                 batch_size: args.batch_size,
                 limits: Limits::default(),
-                local: LocalConfig {
+                kafka: None,
+                local: Some(LocalConfig {
                     inputs: args.inputs,
                     output_dir: args.output_dir.ok_or_else(|| missing("output-dir"))?,
                     state_dir: args.state_dir.ok_or_else(|| missing("state-dir"))?,
-                },
+                }),
             };
             job.validate()?;
             job
         }
     };
     let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
-    let mut task = LocalTask::open(&job, &plugin)?;
-    // SIGINT or SIGTERM: finish the current batch, commit, and exit cleanly.
-    // A second one exits at once (recovery cuts what was not committed).
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone()).context("installing the signal handler")?;
-        signal_hook::flag::register(signal, stop.clone()).context("installing the signal handler")?;
+    if job.kafka.is_some() {
+        return run_kafka_job(&job, &plugin, args.until_caught_up);
     }
+    if args.until_caught_up {
+        bail!("--until-caught-up is for Kafka jobs; a local job always stops at the end of its inputs");
+    }
+    let mut task = LocalTask::open(&job, &plugin)?;
+    let stop = stop_on_signals()?;
     let summary = task.run_until(&stop)?;
     if summary.stopped_early {
         println!("stopped on request; everything processed so far is committed, and the next run resumes there");
@@ -213,6 +219,37 @@ fn run_job(args: RunArgs) -> anyhow::Result<()> {
             println!("  {output}: {}", path.display());
         }
     }
+    Ok(())
+}
+
+/// SIGINT or SIGTERM: finish the current batch, commit, and exit cleanly.
+/// A second one exits at once (recovery drops what was not committed).
+fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone()).context("installing the signal handler")?;
+        signal_hook::flag::register(signal, stop.clone()).context("installing the signal handler")?;
+    }
+    Ok(stop)
+}
+
+fn run_kafka_job(job: &JobConfig, plugin: &LoadedPlugin, until_caught_up: bool) -> anyhow::Result<()> {
+    let mut kafka_job = KafkaJob::open(job, plugin)?;
+    let stop = stop_on_signals()?;
+    let summary = kafka_job.run_until(&stop, KafkaRunOptions { until_caught_up })?;
+    let seconds = summary.elapsed.as_secs_f64();
+    println!(
+        "job `{}`: {} records ({} applied, {} dead-lettered), {} outputs, {} commits in {:.2}s ({:.0} records/s){}",
+        job.name,
+        summary.records,
+        summary.applied,
+        summary.dead_lettered,
+        summary.outputs,
+        summary.commits,
+        seconds,
+        summary.records as f64 / seconds.max(1e-9),
+        if summary.stopped_early { "; stopped on request, everything processed is committed" } else { "" }
+    );
     Ok(())
 }
 

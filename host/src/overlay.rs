@@ -114,6 +114,12 @@ impl Overlay {
         self.committed.extend(self.transaction.drain());
     }
 
+    /// Forgets the cached committed values (the store changed underneath,
+    /// as when a restore applied changelog records).
+    pub fn forget_cache(&mut self) {
+        self.committed.clear();
+    }
+
     /// The transaction was aborted: its changes are forgotten.
     pub fn abort(&mut self) {
         self.batch.clear();

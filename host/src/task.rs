@@ -203,7 +203,7 @@ impl LocalTask {
         make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<LocalTask, TaskError> {
         config.validate()?;
-        let local = &config.local;
+        let local = config.local()?;
         // Refuse a missing input or a plugin that cannot start before
         // anything is created on disk.
         LocalSource::check_readable(&local.inputs)?;

@@ -89,6 +89,7 @@ pub struct Transaction {
     batch_outputs_start: usize,
     budget: BatchBudget,
     pending_bytes: u64,
+    namespace: Vec<u8>,
 }
 
 /// Bytes a batch has emitted and written so far, its retries included.
@@ -114,6 +115,7 @@ impl Transaction {
             batch_outputs_start: 0,
             budget: BatchBudget::default(),
             pending_bytes: 0,
+            namespace: Vec::new(),
         }
     }
 
@@ -126,6 +128,24 @@ impl Transaction {
     /// of its events share one budget.
     pub fn reset_batch_budget(&mut self) {
         self.budget = BatchBudget::default();
+    }
+
+    /// Puts the plugin's state keys under `namespace` from now on: the keys
+    /// it reads and writes are stored as `namespace ++ key`. Kafka mode gives
+    /// each input partition its own namespace; local mode uses none.
+    pub fn set_namespace(&mut self, namespace: &[u8]) {
+        self.namespace.clear();
+        self.namespace.extend_from_slice(namespace);
+    }
+
+    fn namespaced(&self, key: Vec<u8>) -> Vec<u8> {
+        if self.namespace.is_empty() {
+            return key;
+        }
+        let mut full = Vec::with_capacity(self.namespace.len() + key.len());
+        full.extend_from_slice(&self.namespace);
+        full.extend_from_slice(&key);
+        full
     }
 
     /// Starts a plugin call over events from `positions` (one per event, in order).
@@ -202,7 +222,11 @@ impl Transaction {
         for key in keys {
             self.check_key(key)?;
         }
-        Ok(self.overlay.get_many(keys, &*self.store)?)
+        if self.namespace.is_empty() {
+            return Ok(self.overlay.get_many(keys, &*self.store)?);
+        }
+        let keys: Vec<Vec<u8>> = keys.iter().map(|key| self.namespaced(key.clone())).collect();
+        Ok(self.overlay.get_many(&keys, &*self.store)?)
     }
 
     /// Host side of `state.put` and `state.put-many`.
@@ -225,6 +249,7 @@ impl Transaction {
                 )));
             }
             self.pending_bytes += bytes;
+            let key = self.namespaced(key);
             self.overlay.put(key, value);
         }
         Ok(())
@@ -234,6 +259,7 @@ impl Transaction {
     pub fn delete_many(&mut self, keys: Vec<Vec<u8>>) -> Result<(), Violation> {
         for key in keys {
             self.check_key(&key)?;
+            let key = self.namespaced(key);
             self.overlay.delete(key);
         }
         Ok(())
@@ -333,6 +359,21 @@ mod tests {
         txn.emit_many("totals", [(0, None, b"c".to_vec())]).unwrap();
         let got: Vec<(u64, u32)> = txn.outputs.iter().map(|o| (o.source.offset, o.sequence)).collect();
         assert_eq!(got, vec![(1, 0), (1, 1), (0, 0)]);
+    }
+
+    #[test]
+    fn namespaces_keep_partitions_apart() {
+        let mut txn = transaction(Limits::default());
+        txn.begin_batch(positions(1));
+        txn.set_namespace(b"p0/");
+        txn.put_many(vec![(b"k".to_vec(), b"zero".to_vec())]).unwrap();
+        txn.set_namespace(b"p1/");
+        assert_eq!(txn.get_many(&[b"k".to_vec()]).unwrap(), vec![None]);
+        txn.put_many(vec![(b"k".to_vec(), b"one".to_vec())]).unwrap();
+        txn.keep_batch();
+        let mut changes = txn.overlay.changes();
+        changes.sort();
+        assert_eq!(changes, vec![(b"p0/k".to_vec(), Some(b"zero".to_vec())), (b"p1/k".to_vec(), Some(b"one".to_vec()))]);
     }
 
     #[test]

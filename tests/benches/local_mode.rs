@@ -50,7 +50,8 @@ fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> JobConfig {
         commit_interval_ms: 100,
         batch_size: env_or("TALLY_BENCH_BATCH", DEFAULT_BATCH_SIZE),
         limits: Limits::default(),
-        local: LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state") },
+        local: Some(LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state") }),
+        kafka: None,
     }
 }
 
@@ -87,7 +88,7 @@ fn main() {
             let summary: RunSummary = task.run().unwrap();
             let cpu = process_cpu_seconds() - cpu_before;
             assert_eq!(summary.records as usize, events);
-            let totals = read_totals(&config.local.output_dir.join("totals.ndjson"));
+            let totals = read_totals(&config.local.as_ref().unwrap().output_dir.join("totals.ndjson"));
             assert_eq!(final_totals(&totals), expected, "{kind} computed wrong totals");
             let rate = events as f64 / summary.elapsed.as_secs_f64();
             let cpu_rate = events as f64 / cpu;

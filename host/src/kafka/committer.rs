@@ -1,0 +1,312 @@
+//! Kafka mode's committer: sends a transaction's outputs (with lineage
+//! headers), its changelog records and its input offsets, commits them as
+//! one Kafka transaction (or, `at_least_once`, flushes then commits the
+//! offsets), and only then applies the state to RocksDB.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use super::changelog::{checkpoint_key, included_key, offset_record_key, state_record_key};
+use super::split_source_id;
+use crate::config::Guarantee;
+use crate::state_store::{StateError, StateStore, StoreCommit};
+use crate::transaction::{SourcePosition, Transaction};
+
+/// Header of the input topic an output record came from.
+pub const HEADER_SOURCE_TOPIC: &str = "tally.source.topic";
+/// Header of the input partition an output record came from.
+pub const HEADER_SOURCE_PARTITION: &str = "tally.source.partition";
+/// Header of the input offset an output record came from.
+pub const HEADER_SOURCE_OFFSET: &str = "tally.source.offset";
+/// Header of the digest of the plugin that produced a record.
+pub const HEADER_PLUGIN: &str = "tally.plugin";
+/// Header of the deterministic idempotency key
+/// `<job>/<topic>/<partition>/<offset>/<n>`: the same on every re-run of the
+/// same input, so a downstream effect can dedupe.
+pub const HEADER_IDEMPOTENCY_KEY: &str = "tally.idempotency-key";
+/// Header of a dead letter's reason.
+pub const HEADER_REASON: &str = "tally.reason";
+
+/// Delivery reports: the first failure, and how far each changelog
+/// partition was written (its restore checkpoint).
+pub struct DeliveryTracker {
+    changelog: String,
+    deliveries: Mutex<Deliveries>,
+}
+
+#[derive(Default)]
+struct Deliveries {
+    first_error: Option<String>,
+    changelog_next: HashMap<i32, i64>,
+}
+
+impl DeliveryTracker {
+    /// A tracker noting delivered offsets of topic `changelog`.
+    pub fn new(changelog: String) -> DeliveryTracker {
+        DeliveryTracker { changelog, deliveries: Mutex::default() }
+    }
+
+    fn take_error(&self) -> Option<String> {
+        self.deliveries.lock().expect("delivery lock").first_error.take()
+    }
+
+    fn changelog_next(&self, partition: i32) -> Option<i64> {
+        self.deliveries.lock().expect("delivery lock").changelog_next.get(&partition).copied()
+    }
+}
+
+impl ClientContext for DeliveryTracker {}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let mut deliveries = self.deliveries.lock().expect("delivery lock");
+        match result {
+            Ok(record) if record.topic() == self.changelog => {
+                let next = deliveries.changelog_next.entry(record.partition()).or_insert(0);
+                *next = (*next).max(record.offset() + 1);
+            }
+            Ok(_) => {}
+            Err((err, record)) => {
+                deliveries.first_error.get_or_insert_with(|| format!("sending to `{}` failed: {err}", record.topic()));
+            }
+        }
+    }
+}
+
+/// The job's producer.
+pub type JobProducer = ThreadedProducer<DeliveryTracker>;
+
+/// Names and settings the committer needs to address records.
+pub struct Addresses {
+    /// Job name (first part of idempotency keys).
+    pub job: String,
+    /// Input topics, by index.
+    pub inputs: Vec<String>,
+    /// Output topics, by output index.
+    pub outputs: Vec<String>,
+    /// Dead-letter topic.
+    pub dead_letter: String,
+    /// Changelog topic.
+    pub changelog: String,
+    /// Digest of the plugin.
+    pub plugin_digest: String,
+}
+
+/// Sends and commits a Kafka job's transactions.
+pub struct KafkaCommitter {
+    producer: Arc<JobProducer>,
+    guarantee: Guarantee,
+    addresses: Addresses,
+    store: Arc<dyn StateStore>,
+    /// Whether a Kafka transaction is open; shared with the rebalance
+    /// handler, which aborts it before partitions are given up.
+    open: Arc<AtomicBool>,
+    timeout: Duration,
+}
+
+/// A failed commit or send.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaCommitError {
+    /// Kafka refused or failed; [`classify`] says what to do.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// A record could not be delivered (`at_least_once`).
+    #[error("{0}")]
+    Delivery(String),
+    /// The Kafka transaction committed but RocksDB could not be written:
+    /// the state is behind the log, and restoring catches it up.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// What to do after a failed Kafka operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Abort the transaction, drop the overlay, rewind to the committed
+    /// offsets, and go on.
+    Abort,
+    /// Drop the producer and the consumer, rejoin, restore: fenced, fatal,
+    /// or a commit whose outcome is unknown.
+    Restart,
+}
+
+/// Classifies a Kafka error of a transactional operation.
+pub fn classify(err: &KafkaError) -> Recovery {
+    match err {
+        KafkaError::Transaction(err) if err.txn_requires_abort() && !err.is_fatal() => Recovery::Abort,
+        _ => Recovery::Restart,
+    }
+}
+
+impl KafkaCommitter {
+    /// A committer sending with `producer` (already `init_transactions`ed
+    /// under `exactly_once`) and applying state to `store`.
+    pub fn new(
+        producer: Arc<JobProducer>,
+        guarantee: Guarantee,
+        addresses: Addresses,
+        store: Arc<dyn StateStore>,
+        open: Arc<AtomicBool>,
+        timeout: Duration,
+    ) -> KafkaCommitter {
+        KafkaCommitter { producer, guarantee, addresses, store, open, timeout }
+    }
+
+    fn ensure_open(&self) -> Result<(), KafkaError> {
+        if self.guarantee == Guarantee::ExactlyOnce && !self.open.load(Ordering::SeqCst) {
+            self.producer.begin_transaction()?;
+            self.open.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Sends the transaction's outputs and dead letters so far (they become
+    /// visible only when the transaction commits).
+    pub fn send_outputs(&self, txn: &mut Transaction) -> Result<(), KafkaError> {
+        if txn.outputs.is_empty() && txn.dead_letters.is_empty() {
+            return Ok(());
+        }
+        self.ensure_open()?;
+        for output in txn.outputs.drain(..) {
+            let headers = self.lineage(output.source, output.sequence);
+            let topic = &self.addresses.outputs[output.output];
+            let mut record = BaseRecord::<[u8], [u8]>::to(topic).payload(&output.value[..]).headers(headers);
+            if let Some(key) = &output.key {
+                record = record.key(&key[..]);
+            }
+            self.send(record)?;
+        }
+        for dead in txn.dead_letters.drain(..) {
+            let headers = self.lineage(dead.source, 0).insert(Header { key: HEADER_REASON, value: Some(dead.reason.as_str()) });
+            let record = BaseRecord::<[u8], [u8]>::to(&self.addresses.dead_letter).payload(&dead.record[..]).headers(headers);
+            self.send(record)?;
+        }
+        Ok(())
+    }
+
+    fn lineage(&self, source: SourcePosition, sequence: u32) -> OwnedHeaders {
+        let (topic, partition) = split_source_id(source.partition);
+        let topic = &self.addresses.inputs[topic];
+        let mut partition_text = itoa::Buffer::new();
+        let partition_text = partition_text.format(partition);
+        let mut offset_text = itoa::Buffer::new();
+        let offset_text = offset_text.format(source.offset);
+        let key = format!("{}/{topic}/{partition_text}/{offset_text}/{sequence}", self.addresses.job);
+        OwnedHeaders::new_with_capacity(6)
+            .insert(Header { key: HEADER_SOURCE_TOPIC, value: Some(topic.as_str()) })
+            .insert(Header { key: HEADER_SOURCE_PARTITION, value: Some(partition_text) })
+            .insert(Header { key: HEADER_SOURCE_OFFSET, value: Some(offset_text) })
+            .insert(Header { key: HEADER_PLUGIN, value: Some(self.addresses.plugin_digest.as_str()) })
+            .insert(Header { key: HEADER_IDEMPOTENCY_KEY, value: Some(key.as_str()) })
+    }
+
+    /// Sends one record, waiting while the producer's queue is full.
+    fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((err, _)) => return Err(err),
+            }
+        }
+    }
+
+    /// Commits the transaction: its outputs (sent with
+    /// [`KafkaCommitter::send_outputs`] first), its changelog records, and
+    /// `positions` (next offset per source id) as the group's offsets; then
+    /// applies the state to RocksDB.
+    pub fn commit<C: ConsumerContext>(
+        &self,
+        txn: &mut Transaction,
+        positions: &BTreeMap<u32, i64>,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<(), KafkaCommitError> {
+        self.send_outputs(txn)?;
+        let changes = txn.overlay.changes();
+        if changes.is_empty() && positions.is_empty() && !self.open.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.ensure_open()?;
+        self.producer.context().take_error();
+        for (key, value) in &changes {
+            let (partition, user_key) = split_namespaced(key);
+            let record_key = state_record_key(user_key);
+            let mut record = BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog).partition(partition).key(&record_key[..]);
+            if let Some(value) = value {
+                record = record.payload(&value[..]);
+            }
+            self.send(record)?;
+        }
+        let mut offsets = TopicPartitionList::new();
+        let mut meta = Vec::new();
+        for (&source, &next) in positions {
+            let (topic, partition) = split_source_id(source);
+            let topic = &self.addresses.inputs[topic];
+            let next_text = next.to_string();
+            let marker_key = offset_record_key(topic);
+            let marker =
+                BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog).partition(partition).key(&marker_key[..]).payload(next_text.as_bytes());
+            self.send(marker)?;
+            offsets.add_partition_offset(topic, partition, Offset::Offset(next))?;
+            meta.push((included_key(topic, partition), next_text.into_bytes()));
+        }
+        match self.guarantee {
+            Guarantee::ExactlyOnce => {
+                let group = consumer.group_metadata().ok_or(KafkaError::Global(RDKafkaErrorCode::InvalidGroupId))?;
+                if offsets.count() > 0 {
+                    self.producer.send_offsets_to_transaction(&offsets, &group, self.timeout)?;
+                }
+                self.producer.commit_transaction(self.timeout)?;
+                self.open.store(false, Ordering::SeqCst);
+            }
+            Guarantee::AtLeastOnce => {
+                self.producer.flush(self.timeout)?;
+                if let Some(error) = self.producer.context().take_error() {
+                    return Err(KafkaCommitError::Delivery(error));
+                }
+                if offsets.count() > 0 {
+                    consumer.commit(&offsets, CommitMode::Sync)?;
+                }
+            }
+        }
+        // The log has it: now RocksDB may (invariant 2).
+        let partitions: std::collections::BTreeSet<i32> =
+            changes.iter().map(|(key, _)| split_namespaced(key).0).chain(positions.keys().map(|&s| split_source_id(s).1)).collect();
+        for partition in partitions {
+            if let Some(next) = self.producer.context().changelog_next(partition) {
+                meta.push((checkpoint_key(partition), next.to_string().into_bytes()));
+            }
+        }
+        self.store.commit(StoreCommit { state: changes, meta })?;
+        txn.committed();
+        Ok(())
+    }
+
+    /// Aborts the open Kafka transaction, if any; the caller drops the
+    /// overlay and rewinds the consumer.
+    pub fn abort(&self) -> Result<(), KafkaError> {
+        if self.guarantee == Guarantee::ExactlyOnce && self.open.swap(false, Ordering::SeqCst) {
+            self.producer.abort_transaction(self.timeout)?;
+        }
+        Ok(())
+    }
+}
+
+/// Splits a namespaced state key into its partition and the plugin's key.
+fn split_namespaced(key: &[u8]) -> (i32, &[u8]) {
+    let (namespace, rest) = key.split_at(4);
+    (u32::from_be_bytes(namespace.try_into().expect("4 bytes")) as i32, rest)
+}

@@ -1,0 +1,552 @@
+//! The Kafka job loop: consume, run the plugin, commit on the interval;
+//! restore state when partitions arrive, abort the in-flight transaction
+//! before partitions leave, and rebuild the clients when Kafka fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, Timestamp};
+use rdkafka::producer::Producer;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use super::changelog::{included_key, read_offset, RestoreError, Restorer};
+use super::committer::{classify, Addresses, DeliveryTracker, JobProducer, KafkaCommitError, KafkaCommitter, Recovery};
+use super::topics::{self, TopicLayout};
+use super::{namespace, source_id, split_source_id, KafkaJobError};
+use crate::config::{Guarantee, JobConfig, KafkaConfig};
+use crate::lock::DirLock;
+use crate::plugin::{Event, LoadedPlugin, PluginError, ProcessError, Processor};
+use crate::state_store::{RocksStore, StateStore};
+use crate::task::{process_batch, RunSummary, TaskError, MAX_TRANSACTION_BYTES};
+use crate::transaction::Transaction;
+
+/// How long a transactional call (init, send offsets, commit, abort) may take.
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait between attempts to rebuild a failed session.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// How a Kafka job runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KafkaRunOptions {
+    /// Stop (after committing) once every assigned partition has been read
+    /// to its end; for tests, benchmarks and backfills.
+    pub until_caught_up: bool,
+}
+
+/// A Kafka job in this process: its plugin, its local state, and the loop
+/// that recovers from Kafka failures by rebuilding its clients.
+pub struct KafkaJob {
+    config: JobConfig,
+    kafka: KafkaConfig,
+    layout: TopicLayout,
+    store: Arc<dyn StateStore>,
+    processor: Box<dyn Processor>,
+    txn: Transaction,
+    instance: String,
+    _lock: DirLock,
+}
+
+/// Why a session (one consumer and one producer) ended early.
+enum SessionError {
+    /// Kafka failed, fenced us, or left a commit's outcome unknown: build
+    /// new clients, rejoin, restore, and go on.
+    Restart(String),
+    /// Retrying does not help.
+    Fatal(KafkaJobError),
+}
+
+impl From<KafkaError> for SessionError {
+    fn from(err: KafkaError) -> Self {
+        SessionError::Restart(err.to_string())
+    }
+}
+
+/// How a session ended without error.
+#[derive(Debug, PartialEq, Eq)]
+enum SessionEnd {
+    Stopped,
+    CaughtUp,
+}
+
+impl KafkaJob {
+    /// Opens Kafka job `config` running `plugin`: locks its state
+    /// directory, and checks (or creates) its topics.
+    pub fn open(config: &JobConfig, plugin: &LoadedPlugin) -> Result<KafkaJob, KafkaJobError> {
+        let plugin = plugin.clone();
+        let limits = config.limits;
+        KafkaJob::open_with(config, move || Ok(Box::new(plugin.instantiate(limits)?)))
+    }
+
+    /// Like [`KafkaJob::open`], with the processor made by `make_processor`.
+    pub fn open_with(
+        config: &JobConfig,
+        make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
+    ) -> Result<KafkaJob, KafkaJobError> {
+        config.validate().map_err(TaskError::from)?;
+        let kafka = config.kafka().map_err(TaskError::from)?.clone();
+        let processor = make_processor().map_err(TaskError::from)?;
+        let lock = DirLock::acquire(&kafka.state_dir).map_err(TaskError::from)?;
+        let instance = instance_id(&kafka.state_dir).map_err(|message| KafkaJobError::Setup { job: config.name.clone(), message })?;
+        let layout = topics::prepare(config, &kafka)?;
+        let store: Arc<dyn StateStore> =
+            Arc::new(RocksStore::open(&kafka.state_dir.join("db")).map_err(TaskError::from)?);
+        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits);
+        tracing::info!(job = %config.name, plugin = %processor.digest(), partitions = layout.partitions, instance = %instance, "Kafka job opened");
+        Ok(KafkaJob { config: config.clone(), kafka, layout, store, processor, txn, instance, _lock: lock })
+    }
+
+    /// Runs until `stop` is set (or, with `until_caught_up`, until the
+    /// assigned partitions are read to their end), committing what it
+    /// processed before returning. Kafka failures rebuild the clients and
+    /// go on; only failures retrying cannot fix end the run.
+    pub fn run_until(&mut self, stop: &AtomicBool, options: KafkaRunOptions) -> Result<RunSummary, KafkaJobError> {
+        let started = Instant::now();
+        let mut summary = RunSummary::default();
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            let session_started = Instant::now();
+            match self.run_session(stop, options, &mut summary) {
+                Ok(end) => {
+                    summary.stopped_early = end == SessionEnd::Stopped;
+                    break;
+                }
+                Err(SessionError::Fatal(err)) => return Err(err),
+                Err(SessionError::Restart(reason)) => {
+                    tracing::warn!(job = %self.config.name, %reason, "Kafka session failed; rejoining the group and restoring state");
+                    if session_started.elapsed() > Duration::from_secs(30) {
+                        backoff = Duration::from_millis(250);
+                    }
+                    let resume_at = Instant::now() + backoff;
+                    while Instant::now() < resume_at {
+                        if stop.load(Ordering::Relaxed) {
+                            summary.stopped_early = true;
+                            summary.elapsed = started.elapsed();
+                            return Ok(summary);
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+        summary.elapsed = started.elapsed();
+        Ok(summary)
+    }
+
+    fn fatal(&self, err: impl Into<TaskError>) -> SessionError {
+        SessionError::Fatal(KafkaJobError::Task(err.into()))
+    }
+
+    fn run_session(&mut self, stop: &AtomicBool, options: KafkaRunOptions, summary: &mut RunSummary) -> Result<SessionEnd, SessionError> {
+        let (config, kafka) = (&self.config, &self.kafka);
+        let tracker = DeliveryTracker::new(self.layout.changelog.clone());
+        let producer: Arc<JobProducer> = Arc::new(
+            topics::producer_config(config, kafka, &self.instance).create_with_context(tracker).map_err(|err| self.client_error(err))?,
+        );
+        if kafka.guarantee == Guarantee::ExactlyOnce {
+            // Fences an earlier process with our transactional id and
+            // aborts the transaction it left open.
+            producer.init_transactions(KAFKA_TIMEOUT)?;
+        }
+        let open = Arc::new(AtomicBool::new(false));
+        let restore_consumer: BaseConsumer = topics::restore_config(config, kafka).create().map_err(|err| self.client_error(err))?;
+        let settle = Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
+        let rebalancer = Rebalancer {
+            job: config.name.clone(),
+            group: kafka.group_id(&config.name),
+            guarantee: kafka.guarantee,
+            producer: producer.clone(),
+            open: open.clone(),
+            restorer: Restorer::new(restore_consumer, self.store.clone(), self.layout.changelog.clone(), settle),
+            store: self.store.clone(),
+            settle,
+            events: Mutex::default(),
+        };
+        let consumer: BaseConsumer<Rebalancer> =
+            topics::consumer_config(config, kafka, &self.instance).create_with_context(rebalancer).map_err(|err| self.client_error(err))?;
+        let topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        let addresses = Addresses {
+            job: config.name.clone(),
+            inputs: kafka.inputs.clone(),
+            outputs: config.outputs.iter().map(|name| kafka.output_topic(name).unwrap_or_default().to_string()).collect(),
+            dead_letter: kafka.dead_letter_topic.clone(),
+            changelog: self.layout.changelog.clone(),
+            plugin_digest: self.processor.digest().to_string(),
+        };
+        let committer = KafkaCommitter::new(producer, kafka.guarantee, addresses, self.store.clone(), open, KAFKA_TIMEOUT);
+        self.txn.abort();
+        let result = self.consume(&consumer, &committer, stop, options, summary);
+        // Hand over cleanly: abort what is open, then leave the group.
+        let _ = committer.abort();
+        self.txn.abort();
+        drop(consumer);
+        result
+    }
+
+    /// A client that cannot even be created has a bad setting: say which.
+    fn client_error(&self, err: KafkaError) -> SessionError {
+        SessionError::Fatal(KafkaJobError::Setup {
+            job: self.config.name.clone(),
+            message: format!("cannot create a Kafka client: {err}; check kafka.client and kafka.brokers"),
+        })
+    }
+
+    fn consume(
+        &mut self,
+        consumer: &BaseConsumer<Rebalancer>,
+        committer: &KafkaCommitter,
+        stop: &AtomicBool,
+        options: KafkaRunOptions,
+        summary: &mut RunSummary,
+    ) -> Result<SessionEnd, SessionError> {
+        let interval = self.config.commit_interval();
+        let batch_size = self.config.batch_size;
+        let mut pending: Vec<Event> = Vec::with_capacity(batch_size);
+        let mut positions: BTreeMap<u32, i64> = BTreeMap::new();
+        let mut at_end: BTreeSet<(usize, i32)> = BTreeSet::new();
+        let mut last_commit = Instant::now();
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                self.process(&mut pending, &mut positions, committer, summary)?;
+                self.commit(consumer, committer, &mut positions, &mut pending, summary)?;
+                return Ok(SessionEnd::Stopped);
+            }
+            let wait = if pending.is_empty() {
+                interval.saturating_sub(last_commit.elapsed()).min(Duration::from_millis(100))
+            } else {
+                Duration::ZERO
+            };
+            let polled = consumer.poll(wait).map(|result| result.map(|record| self.event(&record)));
+            let rebalanced = consumer.context().take_events();
+            if let Some(failure) = rebalanced.failure {
+                return Err(failure);
+            }
+            if rebalanced.revoked {
+                // The rebalance handler aborted the transaction; what was
+                // read for it is read again by whoever owns it now.
+                self.txn.abort();
+                pending.clear();
+                positions.clear();
+                at_end.clear();
+            }
+            if rebalanced.assigned {
+                self.txn.overlay.forget_cache();
+            }
+            match polled {
+                Some(Ok((topic, event))) => {
+                    at_end.remove(&(topic, split_source_id(event.partition).1));
+                    pending.push(event);
+                    if pending.len() < batch_size {
+                        continue;
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                    // librdkafka does not say which topic; one EOF per
+                    // partition number and topic arrives, so count them.
+                    let topic = (0..self.kafka.inputs.len()).find(|&topic| !at_end.contains(&(topic, partition)));
+                    if let Some(topic) = topic {
+                        at_end.insert((topic, partition));
+                    }
+                }
+                Some(Err(err)) => {
+                    tracing::warn!(job = %self.config.name, error = %err, "consumer error");
+                    if let Some(code) = err.rdkafka_error_code() {
+                        if code == rdkafka::types::RDKafkaErrorCode::Fatal {
+                            return Err(SessionError::Restart(err.to_string()));
+                        }
+                    }
+                }
+                None => {}
+            }
+            self.process(&mut pending, &mut positions, committer, summary)?;
+            if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
+                self.commit(consumer, committer, &mut positions, &mut pending, summary)?;
+                last_commit = Instant::now();
+            }
+            if options.until_caught_up && pending.is_empty() && self.caught_up(consumer, &at_end) {
+                self.commit(consumer, committer, &mut positions, &mut pending, summary)?;
+                return Ok(SessionEnd::CaughtUp);
+            }
+        }
+    }
+
+    /// Whether every assigned partition has reported its end since it last
+    /// delivered a record.
+    fn caught_up(&self, consumer: &BaseConsumer<Rebalancer>, at_end: &BTreeSet<(usize, i32)>) -> bool {
+        let Ok(assignment) = consumer.assignment() else { return false };
+        let assigned = assignment.elements();
+        !assigned.is_empty() && at_end.len() >= assigned.len()
+    }
+
+    /// A consumed record as a plugin event, with its input topic's index.
+    fn event(&self, record: &rdkafka::message::BorrowedMessage<'_>) -> (usize, Event) {
+        let topic = self.kafka.inputs.iter().position(|input| input == record.topic()).unwrap_or(0);
+        let timestamp_ms = match record.timestamp() {
+            Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => Some(ms),
+            Timestamp::NotAvailable => None,
+        };
+        let event = Event {
+            partition: source_id(topic, record.partition()),
+            offset: record.offset() as u64,
+            timestamp_ms,
+            key: record.key().map(<[u8]>::to_vec),
+            value: record.payload().unwrap_or_default().to_vec(),
+        };
+        (topic, event)
+    }
+
+    /// Runs the pending records through the plugin, one batch per input
+    /// partition (each in its partition's state namespace), and sends the
+    /// outputs into the open transaction.
+    fn process(
+        &mut self,
+        pending: &mut Vec<Event>,
+        positions: &mut BTreeMap<u32, i64>,
+        committer: &KafkaCommitter,
+        summary: &mut RunSummary,
+    ) -> Result<(), SessionError> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        pending.sort_by_key(|event| split_source_id(event.partition).1);
+        for batch in pending.chunk_by(|a, b| split_source_id(a.partition).1 == split_source_id(b.partition).1) {
+            self.txn.set_namespace(&namespace(split_source_id(batch[0].partition).1));
+            let outcome = process_batch(&mut *self.processor, &mut self.txn, batch).map_err(|err| match err {
+                ProcessError::Host(state) => self.fatal(state),
+                ProcessError::Instantiate(plugin) => self.fatal(plugin),
+                ProcessError::Misconfigured(message) => {
+                    self.fatal(TaskError::Misconfigured { job: self.config.name.clone(), message })
+                }
+                ProcessError::Plugin(_) => unreachable!("plugin failures end as dead letters"),
+            })?;
+            summary.records += batch.len() as u64;
+            summary.applied += outcome.applied;
+            summary.dead_lettered += outcome.dead_lettered;
+            for event in batch {
+                let next = positions.entry(event.partition).or_insert(0);
+                *next = (*next).max(event.offset as i64 + 1);
+            }
+        }
+        pending.clear();
+        summary.outputs += self.txn.outputs.len() as u64;
+        committer.send_outputs(&mut self.txn).map_err(|err| SessionError::Restart(err.to_string()))
+    }
+
+    fn commit(
+        &mut self,
+        consumer: &BaseConsumer<Rebalancer>,
+        committer: &KafkaCommitter,
+        positions: &mut BTreeMap<u32, i64>,
+        pending: &mut Vec<Event>,
+        summary: &mut RunSummary,
+    ) -> Result<(), SessionError> {
+        let started = Instant::now();
+        match committer.commit(&mut self.txn, positions, consumer) {
+            Ok(()) => {
+                if !positions.is_empty() {
+                    summary.commits += 1;
+                }
+                positions.clear();
+                tracing::debug!(job = %self.config.name, took_us = started.elapsed().as_micros() as u64, "committed");
+                Ok(())
+            }
+            Err(KafkaCommitError::Kafka(err)) if classify(&err) == Recovery::Abort => {
+                tracing::warn!(job = %self.config.name, error = %err, "transaction aborted; rewinding to the committed offsets");
+                committer.abort()?;
+                self.txn.abort();
+                positions.clear();
+                pending.clear();
+                rewind(consumer)?;
+                Ok(())
+            }
+            Err(KafkaCommitError::State(err)) => Err(self.fatal(err)),
+            Err(err) => Err(SessionError::Restart(format!("commit failed, outcome unknown or fenced: {err}"))),
+        }
+    }
+}
+
+/// Moves the consumer back to the group's committed offsets.
+fn rewind(consumer: &BaseConsumer<Rebalancer>) -> Result<(), KafkaError> {
+    let committed = consumer.committed(KAFKA_TIMEOUT)?;
+    for element in committed.elements() {
+        let offset = match element.offset() {
+            Offset::Offset(offset) => Offset::Offset(offset),
+            _ => Offset::Beginning,
+        };
+        consumer.seek(element.topic(), element.partition(), offset, KAFKA_TIMEOUT)?;
+    }
+    Ok(())
+}
+
+/// Reads (or creates) the id that makes this state directory's
+/// transactional id: the same after a restart, so a restarted process
+/// fences its previous incarnation and aborts what it left open.
+fn instance_id(state_dir: &Path) -> Result<String, String> {
+    let path = state_dir.join("instance-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) => return Ok(id.trim().to_string()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(format!("cannot read `{}`: {err}", path.display())),
+    }
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut bytes))
+        .map_err(|err| format!("cannot read /dev/urandom for an instance id: {err}"))?;
+    let id: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    std::fs::write(&path, &id).map_err(|err| format!("cannot write `{}`: {err}", path.display()))?;
+    Ok(id)
+}
+
+/// What happened in rebalance callbacks since the job loop last looked.
+#[derive(Default)]
+struct RebalanceEvents {
+    revoked: bool,
+    assigned: bool,
+    failure: Option<SessionError>,
+}
+
+/// The consumer's rebalance handler: aborts the in-flight transaction
+/// before partitions are given up, and restores state (and checks for a
+/// rewind) before any record of a new partition is delivered.
+struct Rebalancer {
+    job: String,
+    group: String,
+    guarantee: Guarantee,
+    producer: Arc<JobProducer>,
+    open: Arc<AtomicBool>,
+    restorer: Restorer,
+    store: Arc<dyn StateStore>,
+    settle: Duration,
+    events: Mutex<RebalanceEvents>,
+}
+
+impl Rebalancer {
+    fn take_events(&self) -> RebalanceEvents {
+        std::mem::take(&mut *self.events.lock().expect("rebalance lock"))
+    }
+
+    fn note(&self, update: impl FnOnce(&mut RebalanceEvents)) {
+        update(&mut self.events.lock().expect("rebalance lock"));
+    }
+
+    /// Restores the state of newly assigned partitions, then compares what
+    /// it includes with the group's committed offsets.
+    fn restore_and_check(&self, assigned: &[(String, i32)]) -> Result<(), SessionError> {
+        let partitions: Vec<i32> = assigned.iter().map(|(_, partition)| *partition).collect::<BTreeSet<_>>().into_iter().collect();
+        let deadline = Instant::now() + self.settle;
+        loop {
+            self.restorer.restore(&partitions).map_err(|err| match err {
+                RestoreError::Foreign { .. } => SessionError::Fatal(KafkaJobError::Setup { job: self.job.clone(), message: err.to_string() }),
+                RestoreError::State(state) => SessionError::Fatal(KafkaJobError::Task(state.into())),
+                other => SessionError::Restart(other.to_string()),
+            })?;
+            let mut wanted = TopicPartitionList::new();
+            for (topic, partition) in assigned {
+                wanted.add_partition(topic, *partition);
+            }
+            let committed = self.restorer.consumer().committed_offsets(wanted, KAFKA_TIMEOUT)?;
+            let mut behind = Vec::new();
+            for element in committed.elements() {
+                let (topic, partition) = (element.topic(), element.partition());
+                let group_offset = match element.offset() {
+                    Offset::Offset(offset) => Some(offset),
+                    _ => None,
+                };
+                let included = read_offset(&*self.store, &included_key(topic, partition))
+                    .map_err(|err| SessionError::Fatal(KafkaJobError::Task(err.into())))?;
+                match (group_offset, included) {
+                    (group, Some(included)) if group.unwrap_or(0) < included => {
+                        let message = self.rewind_message(topic, partition, group, included);
+                        if self.guarantee == Guarantee::ExactlyOnce {
+                            return Err(SessionError::Fatal(KafkaJobError::Rewind(message)));
+                        }
+                        tracing::warn!(job = %self.job, "{message} (at_least_once: going on, those records count again)");
+                    }
+                    (Some(group), included) if group > included.unwrap_or(0) => behind.push((topic.to_string(), partition, group, included)),
+                    _ => {}
+                }
+            }
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let (topic, partition, group, included) = &behind[0];
+                return Err(SessionError::Fatal(KafkaJobError::Setup {
+                    job: self.job.clone(),
+                    message: format!(
+                        "group `{}` has committed offset {group} for `{topic}` partition {partition}, but the state restored from the \
+                         changelog includes input only up to offset {}; the changelog topic lost records (deleted or recreated?) \
+                         or the group is shared with another application. Run the job under a new name (new group, changelog and state)",
+                        self.group,
+                        included.unwrap_or(0)
+                    ),
+                }));
+            }
+            // A transaction of the previous owner is still settling.
+            tracing::info!(job = %self.job, ?behind, "state is behind the group's offsets; waiting for the previous owner's transaction to settle");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn rewind_message(&self, topic: &str, partition: i32, group: Option<i64>, included: i64) -> String {
+        let group_text = group.map_or_else(|| "no committed offset".to_string(), |offset| format!("committed offset {offset}"));
+        format!(
+            "Kafka job `{job}` refuses to start: consumer group `{group_id}` has {group_text} for `{topic}` partition {partition}, \
+             but the job's state already includes that partition's records up to offset {included}. Someone moved the group's \
+             offsets back by hand; processing from there would count those records twice. To reprocess history, replay into a \
+             new output version instead: run the job under a new name (a new group, changelog and state directory) writing to \
+             new output topics. To undo the reset, set the group's offset for `{topic}` partition {partition} back to {included}.",
+            job = self.job,
+            group_id = self.group,
+        )
+    }
+}
+
+impl ClientContext for Rebalancer {}
+
+impl ConsumerContext for Rebalancer {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(_) = rebalance {
+            // Nothing of the in-flight transaction may commit once another
+            // process may own its partitions.
+            let mut failure = None;
+            if self.guarantee == Guarantee::ExactlyOnce && self.open.swap(false, Ordering::SeqCst) {
+                if let Err(err) = self.producer.abort_transaction(KAFKA_TIMEOUT) {
+                    failure = Some(SessionError::Restart(format!("aborting the transaction on revocation failed: {err}")));
+                }
+            }
+            tracing::info!(job = %self.job, "partitions revoked; in-flight transaction aborted");
+            self.note(|events| {
+                events.revoked = true;
+                if failure.is_some() {
+                    events.failure = failure;
+                }
+            });
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(assignment) => {
+                let assigned: Vec<(String, i32)> =
+                    assignment.elements().iter().map(|element| (element.topic().to_string(), element.partition())).collect();
+                tracing::info!(job = %self.job, ?assigned, "partitions assigned");
+                let result = if assigned.is_empty() { Ok(()) } else { self.restore_and_check(&assigned) };
+                self.note(|events| {
+                    events.assigned = true;
+                    if let Err(failure) = result {
+                        events.failure = Some(failure);
+                    }
+                });
+            }
+            Rebalance::Error(err) => tracing::warn!(job = %self.job, error = %err, "rebalance failed"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Kafka mode: input topics in, output topics out, exactly once.
+//!
+//! Per transaction, one Kafka transaction carries the output records, the
+//! changelog records of the state changes and the input offsets
+//! (`send_offsets_to_transaction`); only after it committed is the state
+//! overlay applied to RocksDB, with the changelog checkpoint (DESIGN
+//! invariants 1 and 2). A process that lost its partitions is fenced by the
+//! group generation in the offsets it sends (KIP-447) and by its producer
+//! epoch (invariant 3).
+//!
+//! State is kept per input partition, like Kafka Streams' tasks: partition
+//! `p` of every input topic feeds one state namespace, whose changelog is
+//! partition `p` of the job's changelog topic. Records that must be
+//! aggregated together must share a partition (produce them with the same
+//! key).
+//!
+//! - [`topics`]: client settings, topic checks and creation.
+//! - [`changelog`]: the changelog record format and restore.
+//! - [`committer`]: sending outputs, committing transactions.
+//! - [`job`]: the job loop, rebalances, and recovery from Kafka failures.
+
+pub mod changelog;
+pub mod committer;
+pub mod job;
+pub mod topics;
+
+pub use job::{KafkaJob, KafkaRunOptions};
+
+/// Why a Kafka job stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KafkaJobError {
+    /// The job's topics, brokers or state do not fit together; the message
+    /// says what to change.
+    #[error("Kafka job `{job}`: {message}")]
+    Setup { job: String, message: String },
+    /// The group's committed offsets are below what the state already
+    /// includes: someone rewound them by hand.
+    #[error("{0}")]
+    Rewind(String),
+    /// A Kafka client failed in a way retrying does not fix.
+    #[error("Kafka job `{job}`: {source}")]
+    Kafka { job: String, source: rdkafka::error::KafkaError },
+    /// The plugin, the state store or the job configuration failed.
+    #[error(transparent)]
+    Task(#[from] crate::task::TaskError),
+}
+
+/// How `source id`s name input partitions: the topic's index among the
+/// job's inputs in the high bits, the partition in the low 20 bits. The
+/// plugin sees the source id as the event's `partition` (for a one-topic
+/// job it is the Kafka partition).
+const PARTITION_BITS: u32 = 20;
+
+/// Source id of partition `partition` of input topic number `topic`.
+pub fn source_id(topic: usize, partition: i32) -> u32 {
+    ((topic as u32) << PARTITION_BITS) | partition as u32
+}
+
+/// Input topic number and partition of a source id.
+pub fn split_source_id(id: u32) -> (usize, i32) {
+    ((id >> PARTITION_BITS) as usize, (id & ((1 << PARTITION_BITS) - 1)) as i32)
+}
+
+/// The state namespace of partition `partition`: 4 big-endian bytes, so a
+/// partition's keys are contiguous in RocksDB.
+pub fn namespace(partition: i32) -> [u8; 4] {
+    (partition as u32).to_be_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_ids_round_trip() {
+        for (topic, partition) in [(0, 0), (0, 7), (3, 1_000_000)] {
+            assert_eq!(split_source_id(source_id(topic, partition)), (topic, partition));
+        }
+        assert_eq!(source_id(0, 5), 5, "a one-topic job's source id is the partition");
+    }
+}

@@ -1,0 +1,191 @@
+//! Client settings of a Kafka job, and the check (or creation) of its
+//! topics before anything runs.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::ClientConfig;
+
+use super::KafkaJobError;
+use crate::config::{Guarantee, JobConfig, KafkaConfig};
+
+/// How long metadata and admin requests may take.
+pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// librdkafka properties Tally sets itself: the guarantee depends on them,
+/// so a job's `client` table may not change them.
+pub const OWNED_PROPERTIES: &[&str] = &[
+    "bootstrap.servers",
+    "group.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "isolation.level",
+    "transactional.id",
+    "transaction.timeout.ms",
+    "enable.idempotence",
+    "enable.partition.eof",
+    "partition.assignment.strategy",
+    "group.protocol",
+    "group.instance.id",
+];
+
+/// The compacted topic holding job `job`'s state changes.
+pub fn changelog_topic(job: &str) -> String {
+    format!("tally-{job}-state-changelog")
+}
+
+/// Settings every client of the job shares: brokers, then the job's extras.
+pub fn base_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    for (key, value) in &kafka.client {
+        config.set(key, value);
+    }
+    config.set("bootstrap.servers", &kafka.brokers);
+    config
+}
+
+/// The job's group consumer: `read_committed`, offsets committed only by
+/// Tally, eager rebalancing (so a revocation always covers every partition
+/// and the in-flight transaction can be aborted before any is given up),
+/// and static membership under the process's instance id (KIP-345), so a
+/// restarted process takes its partitions back at once instead of waiting
+/// for its old session to time out.
+pub fn consumer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> ClientConfig {
+    let mut config = base_config(kafka);
+    config
+        .set("group.id", kafka.group_id(&job.name))
+        .set("group.instance.id", format!("tally-{}-{instance}", job.name))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("partition.assignment.strategy", "range")
+        .set("group.protocol", "classic");
+    if !kafka.client.contains_key("auto.offset.reset") {
+        config.set("auto.offset.reset", "earliest");
+    }
+    config
+}
+
+/// The consumer that restores changelogs and reads the group's committed
+/// offsets; it never joins the group.
+pub fn restore_config(job: &JobConfig, kafka: &KafkaConfig) -> ClientConfig {
+    let mut config = base_config(kafka);
+    config
+        .set("group.id", kafka.group_id(&job.name))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest");
+    config
+}
+
+/// The producer: transactional under `exactly_once` (one transactional id
+/// per process, kept in its state directory), idempotent otherwise.
+pub fn producer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> ClientConfig {
+    let mut config = base_config(kafka);
+    config.set("enable.idempotence", "true");
+    if !kafka.client.contains_key("linger.ms") {
+        config.set("linger.ms", "5");
+    }
+    if kafka.guarantee == Guarantee::ExactlyOnce {
+        config
+            .set("transactional.id", format!("tally-{}-{instance}", job.name))
+            .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string());
+    }
+    config
+}
+
+/// The topics of a job, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicLayout {
+    /// Partitions of every input topic (and of the changelog topic).
+    pub partitions: i32,
+    /// The changelog topic.
+    pub changelog: String,
+}
+
+/// Checks that the job's topics exist (creating what the job allows) and
+/// that the inputs and the changelog agree on their partition count.
+pub fn prepare(job: &JobConfig, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
+    let setup = |message: String| KafkaJobError::Setup { job: job.name.clone(), message };
+    let admin: AdminClient<DefaultClientContext> =
+        base_config(kafka).create().map_err(|err| setup(format!("cannot create a Kafka client: {err}")))?;
+    let existing = topic_partitions(&admin).map_err(|err| {
+        setup(format!(
+            "cannot read topic metadata from {}: {err}; check that the brokers run and are reachable (locally: scripts/kafka start)",
+            kafka.brokers
+        ))
+    })?;
+
+    let input_counts: Vec<(&str, i32)> =
+        kafka.inputs.iter().filter_map(|topic| existing.get(topic).map(|&count| (topic.as_str(), count))).collect();
+    if let Some(pair) = input_counts.windows(2).find(|pair| pair[0].1 != pair[1].1) {
+        return Err(setup(format!(
+            "input topics `{}` ({} partitions) and `{}` ({} partitions) differ; partition p of every input feeds one state, \
+             so inputs must have the same number of partitions",
+            pair[0].0, pair[0].1, pair[1].0, pair[1].1
+        )));
+    }
+    let partitions = input_counts.first().map_or(kafka.create_partitions as i32, |&(_, count)| count);
+
+    let mut user_topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
+    user_topics.extend(kafka.outputs.values().map(String::as_str));
+    user_topics.push(&kafka.dead_letter_topic);
+    let missing: Vec<&str> = user_topics.iter().copied().filter(|topic| !existing.contains_key(*topic)).collect();
+    if !missing.is_empty() && !kafka.create_topics {
+        return Err(setup(format!(
+            "topic(s) {} do not exist; create them (for example: scripts/kafka topics --create --topic {} --partitions {partitions}), \
+             or set kafka.create_topics = true",
+            missing.iter().map(|topic| format!("`{topic}`")).collect::<Vec<_>>().join(", "),
+            missing[0]
+        )));
+    }
+
+    let changelog = changelog_topic(&job.name);
+    match existing.get(&changelog) {
+        Some(&count) if count != partitions => {
+            return Err(setup(format!(
+                "changelog topic `{changelog}` has {count} partitions but the inputs have {partitions}; \
+                 state cannot follow its partitions. Keep the inputs' partition count, or run the job under a new name"
+            )));
+        }
+        _ => {}
+    }
+    let mut to_create: Vec<NewTopic<'_>> =
+        missing.iter().map(|topic| NewTopic::new(topic, partitions, TopicReplication::Fixed(-1))).collect();
+    if !existing.contains_key(&changelog) {
+        to_create.push(
+            NewTopic::new(&changelog, partitions, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact"),
+        );
+    }
+    if !to_create.is_empty() {
+        let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+        let results = futures_executor::block_on(admin.create_topics(&to_create, &options))
+            .map_err(|err| setup(format!("creating topics failed: {err}")))?;
+        for result in results {
+            match result {
+                Ok(topic) => tracing::info!(job = %job.name, %topic, partitions, "created topic"),
+                // Another process of the job created it first.
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => return Err(setup(format!("creating topic `{topic}` failed: {code}"))),
+            }
+        }
+    }
+    Ok(TopicLayout { partitions, changelog })
+}
+
+/// Partition counts of every topic the cluster has.
+fn topic_partitions(admin: &AdminClient<DefaultClientContext>) -> Result<BTreeMap<String, i32>, rdkafka::error::KafkaError> {
+    let metadata = admin.inner().fetch_metadata(None, ADMIN_TIMEOUT)?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .filter(|topic| topic.error().is_none())
+        .map(|topic| (topic.name().to_string(), topic.partitions().len() as i32))
+        .collect())
+}

@@ -1,0 +1,279 @@
+//! Helpers for tests against the real Kafka broker that `scripts/kafka`
+//! runs (`scripts/test` starts it): topics, producing usage, reading
+//! outputs with headers, and the independent exactly-once checker.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+
+use crate::{BillingKey, UsageLine};
+
+/// The broker the tests use: `TALLY_KAFKA_BOOTSTRAP`, else `scripts/kafka`'s default.
+pub fn bootstrap() -> String {
+    std::env::var("TALLY_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())
+}
+
+/// Kafka tests share one broker and two cores: they run one at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A name no earlier run used, so reruns never see old topics or groups.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000_000)
+}
+
+/// Creates `topic` with `partitions` partitions.
+pub fn create_topic(topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let results = futures_executor::block_on(admin.create_topics(&[new], &AdminOptions::new())).unwrap();
+    for result in results {
+        result.unwrap_or_else(|(topic, code)| panic!("creating {topic}: {code}"));
+    }
+}
+
+fn client_config() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap());
+    config
+}
+
+/// Where a produced record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Placed {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+struct PlacementTracker(Mutex<Vec<Option<Placed>>>);
+impl ClientContext for PlacementTracker {}
+impl ProducerContext for PlacementTracker {
+    type DeliveryOpaque = usize;
+    fn delivery(&self, result: &DeliveryResult<'_>, index: usize) {
+        let record = result.as_ref().unwrap_or_else(|(err, _)| panic!("producing usage failed: {err}"));
+        self.0.lock().unwrap()[index] = Some(Placed { partition: record.partition(), offset: record.offset() });
+    }
+}
+
+/// The partition a customer's usage goes to: usage is keyed by customer, so
+/// one customer's totals live in one partition's state.
+pub fn partition_of(line: &UsageLine, partitions: i32) -> i32 {
+    let customer = line.line.split("\"customer\":\"").nth(1).and_then(|rest| rest.split('"').next()).unwrap_or("");
+    (customer.bytes().fold(7u32, |hash, byte| hash.wrapping_mul(31).wrapping_add(byte as u32)) % partitions as u32) as i32
+}
+
+/// Produces `lines` to `topic` (keyed by customer, to the partition
+/// [`partition_of`] says) and returns where each landed.
+pub fn produce_usage(topic: &str, lines: &[UsageLine], partitions: i32) -> Vec<Placed> {
+    let tracker = PlacementTracker(Mutex::new(vec![None; lines.len()]));
+    let producer: ThreadedProducer<PlacementTracker> = client_config()
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create_with_context(tracker)
+        .unwrap();
+    for (index, line) in lines.iter().enumerate() {
+        let key = line.line.split("\"customer\":\"").nth(1).and_then(|rest| rest.split('"').next()).unwrap_or("");
+        let mut record =
+            BaseRecord::with_opaque_to(topic, index).partition(partition_of(line, partitions)).key(key).payload(line.line.as_str());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((err, _)) => panic!("producing usage failed: {err}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).unwrap();
+    let placed = producer.context().0.lock().unwrap().clone();
+    placed.into_iter().map(|placed| placed.expect("every record was delivered")).collect()
+}
+
+/// One record of an output topic, with its headers.
+#[derive(Debug, Clone)]
+pub struct OutputRecord {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+impl OutputRecord {
+    /// A header's value; panics naming it when missing.
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).unwrap_or_else(|| panic!("record has no `{name}` header: {:?}", self.headers))
+    }
+
+    /// The input record it came from: (topic, partition, offset).
+    pub fn source(&self) -> (String, i32, i64) {
+        (
+            self.header("tally.source.topic").to_string(),
+            self.header("tally.source.partition").parse().unwrap(),
+            self.header("tally.source.offset").parse().unwrap(),
+        )
+    }
+}
+
+/// Reads all of `topic` to its end, `read_committed` or not.
+pub fn read_topic(topic: &str, read_committed: bool) -> Vec<OutputRecord> {
+    let consumer: BaseConsumer = client_config()
+        .set("group.id", unique("tally-test-reader"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" })
+        .create()
+        .unwrap();
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..partitions {
+        assignment.add_partition_offset(topic, partition, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    let mut unfinished: std::collections::BTreeSet<i32> = (0..partitions).collect();
+    let mut records = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !unfinished.is_empty() {
+        assert!(Instant::now() < deadline, "reading {topic} did not reach its end");
+        match consumer.poll(Duration::from_millis(500)) {
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                unfinished.remove(&partition);
+            }
+            Some(Err(err)) => panic!("reading {topic}: {err}"),
+            Some(Ok(record)) => {
+                let headers = record
+                    .headers()
+                    .map(|headers| {
+                        headers
+                            .iter()
+                            .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                records.push(OutputRecord {
+                    partition: record.partition(),
+                    offset: record.offset(),
+                    key: record.key().map(<[u8]>::to_vec),
+                    value: record.payload().unwrap_or_default().to_vec(),
+                    headers,
+                });
+            }
+        }
+    }
+    records.sort_by_key(|record| (record.partition, record.offset));
+    records
+}
+
+/// The billing key of a `totals` record (its key is the JSON billing key).
+pub fn billing_key(record: &OutputRecord) -> BillingKey {
+    let key: serde_json::Value = serde_json::from_slice(record.key.as_deref().expect("totals records have keys")).unwrap();
+    (
+        key["customer"].as_str().unwrap().to_string(),
+        key["metric"].as_str().unwrap().to_string(),
+        key["period"].as_str().unwrap().to_string(),
+    )
+}
+
+/// What the independent checker found.
+#[derive(Debug)]
+pub struct Verdict {
+    /// Input records that contributed to no output.
+    pub missing: usize,
+    /// Input records that contributed more than once.
+    pub doubled: usize,
+    /// Final totals, per key (the last total of each key).
+    pub totals: BTreeMap<BillingKey, u64>,
+}
+
+/// Checks `totals` and `dead_letters` (read `read_committed`) against what
+/// was produced: every input offset contributed exactly once (by the
+/// lineage headers), and the final totals are returned for comparison.
+pub fn check(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: &[OutputRecord], dead_letters: &[OutputRecord]) -> Verdict {
+    let mut contributions: HashMap<Placed, u32> = HashMap::new();
+    let mut final_totals = BTreeMap::new();
+    for record in totals {
+        let (topic, partition, offset) = record.source();
+        assert_eq!(topic, input_topic);
+        *contributions.entry(Placed { partition, offset }).or_default() += 1;
+        let total: u64 = serde_json::from_slice(&record.value).unwrap();
+        final_totals.insert(billing_key(record), total);
+    }
+    for record in dead_letters {
+        let (_, partition, offset) = record.source();
+        *contributions.entry(Placed { partition, offset }).or_default() += 1;
+    }
+    let mut missing = 0;
+    let mut doubled = 0;
+    assert_eq!(lines.len(), placed.len());
+    for placed in placed {
+        match contributions.get(placed).copied().unwrap_or(0) {
+            0 => missing += 1,
+            1 => {}
+            _ => doubled += 1,
+        }
+    }
+    Verdict { missing, doubled, totals: final_totals }
+}
+
+/// A Kafka billing job's topics and files.
+pub struct KafkaBillingJob {
+    pub name: String,
+    pub input: String,
+    pub totals: String,
+    pub dead_letters: String,
+    pub partitions: i32,
+}
+
+impl KafkaBillingJob {
+    /// Fresh topics for a billing job over `partitions` input partitions.
+    pub fn create(prefix: &str, partitions: i32) -> KafkaBillingJob {
+        let name = unique(prefix);
+        let job = KafkaBillingJob {
+            input: format!("{name}-usage"),
+            totals: format!("{name}-totals"),
+            dead_letters: format!("{name}-dead-letters"),
+            name,
+            partitions,
+        };
+        create_topic(&job.input, partitions);
+        create_topic(&job.totals, partitions);
+        create_topic(&job.dead_letters, 1);
+        job
+    }
+
+    /// Writes the job file for one process of the job, with its own state
+    /// directory `state_dir`; `extra` goes at the top level, `client` into
+    /// `[kafka.client]`.
+    pub fn write_job_file(&self, dir: &Path, plugin: &str, state_dir: &Path, extra: &str, client: &str) -> PathBuf {
+        let text = format!(
+            "name = {name:?}\nplugin = {plugin:?}\noutputs = [\"totals\"]\n{extra}\n\
+             [kafka]\nbrokers = {brokers:?}\ninputs = [{input:?}]\noutputs = {{ totals = {totals:?} }}\n\
+             dead_letter_topic = {dead:?}\nstate_dir = {state:?}\n[kafka.client]\n{client}\n",
+            name = self.name,
+            brokers = bootstrap(),
+            input = self.input,
+            totals = self.totals,
+            dead = self.dead_letters,
+            state = state_dir.display().to_string(),
+        );
+        let path = dir.join(format!("{}.toml", state_dir.file_name().unwrap().to_string_lossy()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
