@@ -7,6 +7,7 @@ mod plugins {
 }
 
 mod crash;
+mod kafka_crash;
 mod kafka_run;
 mod local_run;
 mod refusals;

@@ -201,18 +201,30 @@ pub struct Verdict {
     pub totals: BTreeMap<BillingKey, u64>,
 }
 
-/// Checks `totals` and `dead_letters` (read `read_committed`) against what
-/// was produced: every input offset contributed exactly once (by the
-/// lineage headers), and the final totals are returned for comparison.
+/// Checks `totals` and `dead_letters` (read `read_committed`, in offset
+/// order) against what was produced: every input offset contributed
+/// exactly once (by the lineage headers); replayed in order, each total adds
+/// exactly its own input's quantity to its key; the final totals are
+/// returned for comparison.
 pub fn check(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: &[OutputRecord], dead_letters: &[OutputRecord]) -> Verdict {
+    let line_at: HashMap<Placed, &UsageLine> = placed.iter().copied().zip(lines).collect();
     let mut contributions: HashMap<Placed, u32> = HashMap::new();
-    let mut final_totals = BTreeMap::new();
+    let mut final_totals: BTreeMap<BillingKey, u64> = BTreeMap::new();
     for record in totals {
         let (topic, partition, offset) = record.source();
         assert_eq!(topic, input_topic);
-        *contributions.entry(Placed { partition, offset }).or_default() += 1;
+        let source = Placed { partition, offset };
+        *contributions.entry(source).or_default() += 1;
         let total: u64 = serde_json::from_slice(&record.value).unwrap();
-        final_totals.insert(billing_key(record), total);
+        let key = billing_key(record);
+        let line = line_at.get(&source).unwrap_or_else(|| panic!("output names input {source:?}, which was never produced"));
+        let (expected_key, quantity) = line.effect.clone().unwrap_or_else(|| panic!("bad input {source:?} produced a total"));
+        assert_eq!(key, expected_key, "output from {source:?} has the wrong key");
+        let running = final_totals.entry(key).or_insert(0);
+        if contributions[&source] == 1 {
+            assert_eq!(total, *running + quantity, "the total from {source:?} does not add exactly its quantity");
+        }
+        *running = total;
     }
     for record in dead_letters {
         let (_, partition, offset) = record.source();

@@ -1,0 +1,112 @@
+//! The Kafka crash loop: `tally run` SIGKILLed at random moments while it
+//! works through a partitioned topic, restarted each time; an independent
+//! checker reading the outputs `read_committed` finds every input offset
+//! counted exactly once.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tally_tests::kafka::*;
+use tally_tests::*;
+
+use crate::plugins::USAGE_BILLING;
+
+const EVENTS: usize = 200_000;
+const PARTITIONS: i32 = 4;
+const KILLS: u32 = 20;
+
+/// A consumer in the job's group that only reads its committed offsets.
+fn group_reader(group: &str) -> BaseConsumer {
+    // read_uncommitted: see committed offsets at once, without waiting for
+    // an open transaction's offsets to settle.
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", group)
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .unwrap()
+}
+
+/// Sum of the group's committed offsets: how far the job has committed.
+fn committed_progress(consumer: &BaseConsumer, topic: &str) -> i64 {
+    let mut wanted = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        wanted.add_partition(topic, partition);
+    }
+    let committed = consumer.committed_offsets(wanted, Duration::from_secs(10)).unwrap();
+    committed.elements().iter().map(|element| if let Offset::Offset(offset) = element.offset() { offset } else { 0 }).sum()
+}
+
+fn log_tail(dir: &std::path::Path, run: u32) -> String {
+    let log = std::fs::read_to_string(dir.join(format!("run-{run}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+#[test]
+fn killed_at_random_moments_a_kafka_job_still_counts_every_event_exactly_once() {
+    let _serial = serial();
+    let seed = std::env::var("TALLY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    println!("Kafka crash test seed: {seed} (set TALLY_CRASH_SEED to replay)");
+    let mut rng = Rng::new(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("crash", PARTITIONS);
+    let lines = usage_lines(seed, EVENTS, 10);
+    let placed = produce_usage(&job.input, &lines, job.partitions);
+    // Small batches and frequent commits: many transaction boundaries for
+    // the kills to land between (and inside).
+    let job_file =
+        job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "commit_interval_ms = 5\nbatch_size = 8", "");
+    let group = group_reader(&format!("tally-{}", job.name));
+
+    let mut kills = 0;
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        assert!(runs < 100, "the job never finished");
+        let mut child = Command::new(tally_binary())
+            .args(["run", "--until-caught-up"])
+            .arg(&job_file)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join(format!("run-{runs}.log"))).unwrap())
+            .env("RUST_LOG", "info")
+            .spawn()
+            .unwrap();
+        if kills < KILLS {
+            // Wait until this run has committed something, then kill it a
+            // random moment later: mid-transaction, mid-commit, or between.
+            let at_start = committed_progress(&group, &job.input);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while committed_progress(&group, &job.input) <= at_start && child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "tally made no progress: {}", log_tail(dir.path(), runs));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::thread::sleep(Duration::from_millis(rng.below(80)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                continue;
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(status.success(), "the final run failed: {status}: {}", log_tail(dir.path(), runs));
+        break;
+    }
+    assert!(kills >= KILLS, "only {kills} kills landed mid-run");
+
+    let totals = read_topic(&job.totals, true);
+    let dead = read_topic(&job.dead_letters, true);
+    let verdict = check(&job.input, &lines, &placed, &totals, &dead);
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input offset must contribute exactly once");
+    assert_eq!(verdict.totals, expected_totals(&lines));
+    // The aborted transactions of the killed runs did reach the topic: a
+    // read_uncommitted reader sees more than the committed outputs.
+    let uncommitted = read_topic(&job.totals, false);
+    assert!(uncommitted.len() > totals.len(), "the kills should have left aborted records behind");
+    println!("{kills} kills over {runs} runs; {} committed totals, {} records in the log", totals.len(), uncommitted.len());
+}
