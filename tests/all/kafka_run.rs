@@ -36,3 +36,106 @@ fn a_kafka_job_counts_every_event_once_and_labels_every_output() {
         assert!(record.header("tally.plugin").starts_with("sha256:"));
     }
 }
+
+#[test]
+fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rdkafka::consumer::BaseConsumer;
+    use rdkafka::producer::Producer;
+    use rdkafka::ClientConfig;
+    use tally_host::config::{Guarantee, Limits};
+    use tally_host::kafka::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
+    use tally_host::state_store::MemoryStore;
+    use tally_host::transaction::{SourcePosition, Transaction};
+
+    let _serial = serial();
+    let job = KafkaBillingJob::create("abort", 1);
+    let producer: Arc<JobProducer> = Arc::new(ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", unique("tally-test-abort"))
+        .create_with_context(DeliveryTracker::new("unused-changelog".into()))
+        .unwrap());
+    producer.init_transactions(Duration::from_secs(30)).unwrap();
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap()).set("group.id", unique("g")).create().unwrap();
+    let store = Arc::new(MemoryStore::default());
+    let addresses = Addresses {
+        job: job.name.clone(),
+        inputs: vec![job.input.clone()],
+        outputs: vec![job.totals.clone()],
+        dead_letter: job.dead_letters.clone(),
+        changelog: "unused-changelog".into(),
+        plugin_digest: "sha256:test".into(),
+    };
+    let committer = KafkaCommitter::new(
+        producer.clone(),
+        Guarantee::ExactlyOnce,
+        addresses,
+        store.clone(),
+        Arc::new(AtomicBool::new(false)),
+        Duration::from_secs(30),
+    );
+    let mut txn = Transaction::new(store, vec!["totals".to_string()].into(), Limits::default());
+    let emit = |txn: &mut Transaction, values: &[&str]| {
+        txn.begin_batch((0..values.len() as u64).map(|offset| SourcePosition { partition: 0, offset }));
+        txn.emit_many("totals", values.iter().enumerate().map(|(event, value)| (event as u32, None, value.as_bytes().to_vec())))
+            .unwrap();
+        txn.keep_batch();
+    };
+
+    emit(&mut txn, &["aborted-1", "aborted-2", "aborted-3"]);
+    committer.send_outputs(&mut txn).unwrap();
+    // Flushed, so the records reach the log before the abort marker (an
+    // abort drops records still queued in the client).
+    producer.flush(Duration::from_secs(30)).unwrap();
+    committer.abort().unwrap();
+    txn.abort();
+    emit(&mut txn, &["committed-1", "committed-2"]);
+    committer.commit(&mut txn, &Default::default(), &consumer).unwrap();
+
+    let values = |records: Vec<OutputRecord>| -> Vec<String> {
+        records.into_iter().map(|record| String::from_utf8(record.value).unwrap()).collect()
+    };
+    assert_eq!(values(read_topic(&job.totals, true)), ["committed-1", "committed-2"]);
+    assert_eq!(values(read_topic(&job.totals, false)), ["aborted-1", "aborted-2", "aborted-3", "committed-1", "committed-2"]);
+}
+
+#[test]
+fn rewinding_the_groups_offsets_by_hand_makes_the_next_start_refuse() {
+    use std::time::{Duration, Instant};
+
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("rewind", 2);
+    let lines = usage_lines(5, 2_000, 0);
+    produce_usage(&job.input, &lines, job.partitions);
+    // A short session, so the group empties soon after the job exits (a
+    // static member does not leave the group when it closes).
+    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "", "\"session.timeout.ms\" = \"6000\"");
+    let first = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let committed_totals = read_topic(&job.totals, true).len();
+
+    // What an operator would type; it only works once the group is empty.
+    let group = format!("tally-{}", job.name);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (reset, said) = kafka_script(&[
+            "groups", "--group", &group, "--reset-offsets", "--to-earliest", "--topic", &job.input, "--execute",
+        ]);
+        if reset && !said.contains("Error") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the group never became empty: {said}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+
+    let second = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    assert!(!second.status.success(), "a start after a rewind must be refused");
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(said.contains("refuses to start") && said.contains("would count those records twice"), "{said}");
+    assert!(said.contains("replay into a new output version"), "the message should point to a replay: {said}");
+    assert_eq!(read_topic(&job.totals, true).len(), committed_totals, "a refused start must commit nothing");
+}

@@ -273,10 +273,24 @@ impl KafkaBillingJob {
     /// directory `state_dir`; `extra` goes at the top level, `client` into
     /// `[kafka.client]`.
     pub fn write_job_file(&self, dir: &Path, plugin: &str, state_dir: &Path, extra: &str, client: &str) -> PathBuf {
+        self.write_job_file_with_kafka(dir, plugin, state_dir, extra, "", client)
+    }
+
+    /// Like [`KafkaBillingJob::write_job_file`], with `kafka` lines added to
+    /// the `[kafka]` section (for example `guarantee = "at_least_once"`).
+    pub fn write_job_file_with_kafka(
+        &self,
+        dir: &Path,
+        plugin: &str,
+        state_dir: &Path,
+        extra: &str,
+        kafka: &str,
+        client: &str,
+    ) -> PathBuf {
         let text = format!(
             "name = {name:?}\nplugin = {plugin:?}\noutputs = [\"totals\"]\n{extra}\n\
              [kafka]\nbrokers = {brokers:?}\ninputs = [{input:?}]\noutputs = {{ totals = {totals:?} }}\n\
-             dead_letter_topic = {dead:?}\nstate_dir = {state:?}\n[kafka.client]\n{client}\n",
+             dead_letter_topic = {dead:?}\nstate_dir = {state:?}\n{kafka}\n[kafka.client]\n{client}\n",
             name = self.name,
             brokers = bootstrap(),
             input = self.input,
@@ -288,4 +302,13 @@ impl KafkaBillingJob {
         std::fs::write(&path, text).unwrap();
         path
     }
+}
+
+/// Runs `scripts/kafka <args>` (the broker script); returns whether it
+/// succeeded, and its output.
+pub fn kafka_script(args: &[&str]) -> (bool, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka");
+    let output = std::process::Command::new(script).args(args).output().expect("running scripts/kafka");
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
 }

@@ -1,0 +1,288 @@
+//! Kafka-mode throughput of the billing job on the local broker, against the
+//! ceiling of this machine: a plain rdkafka consume→produce pipe that does no
+//! processing. Each round runs three contenders back to back over the same
+//! input topic (8 partitions), each from the beginning with its own group,
+//! output topics and state:
+//!
+//! 1. `pipe`: an in-process `read_committed` consumer copying every record's
+//!    key and payload to an output topic through an idempotent producer;
+//! 2. `at-least-once`: the `tally` binary, `guarantee = "at_least_once"`;
+//! 3. `exactly-once`: the `tally` binary, transactions every 100 ms.
+//!
+//! Two rates per Tally run: events per wall-clock second around the child
+//! process (process start, plugin compile and group join included) and the
+//! rate the job reports itself (from joining the group to its last commit,
+//! which is what the pipe's clock covers too). Each round prints its ratios;
+//! the end prints the medians.
+//!
+//! `cargo bench -p tally-tests --bench kafka_mode` (scripts/bench-kafka starts
+//! the broker and builds `tally` first); TALLY_BENCH_EVENTS and
+//! TALLY_BENCH_ROUNDS change the size.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, ClientContext};
+use tally_tests::kafka::{bootstrap, create_topic, produce_usage, unique, KafkaBillingJob};
+use tally_tests::{tally_binary, usage_lines};
+
+#[allow(dead_code)] // the benchmark uses only the billing plugin
+mod plugins {
+    include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
+}
+
+/// Partitions of the input and of every output topic.
+const PARTITIONS: i32 = 8;
+/// Longest a single contender may take before the benchmark gives up.
+const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Counts the pipe producer's deliveries and failures.
+#[derive(Default)]
+struct DeliveryCounter {
+    delivered: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl ClientContext for DeliveryCounter {}
+impl ProducerContext for DeliveryCounter {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => self.delivered.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// Copies all of `input` to a fresh output topic, record by record, and
+/// returns the time from creating the clients to the producer's flush.
+fn run_pipe(input: &str, events: usize) -> Duration {
+    let output = unique("bench-pipe-out");
+    create_topic(&output, PARTITIONS);
+    let started = Instant::now();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("bench-pipe"))
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .create()
+        .expect("creating the pipe's consumer");
+    let producer: ThreadedProducer<DeliveryCounter> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create_with_context(DeliveryCounter::default())
+        .expect("creating the pipe's producer");
+    consumer.subscribe(&[input]).expect("subscribing the pipe to the input");
+
+    let mut at_end = [false; PARTITIONS as usize];
+    let mut copied = 0usize;
+    while !at_end.iter().all(|&done| done) {
+        assert!(started.elapsed() < RUN_TIMEOUT, "the pipe did not reach the end of {input} ({copied} records copied)");
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(partition))) => at_end[partition as usize] = true,
+            Some(Err(err)) => panic!("the pipe failed to consume {input}: {err}"),
+            Some(Ok(message)) => {
+                let mut record = BaseRecord::to(&output).partition(message.partition());
+                if let Some(key) = message.key() {
+                    record = record.key(key);
+                }
+                if let Some(payload) = message.payload() {
+                    record = record.payload(payload);
+                }
+                loop {
+                    match producer.send(record) {
+                        Ok(()) => break,
+                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                            record = back;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Err((err, _)) => panic!("the pipe failed to produce to {output}: {err}"),
+                    }
+                }
+                copied += 1;
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).expect("flushing the pipe's producer");
+    let elapsed = started.elapsed();
+    consumer.commit_consumer_state(CommitMode::Sync).expect("committing the pipe's offsets");
+
+    let counter = producer.context();
+    let (delivered, failed) = (counter.delivered.load(Ordering::Relaxed), counter.failed.load(Ordering::Relaxed));
+    assert_eq!(copied, events, "the pipe consumed {copied} records of {events}");
+    assert_eq!((delivered, failed), (events as u64, 0), "the pipe's producer delivered {delivered} and failed {failed} of {events}");
+    elapsed
+}
+
+/// What the `tally` binary printed about its run.
+struct JobReport {
+    records: u64,
+    applied: u64,
+    outputs: u64,
+    commits: u64,
+    rate: f64,
+}
+
+/// Parses `job `name`: N records (A applied, D dead-lettered), O outputs, C
+/// commits in S.SSs (R records/s)`.
+fn parse_job_line(stdout: &str) -> Option<JobReport> {
+    let line = stdout.lines().find(|line| line.starts_with("job `") && line.contains(" records/s)"))?;
+    let after_name = &line[line.find("`: ")? + 3..];
+    let number_before = |word: &str| -> Option<f64> {
+        let end = after_name.find(word)?;
+        let start = after_name[..end].rfind(|c: char| !(c.is_ascii_digit() || c == '.')).map_or(0, |i| i + 1);
+        after_name[start..end].parse().ok()
+    };
+    Some(JobReport {
+        records: number_before(" records (")? as u64,
+        applied: number_before(" applied")? as u64,
+        outputs: number_before(" outputs")? as u64,
+        commits: number_before(" commits")? as u64,
+        rate: number_before(" records/s)")?,
+    })
+}
+
+/// Runs the billing job over `input` with the `tally` binary until it has
+/// caught up; returns the wall time around the process and its own report.
+fn run_tally(dir: &Path, input: &str, guarantee: &str, events: usize) -> (Duration, JobReport) {
+    let name = unique(&format!("bench-{}", guarantee.replace('_', "-")));
+    let job = KafkaBillingJob {
+        input: input.to_string(),
+        totals: format!("{name}-totals"),
+        dead_letters: format!("{name}-dead-letters"),
+        name,
+        partitions: PARTITIONS,
+    };
+    create_topic(&job.totals, PARTITIONS);
+    create_topic(&job.dead_letters, 1);
+    let state_dir = dir.join(&job.name);
+    let job_file = job.write_job_file_with_kafka(
+        dir,
+        plugins::USAGE_BILLING,
+        &state_dir,
+        "commit_interval_ms = 100",
+        &format!("guarantee = {guarantee:?}"),
+        "",
+    );
+
+    let started = Instant::now();
+    let output = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(&job_file)
+        .output()
+        .unwrap_or_else(|err| panic!("starting `tally run` for {guarantee}: {err}"));
+    let elapsed = started.elapsed();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "`tally run` ({guarantee}) failed with {}:\n{stdout}{stderr}", output.status);
+    let report = parse_job_line(&stdout)
+        .unwrap_or_else(|| panic!("`tally run` ({guarantee}) printed no summary line I can read:\n{stdout}"));
+    let events = events as u64;
+    assert!(
+        report.records == events && report.applied == events && report.outputs == events,
+        "`tally run` ({guarantee}) processed {} records ({} applied, {} outputs), expected {events} of each:\n{stdout}",
+        report.records,
+        report.applied,
+        report.outputs
+    );
+    std::fs::remove_dir_all(&state_dir).ok();
+    (elapsed, report)
+}
+
+fn median(rates: &[f64]) -> f64 {
+    let mut sorted = rates.to_vec();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    sorted[sorted.len() / 2]
+}
+
+/// Rates of one round, in events per second.
+struct Round {
+    pipe: f64,
+    alos_wall: f64,
+    alos_job: f64,
+    eos_wall: f64,
+    eos_job: f64,
+}
+
+fn main() {
+    if std::env::args().any(|arg| arg == "--list") {
+        return; // `cargo test --benches` asks benches to list their tests
+    }
+    let events = env_or("TALLY_BENCH_EVENTS", 1_000_000);
+    let rounds = env_or("TALLY_BENCH_ROUNDS", 3).max(1);
+    let dir = tempfile::tempdir_in(std::env::var("TALLY_BENCH_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()))
+        .expect("creating the bench directory");
+
+    let input = unique("bench-usage");
+    create_topic(&input, PARTITIONS);
+    let lines = usage_lines(2026, events, 0);
+    let producing = Instant::now();
+    produce_usage(&input, &lines, PARTITIONS);
+    drop(lines);
+    println!(
+        "kafka mode on {}, billing job, {events} events in {PARTITIONS} partitions (produced in {:.1?}), 100 ms commits, {rounds} rounds",
+        bootstrap(),
+        producing.elapsed()
+    );
+    println!("rates in events/s; Tally: wall around the process / the job's own report");
+
+    let mut results = Vec::new();
+    for round in 0..rounds {
+        let pipe = run_pipe(&input, events);
+        let pipe = events as f64 / pipe.as_secs_f64();
+        println!("round {round}  pipe          {pipe:>9.0}");
+        let tally = |guarantee: &str, label: &str| {
+            let (wall, report) = run_tally(dir.path(), &input, guarantee, events);
+            let wall = events as f64 / wall.as_secs_f64();
+            println!(
+                "round {round}  {label:<13} {wall:>9.0} / {:>9.0}  ({:.2} / {:.2} of pipe, {} commits)",
+                report.rate,
+                wall / pipe,
+                report.rate / pipe,
+                report.commits
+            );
+            (wall, report.rate)
+        };
+        let (alos_wall, alos_job) = tally("at_least_once", "at-least-once");
+        let (eos_wall, eos_job) = tally("exactly_once", "exactly-once");
+        println!(
+            "round {round}  exactly-once/at-least-once {:.2} / {:.2}",
+            eos_wall / alos_wall,
+            eos_job / alos_job
+        );
+        results.push(Round { pipe, alos_wall, alos_job, eos_wall, eos_job });
+    }
+
+    let of = |field: fn(&Round) -> f64| median(&results.iter().map(field).collect::<Vec<_>>());
+    let pipe = of(|r| r.pipe);
+    let (alos_wall, alos_job) = (of(|r| r.alos_wall), of(|r| r.alos_job));
+    let (eos_wall, eos_job) = (of(|r| r.eos_wall), of(|r| r.eos_job));
+    println!("median   pipe          {pipe:>9.0}");
+    println!("median   at-least-once {alos_wall:>9.0} / {alos_job:>9.0}  ({:.2} / {:.2} of pipe)", alos_wall / pipe, alos_job / pipe);
+    println!("median   exactly-once  {eos_wall:>9.0} / {eos_job:>9.0}  ({:.2} / {:.2} of pipe)", eos_wall / pipe, eos_job / pipe);
+    println!(
+        "median of per-round ratios: exactly-once/pipe {:.2} / {:.2}, at-least-once/pipe {:.2} / {:.2}, exactly-once/at-least-once {:.2} / {:.2}",
+        of(|r| r.eos_wall / r.pipe),
+        of(|r| r.eos_job / r.pipe),
+        of(|r| r.alos_wall / r.pipe),
+        of(|r| r.alos_job / r.pipe),
+        of(|r| r.eos_wall / r.alos_wall),
+        of(|r| r.eos_job / r.alos_job)
+    );
+    println!("targets: exactly-once >= 0.80 of pipe, and >= 0.90 of at-least-once");
+}
