@@ -6,8 +6,6 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tally_tests::kafka::*;
 use tally_tests::*;
 
@@ -16,28 +14,6 @@ use crate::plugins::USAGE_BILLING;
 const EVENTS: usize = 200_000;
 const PARTITIONS: i32 = 4;
 const KILLS: u32 = 20;
-
-/// A consumer in the job's group that only reads its committed offsets.
-fn group_reader(group: &str) -> BaseConsumer {
-    // read_uncommitted: see committed offsets at once, without waiting for
-    // an open transaction's offsets to settle.
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("group.id", group)
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .unwrap()
-}
-
-/// Sum of the group's committed offsets: how far the job has committed.
-fn committed_progress(consumer: &BaseConsumer, topic: &str) -> i64 {
-    let mut wanted = TopicPartitionList::new();
-    for partition in 0..PARTITIONS {
-        wanted.add_partition(topic, partition);
-    }
-    let committed = consumer.committed_offsets(wanted, Duration::from_secs(10)).unwrap();
-    committed.elements().iter().map(|element| if let Offset::Offset(offset) = element.offset() { offset } else { 0 }).sum()
-}
 
 fn log_tail(dir: &std::path::Path, run: u32) -> String {
     let log = std::fs::read_to_string(dir.join(format!("run-{run}.log"))).unwrap_or_default();
@@ -79,9 +55,9 @@ fn killed_at_random_moments_a_kafka_job_still_counts_every_event_exactly_once() 
         if kills < KILLS {
             // Wait until this run has committed something, then kill it a
             // random moment later: mid-transaction, mid-commit, or between.
-            let at_start = committed_progress(&group, &job.input);
+            let at_start = committed_progress(&group, &job.input, PARTITIONS);
             let deadline = Instant::now() + Duration::from_secs(60);
-            while committed_progress(&group, &job.input) <= at_start && child.try_wait().unwrap().is_none() {
+            while committed_progress(&group, &job.input, PARTITIONS) <= at_start && child.try_wait().unwrap().is_none() {
                 assert!(Instant::now() < deadline, "tally made no progress: {}", log_tail(dir.path(), runs));
                 std::thread::sleep(Duration::from_millis(10));
             }

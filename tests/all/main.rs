@@ -8,6 +8,7 @@ mod plugins {
 
 mod crash;
 mod kafka_crash;
+mod kafka_group;
 mod kafka_run;
 mod local_run;
 mod refusals;

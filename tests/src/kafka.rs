@@ -312,3 +312,44 @@ pub fn kafka_script(args: &[&str]) -> (bool, String) {
     let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     (output.status.success(), text)
 }
+
+/// A consumer in group `group` that only reads its committed offsets.
+pub fn group_reader(group: &str) -> BaseConsumer {
+    // read_uncommitted: see committed offsets at once, without waiting for
+    // an open transaction's offsets to settle.
+    client_config().set("group.id", group).set("isolation.level", "read_uncommitted").create().unwrap()
+}
+
+/// Sum of the group's committed offsets over `topic`'s first `partitions`
+/// partitions: how many records the job has committed (for a topic written
+/// without transactions, offsets count records). 0 while the broker is down.
+pub fn committed_progress(group: &BaseConsumer, topic: &str, partitions: i32) -> i64 {
+    let mut wanted = TopicPartitionList::new();
+    for partition in 0..partitions {
+        wanted.add_partition(topic, partition);
+    }
+    match group.committed_offsets(wanted, Duration::from_secs(5)) {
+        Ok(committed) => committed
+            .elements()
+            .iter()
+            .map(|element| if let Offset::Offset(offset) = element.offset() { offset } else { 0 })
+            .sum(),
+        Err(_) => 0,
+    }
+}
+
+/// Produces `lines` in `chunks` chunks, `pause` apart, on a thread: input
+/// that keeps arriving while a test does things to the job. The thread
+/// returns where each line landed.
+pub fn produce_usage_over_time(topic: &str, lines: Vec<UsageLine>, partitions: i32, chunks: usize, pause: Duration) -> std::thread::JoinHandle<Vec<Placed>> {
+    let topic = topic.to_string();
+    std::thread::spawn(move || {
+        let chunk_size = lines.len().div_ceil(chunks.max(1));
+        let mut placed = Vec::with_capacity(lines.len());
+        for chunk in lines.chunks(chunk_size) {
+            placed.extend(produce_usage(&topic, chunk, partitions));
+            std::thread::sleep(pause);
+        }
+        placed
+    })
+}

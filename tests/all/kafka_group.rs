@@ -1,0 +1,184 @@
+//! Kafka mode under group changes and failures, with input arriving all
+//! the while: a paused "zombie" instance, a scale-out and scale-in, and a
+//! broker restart. Each ends with the independent checker.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tally_tests::kafka::*;
+use tally_tests::*;
+
+use crate::plugins::USAGE_BILLING;
+
+const PARTITIONS: i32 = 4;
+/// The broker's smallest allowed session: a paused or departed instance
+/// loses its partitions this long after its last heartbeat.
+const CLIENT: &str = "\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"";
+
+/// One `tally run` process of a job, logging to a file.
+struct Instance {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Instance {
+    fn start(dir: &Path, job: &KafkaBillingJob, name: &str) -> Instance {
+        let job_file = job.write_job_file(dir, USAGE_BILLING, &dir.join(name), "", CLIENT);
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(tally_binary())
+            .arg("run")
+            .arg(&job_file)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .env("RUST_LOG", "info")
+            .spawn()
+            .unwrap();
+        Instance { child, log }
+    }
+
+    fn signal(&self, signal: &str) {
+        assert!(Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap().success());
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn still_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// SIGTERM, then the exit must be clean.
+    fn stop(mut self) -> String {
+        self.signal("-TERM");
+        let status = self.child.wait().unwrap();
+        let log = self.log();
+        assert!(status.success(), "tally exited with {status}: {}", tail(&log));
+        log
+    }
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(25)..].join("\n")
+}
+
+/// Waits until `done` holds, failing with `what` after `limit`.
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Produces `count` events over about `seconds` seconds.
+fn continuous_input(job: &KafkaBillingJob, seed: u64, count: usize, seconds: usize) -> (Vec<UsageLine>, std::thread::JoinHandle<Vec<Placed>>) {
+    let lines = usage_lines(seed, count, 10);
+    let producing = produce_usage_over_time(&job.input, lines.clone(), job.partitions, seconds * 4, Duration::from_millis(250));
+    (lines, producing)
+}
+
+fn check_exactly_once(job: &KafkaBillingJob, lines: &[UsageLine], placed: &[Placed]) {
+    let totals = read_topic(&job.totals, true);
+    let dead = read_topic(&job.dead_letters, true);
+    let verdict = check(&job.input, lines, placed, &totals, &dead);
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input offset must contribute exactly once");
+    assert_eq!(verdict.totals, expected_totals(lines));
+}
+
+#[test]
+fn a_paused_zombie_is_fenced_and_its_work_never_becomes_visible() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("zombie", PARTITIONS);
+    let group = group_reader(&format!("tally-{}", job.name));
+    let (lines, producing) = continuous_input(&job, 21, 60_000, 30);
+
+    let a = Instance::start(dir.path(), &job, "a");
+    wait_for("instance a to commit", Duration::from_secs(60), || committed_progress(&group, &job.input, PARTITIONS) > 0);
+    a.signal("-STOP");
+    let paused_at = committed_progress(&group, &job.input, PARTITIONS);
+
+    // B takes the partitions once A's session expires, after A's open
+    // transaction timed out (it restores past it), and goes on.
+    let b = Instance::start(dir.path(), &job, "b");
+    wait_for("instance b to take over", Duration::from_secs(90), || {
+        committed_progress(&group, &job.input, PARTITIONS) > paused_at + 1_000
+    });
+    a.signal("-CONT");
+
+    let placed = producing.join().unwrap();
+    wait_for("all input to be committed", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, PARTITIONS) == lines.len() as i64
+    });
+    let a_log = a.stop();
+    b.stop();
+    // A found out it had been replaced: its session failed (fenced) or its
+    // partitions were taken away, and it rejoined.
+    assert!(
+        a_log.contains("Kafka session failed") || a_log.matches("partitions revoked").count() > 0,
+        "the resumed zombie should have been fenced: {}",
+        tail(&a_log)
+    );
+    check_exactly_once(&job, &lines, &placed);
+}
+
+#[test]
+fn partitions_and_their_state_move_when_instances_join_and_leave() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("rebalance", PARTITIONS);
+    let group = group_reader(&format!("tally-{}", job.name));
+    let (lines, producing) = continuous_input(&job, 22, 60_000, 25);
+
+    let a = Instance::start(dir.path(), &job, "a");
+    wait_for("instance a to commit", Duration::from_secs(60), || committed_progress(&group, &job.input, PARTITIONS) > 0);
+    let mut b = Instance::start(dir.path(), &job, "b");
+    // B is given partitions A has worked on; their state reaches it through
+    // the changelog.
+    wait_for("instance b to restore its share", Duration::from_secs(60), || {
+        b.log().lines().any(|line| line.contains("restored state from the changelog") && !line.contains("records=0"))
+    });
+    let at_join = committed_progress(&group, &job.input, PARTITIONS);
+    wait_for("both to make progress", Duration::from_secs(60), || {
+        committed_progress(&group, &job.input, PARTITIONS) > at_join + 1_000
+    });
+    a.stop();
+
+    let placed = producing.join().unwrap();
+    wait_for("all input to be committed", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, PARTITIONS) == lines.len() as i64
+    });
+    assert!(b.still_running());
+    let b_log = b.stop();
+    let restores = b_log.lines().filter(|line| line.contains("restored state from the changelog")).count();
+    assert!(restores >= 2, "b should restore when it joins and again when a leaves: {}", tail(&b_log));
+    check_exactly_once(&job, &lines, &placed);
+}
+
+#[test]
+fn the_job_rides_out_a_broker_crash_without_restarting() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("broker", PARTITIONS);
+    let group = group_reader(&format!("tally-{}", job.name));
+    let (lines, producing) = continuous_input(&job, 23, 60_000, 25);
+
+    let mut instance = Instance::start(dir.path(), &job, "a");
+    wait_for("the job to commit", Duration::from_secs(60), || committed_progress(&group, &job.input, PARTITIONS) > 0);
+    let (killed, said) = kafka_script(&["kill"]);
+    assert!(killed, "{said}");
+    std::thread::sleep(Duration::from_secs(2));
+    let (started, said) = kafka_script(&["start"]);
+    assert!(started, "{said}");
+
+    let placed = producing.join().unwrap();
+    wait_for("all input to be committed after the broker restart", Duration::from_secs(180), || {
+        committed_progress(&group, &job.input, PARTITIONS) == lines.len() as i64
+    });
+    assert!(instance.still_running(), "the host must recover by itself: {}", tail(&instance.log()));
+    instance.stop();
+    check_exactly_once(&job, &lines, &placed);
+}
