@@ -21,7 +21,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::namespace;
+use super::{namespace, QuietEof};
 use crate::state_store::{StateError, StateStore, StoreCommit};
 
 /// First key byte of a state record.
@@ -98,7 +98,7 @@ pub struct RestoreReport {
 
 /// Rebuilds RocksDB state from the changelog topic.
 pub struct Restorer {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<QuietEof>,
     store: Arc<dyn StateStore>,
     topic: String,
     timeout: Duration,
@@ -109,12 +109,12 @@ impl Restorer {
     /// consumer with partition EOF events, see
     /// [`super::topics::restore_config`]) into `store`; a restore that has
     /// not reached the end after `timeout` fails.
-    pub fn new(consumer: BaseConsumer, store: Arc<dyn StateStore>, topic: String, timeout: Duration) -> Restorer {
+    pub fn new(consumer: BaseConsumer<QuietEof>, store: Arc<dyn StateStore>, topic: String, timeout: Duration) -> Restorer {
         Restorer { consumer, store, topic, timeout }
     }
 
     /// The consumer, for reading the group's committed offsets.
-    pub fn consumer(&self) -> &BaseConsumer {
+    pub fn consumer(&self) -> &BaseConsumer<QuietEof> {
         &self.consumer
     }
 

@@ -63,7 +63,11 @@ impl DeliveryTracker {
     }
 }
 
-impl ClientContext for DeliveryTracker {}
+impl ClientContext for DeliveryTracker {
+    fn error(&self, error: KafkaError, reason: &str) {
+        super::log_client_error(error, reason);
+    }
+}
 
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();

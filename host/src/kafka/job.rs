@@ -17,7 +17,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use super::changelog::{included_key, read_offset, RestoreError, Restorer};
 use super::committer::{classify, Addresses, DeliveryTracker, JobProducer, KafkaCommitError, KafkaCommitter, Recovery};
 use super::topics::{self, TopicLayout};
-use super::{namespace, source_id, split_source_id, KafkaJobError};
+use super::{namespace, source_id, split_source_id, KafkaJobError, QuietEof};
 use crate::config::{Guarantee, JobConfig, KafkaConfig};
 use crate::lock::DirLock;
 use crate::plugin::{Event, LoadedPlugin, PluginError, ProcessError, Processor};
@@ -154,7 +154,8 @@ impl KafkaJob {
             producer.init_transactions(KAFKA_TIMEOUT)?;
         }
         let open = Arc::new(AtomicBool::new(false));
-        let restore_consumer: BaseConsumer = topics::restore_config(config, kafka).create().map_err(|err| self.client_error(err))?;
+        let restore_consumer: BaseConsumer<QuietEof> =
+            topics::restore_config(config, kafka).create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
         let settle = Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
         let rebalancer = Rebalancer {
             job: config.name.clone(),
@@ -508,7 +509,11 @@ impl Rebalancer {
     }
 }
 
-impl ClientContext for Rebalancer {}
+impl ClientContext for Rebalancer {
+    fn error(&self, error: KafkaError, reason: &str) {
+        super::log_client_error(error, reason);
+    }
+}
 
 impl ConsumerContext for Rebalancer {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -520,8 +525,10 @@ impl ConsumerContext for Rebalancer {
                 if let Err(err) = self.producer.abort_transaction(KAFKA_TIMEOUT) {
                     failure = Some(SessionError::Restart(format!("aborting the transaction on revocation failed: {err}")));
                 }
+                tracing::info!(job = %self.job, "partitions revoked; the in-flight transaction was aborted");
+            } else {
+                tracing::info!(job = %self.job, "partitions revoked");
             }
-            tracing::info!(job = %self.job, "partitions revoked; in-flight transaction aborted");
             self.note(|events| {
                 events.revoked = true;
                 if failure.is_some() {

@@ -46,6 +46,27 @@ pub enum KafkaJobError {
     Task(#[from] crate::task::TaskError),
 }
 
+/// Logs a librdkafka client error, leaving out partition-end events (they
+/// are how Tally learns a partition was read to its end, not errors).
+pub fn log_client_error(error: rdkafka::error::KafkaError, reason: &str) {
+    if !matches!(error, rdkafka::error::KafkaError::PartitionEOF(_))
+        && error.rdkafka_error_code() != Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF)
+    {
+        tracing::warn!(target: "tally::kafka", %error, reason, "Kafka client error");
+    }
+}
+
+/// A consumer context that logs client errors through [`log_client_error`].
+pub struct QuietEof;
+
+impl rdkafka::ClientContext for QuietEof {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        log_client_error(error, reason);
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietEof {}
+
 /// How `source id`s name input partitions: the topic's index among the
 /// job's inputs in the high bits, the partition in the low 20 bits. The
 /// plugin sees the source id as the event's `partition` (for a one-topic
