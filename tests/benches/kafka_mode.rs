@@ -78,6 +78,10 @@ fn run_pipe(input: &str, events: usize) -> Duration {
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
+        // The consumer settings Tally uses (librdkafka's defaults starve a
+        // fast consumer); a ceiling should be the best a plain pipe can do.
+        .set("fetch.queue.backoff.ms", "10")
+        .set("queued.min.messages", "1000000")
         .create()
         .expect("creating the pipe's consumer");
     let producer: ThreadedProducer<DeliveryCounter> = ClientConfig::new()

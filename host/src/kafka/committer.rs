@@ -273,11 +273,12 @@ impl KafkaCommitter {
                 if offsets.count() > 0 {
                     self.producer.send_offsets_to_transaction(&offsets, &group, self.timeout)?;
                 }
+                self.wait_delivered()?;
                 self.producer.commit_transaction(self.timeout)?;
                 self.open.store(false, Ordering::SeqCst);
             }
             Guarantee::AtLeastOnce => {
-                self.producer.flush(self.timeout)?;
+                self.wait_delivered()?;
                 if let Some(error) = self.producer.context().take_error() {
                     return Err(KafkaCommitError::Delivery(error));
                 }
@@ -296,6 +297,23 @@ impl KafkaCommitter {
         }
         self.store.commit(StoreCommit { state: changes, meta })?;
         txn.committed();
+        Ok(())
+    }
+
+    /// Waits until every record sent is acknowledged (or failed).
+    ///
+    /// rdkafka's `flush` (which `commit_transaction` also calls) sleeps in
+    /// steps of 100 ms while a `ThreadedProducer`'s thread serves the
+    /// delivery reports, so every commit took at least 100 ms and held the
+    /// job loop that long; waiting here first makes its flush a no-op.
+    fn wait_delivered(&self) -> Result<(), KafkaError> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        while self.producer.in_flight_count() > 0 {
+            if std::time::Instant::now() >= deadline {
+                return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
         Ok(())
     }
 
