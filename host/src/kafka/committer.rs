@@ -205,7 +205,14 @@ impl KafkaCommitter {
         let partition_text = partition_text.format(partition);
         let mut offset_text = itoa::Buffer::new();
         let offset_text = offset_text.format(source.offset);
-        let key = format!("{}/{topic}/{partition_text}/{offset_text}/{sequence}", self.addresses.job);
+        let mut sequence_text = itoa::Buffer::new();
+        let sequence_text = sequence_text.format(sequence);
+        // `<job>/<topic>/<partition>/<offset>/<n>`, built without `format!`:
+        // this runs once per output record.
+        let mut key = String::with_capacity(self.addresses.job.len() + topic.len() + 40);
+        for part in [self.addresses.job.as_str(), "/", topic, "/", partition_text, "/", offset_text, "/", sequence_text] {
+            key.push_str(part);
+        }
         OwnedHeaders::new_with_capacity(6)
             .insert(Header { key: HEADER_SOURCE_TOPIC, value: Some(topic.as_str()) })
             .insert(Header { key: HEADER_SOURCE_PARTITION, value: Some(partition_text) })
