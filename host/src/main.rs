@@ -202,18 +202,7 @@ fn run_job(args: RunArgs) -> anyhow::Result<()> {
     if summary.stopped_early {
         println!("stopped on request; everything processed so far is committed, and the next run resumes there");
     }
-    let seconds = summary.elapsed.as_secs_f64();
-    println!(
-        "job `{}`: {} records ({} applied, {} dead-lettered), {} outputs, {} commits in {:.2}s ({:.0} records/s)",
-        job.name,
-        summary.records,
-        summary.applied,
-        summary.dead_lettered,
-        summary.outputs,
-        summary.commits,
-        seconds,
-        summary.records as f64 / seconds.max(1e-9)
-    );
+    println!("{}", summary.describe(&job.name));
     for output in job.outputs.iter().chain([&job.dead_letter_output]) {
         if let Some(path) = task.output_path(output) {
             println!("  {output}: {}", path.display());
@@ -237,19 +226,10 @@ fn run_kafka_job(job: &JobConfig, plugin: &LoadedPlugin, until_caught_up: bool) 
     let mut kafka_job = KafkaJob::open(job, plugin)?;
     let stop = stop_on_signals()?;
     let summary = kafka_job.run_until(&stop, KafkaRunOptions { until_caught_up })?;
-    let seconds = summary.elapsed.as_secs_f64();
-    println!(
-        "job `{}`: {} records ({} applied, {} dead-lettered), {} outputs, {} commits in {:.2}s ({:.0} records/s){}",
-        job.name,
-        summary.records,
-        summary.applied,
-        summary.dead_lettered,
-        summary.outputs,
-        summary.commits,
-        seconds,
-        summary.records as f64 / seconds.max(1e-9),
-        if summary.stopped_early { "; stopped on request, everything processed is committed" } else { "" }
-    );
+    println!("{}", summary.describe(&job.name));
+    if summary.stopped_early {
+        println!("stopped on request; everything processed so far is committed");
+    }
     Ok(())
 }
 

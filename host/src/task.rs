@@ -71,6 +71,22 @@ pub struct RunSummary {
     pub stopped_early: bool,
 }
 
+impl RunSummary {
+    /// One line for people: counts, commits, time and rate.
+    pub fn describe(&self, job: &str) -> String {
+        let seconds = self.elapsed.as_secs_f64();
+        format!(
+            "job `{job}`: {} records ({} applied, {} dead-lettered), {} outputs, {} commits in {seconds:.2}s ({:.0} records/s)",
+            self.records,
+            self.applied,
+            self.dead_lettered,
+            self.outputs,
+            self.commits,
+            self.records as f64 / seconds.max(1e-9)
+        )
+    }
+}
+
 /// What one batch did to the transaction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchOutcome {
