@@ -36,7 +36,7 @@ pub const DEFAULT_MEMORY_BYTES: u64 = 64 << 20;
 /// CPU budget of one plugin call (one batch), in milliseconds of the
 /// calling thread's CPU time. A batch of 1024 billing events takes about 2 ms.
 pub const DEFAULT_CPU_BUDGET_MS: u64 = 1_000;
-/// Largest state key a plugin may write.
+/// Largest state key or output record key a plugin may write.
 pub const DEFAULT_MAX_KEY_BYTES: u32 = 4 << 10;
 /// Largest state value or output record value a plugin may write.
 pub const DEFAULT_MAX_VALUE_BYTES: u32 = 1 << 20;
@@ -197,9 +197,11 @@ pub struct Limits {
     /// CPU time; checked every [`crate::plugin::EPOCH_TICK`], so a call may
     /// run up to one tick past it.
     pub cpu_budget_ms: u64,
-    /// Largest state key, in bytes.
+    /// Largest state key or output record key, in bytes.
     pub max_key_bytes: u32,
-    /// Largest state value or output value, in bytes.
+    /// Largest state value or output value, in bytes (in Kafka mode at most
+    /// 900,000, so a record with its key and headers fits librdkafka's
+    /// default `message.max.bytes`).
     pub max_value_bytes: u32,
     /// Most output bytes per batch (its retries included).
     pub max_output_bytes_per_batch: u64,
@@ -371,8 +373,15 @@ impl JobConfig {
         if let Some(loop_topic) = topics[kafka.inputs.len()..].iter().find(|topic| inputs.contains(*topic)) {
             return invalid(format!("topic `{loop_topic}` is both an input and an output; a job must not read what it writes"));
         }
-        if kafka.transaction_timeout_ms < 1_000 || kafka.transaction_timeout_ms < 2 * self.commit_interval_ms {
-            return invalid("kafka.transaction_timeout_ms must be at least 1000 and at least twice commit_interval_ms".into());
+        if kafka.transaction_timeout_ms < 1_000
+            || kafka.transaction_timeout_ms < 2 * self.commit_interval_ms
+            || kafka.transaction_timeout_ms > 900_000
+        {
+            return invalid(
+                "kafka.transaction_timeout_ms must be between 1000 and 900000 (the broker's default \
+                 transaction.max.timeout.ms), and at least twice commit_interval_ms"
+                    .into(),
+            );
         }
         if let Some(key) = kafka.client.keys().find(|key| crate::kafka::topics::OWNED_PROPERTIES.contains(&key.as_str())) {
             return invalid(format!("kafka.client may not set `{key}`: Tally sets it itself, and the guarantee depends on it"));

@@ -228,7 +228,7 @@ fn run_kafka_job(job: &JobConfig, plugin: &LoadedPlugin, until_caught_up: bool) 
     let summary = kafka_job.run_until(&stop, KafkaRunOptions { until_caught_up })?;
     println!("{}", summary.describe(&job.name));
     if summary.stopped_early {
-        println!("stopped on request; everything processed so far is committed");
+        println!("stopped on request; whatever was not committed is processed again by the next run");
     }
     Ok(())
 }

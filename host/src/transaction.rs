@@ -299,6 +299,13 @@ impl Transaction {
     /// One record for output index `output` (named `name`).
     fn emit_one(&mut self, output: usize, name: &str, event: u32, key: Option<Vec<u8>>, value: Vec<u8>) -> Result<(), Violation> {
         let source = self.position(event)?;
+        if let Some(key) = key.as_ref().filter(|key| key.len() > self.limits.max_key_bytes as usize) {
+            return Err(Violation(format!(
+                "plugin emitted a key of {} bytes to `{name}`, over the job's limit of {} bytes (limits.max_key_bytes)",
+                key.len(),
+                self.limits.max_key_bytes
+            )));
+        }
         if value.len() > self.limits.max_value_bytes as usize {
             return Err(Violation(format!(
                 "plugin emitted a value of {} bytes to `{name}`, over the job's limit of {} bytes (limits.max_value_bytes)",
@@ -403,6 +410,7 @@ mod tests {
         assert!(missing_event.contains("event 3, but the batch has 1 events"), "{missing_event}");
         assert!(txn.put_many(vec![(b"long-key".to_vec(), b"v".to_vec())]).unwrap_err().0.contains("max_key_bytes"));
         assert!(txn.put_many(vec![(b"k".to_vec(), vec![0; 9])]).unwrap_err().0.contains("max_value_bytes"));
+        assert!(txn.emit_many("totals", [(0, Some(b"long-key".to_vec()), b"v".to_vec())]).unwrap_err().to_string().contains("max_key_bytes"));
         txn.emit_many("totals", [(0, None, vec![0; 8])]).unwrap();
         assert!(txn.emit_many("totals", [(0, None, vec![0; 8])]).unwrap_err().to_string().contains("max_output_bytes_per_batch"));
     }

@@ -139,3 +139,19 @@ fn rewinding_the_groups_offsets_by_hand_makes_the_next_start_refuse() {
     assert!(said.contains("replay into a new output version"), "the message should point to a replay: {said}");
     assert_eq!(read_topic(&job.totals, true).len(), committed_totals, "a refused start must commit nothing");
 }
+
+#[test]
+fn an_at_least_once_job_counts_every_event_when_nothing_fails() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("alos", 2);
+    let lines = usage_lines(13, 5_000, 10);
+    let placed = produce_usage(&job.input, &lines, job.partitions);
+    let job_file =
+        job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &dir.path().join("state"), "", "guarantee = \"at_least_once\"", "");
+    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    assert!(output.status.success(), "tally failed: {}", String::from_utf8_lossy(&output.stderr));
+    let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
+    assert_eq!(verdict.totals, expected_totals(&lines));
+}

@@ -34,6 +34,28 @@ pub const HEADER_PLUGIN: &str = "tally.plugin";
 pub const HEADER_IDEMPOTENCY_KEY: &str = "tally.idempotency-key";
 /// Header of a dead letter's reason.
 pub const HEADER_REASON: &str = "tally.reason";
+/// Header of a dead letter whose record was cut: its original length.
+pub const HEADER_TRUNCATED_FROM: &str = "tally.truncated-from";
+/// Most bytes of a record a dead letter keeps.
+pub const MAX_DEAD_LETTER_BYTES: usize = 512 << 10;
+/// Most bytes of a dead letter's reason.
+const MAX_REASON_BYTES: usize = 4 << 10;
+/// Largest output or state value a Kafka job may write: librdkafka refuses
+/// records over `message.max.bytes` (1,000,000), key and headers included.
+pub const MAX_KAFKA_VALUE_BYTES: u32 = 900_000;
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a
+/// character boundary.
+fn truncate_utf8(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
 
 /// Delivery reports: the first failure, and how far each changelog
 /// partition was written (its restore checkpoint).
@@ -191,8 +213,18 @@ impl KafkaCommitter {
             self.send(record)?;
         }
         for dead in txn.dead_letters.drain(..) {
-            let headers = self.lineage(dead.source, 0).insert(Header { key: HEADER_REASON, value: Some(dead.reason.as_str()) });
-            let record = BaseRecord::<[u8], [u8]>::to(&self.addresses.dead_letter).payload(&dead.record[..]).headers(headers);
+            // A record near the broker's size limit plus our headers would
+            // be refused, and the job would retry it forever: keep its
+            // start, and say how long it was.
+            let reason = truncate_utf8(&dead.reason, MAX_REASON_BYTES);
+            let mut headers = self.lineage(dead.source, 0).insert(Header { key: HEADER_REASON, value: Some(reason) });
+            let mut payload = &dead.record[..];
+            let original_length = payload.len().to_string();
+            if payload.len() > MAX_DEAD_LETTER_BYTES {
+                payload = &payload[..MAX_DEAD_LETTER_BYTES];
+                headers = headers.insert(Header { key: HEADER_TRUNCATED_FROM, value: Some(original_length.as_str()) });
+            }
+            let record = BaseRecord::<[u8], [u8]>::to(&self.addresses.dead_letter).payload(payload).headers(headers);
             self.send(record)?;
         }
         Ok(())
@@ -251,7 +283,6 @@ impl KafkaCommitter {
             return Ok(());
         }
         self.ensure_open()?;
-        self.producer.context().take_error();
         for (key, value) in &changes {
             let (partition, user_key) = split_namespaced(key);
             let record_key = state_record_key(user_key);

@@ -2,7 +2,7 @@
 //! restore state when partitions arrive, abort the in-flight transaction
 //! before partitions leave, and rebuild the clients when Kafka fails.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +15,9 @@ use rdkafka::producer::Producer;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::changelog::{included_key, read_offset, RestoreError, Restorer};
-use super::committer::{classify, Addresses, DeliveryTracker, JobProducer, KafkaCommitError, KafkaCommitter, Recovery};
+use super::committer::{
+    classify, Addresses, DeliveryTracker, JobProducer, KafkaCommitError, KafkaCommitter, Recovery, MAX_KAFKA_VALUE_BYTES,
+};
 use super::topics::{self, TopicLayout};
 use super::{namespace, source_id, split_source_id, KafkaJobError, QuietEof};
 use crate::config::{Guarantee, JobConfig, KafkaConfig};
@@ -95,7 +97,9 @@ impl KafkaJob {
         let layout = topics::prepare(config, &kafka)?;
         let store: Arc<dyn StateStore> =
             Arc::new(RocksStore::open(&kafka.state_dir.join("db")).map_err(TaskError::from)?);
-        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits);
+        let mut limits = config.limits;
+        limits.max_value_bytes = limits.max_value_bytes.min(MAX_KAFKA_VALUE_BYTES);
+        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits);
         tracing::info!(job = %config.name, plugin = %processor.digest(), partitions = layout.partitions, instance = %instance, "Kafka job opened");
         Ok(KafkaJob { config: config.clone(), kafka, layout, store, processor, txn, instance, _lock: lock })
     }
@@ -160,6 +164,7 @@ impl KafkaJob {
         let rebalancer = Rebalancer {
             job: config.name.clone(),
             group: kafka.group_id(&config.name),
+            inputs: kafka.inputs.clone(),
             guarantee: kafka.guarantee,
             producer: producer.clone(),
             open: open.clone(),
@@ -208,17 +213,17 @@ impl KafkaJob {
     ) -> Result<SessionEnd, SessionError> {
         let interval = self.config.commit_interval();
         let batch_size = self.config.batch_size;
-        let mut pending: Vec<Event> = Vec::with_capacity(batch_size);
-        let mut positions: BTreeMap<u32, i64> = BTreeMap::new();
-        let mut at_end: BTreeSet<(usize, i32)> = BTreeSet::new();
+        let mut progress = Progress { pending: Vec::with_capacity(batch_size), ..Progress::default() };
         let mut last_commit = Instant::now();
         loop {
             if stop.load(Ordering::Relaxed) {
-                self.process(&mut pending, &mut positions, committer, summary)?;
-                self.commit(consumer, committer, &mut positions, &mut pending, summary)?;
-                return Ok(SessionEnd::Stopped);
+                self.process(&mut progress, committer, summary)?;
+                if self.commit(consumer, committer, &mut progress, summary)? {
+                    return Ok(SessionEnd::Stopped);
+                }
+                continue;
             }
-            let wait = if pending.is_empty() {
+            let wait = if progress.pending.is_empty() {
                 interval.saturating_sub(last_commit.elapsed()).min(Duration::from_millis(100))
             } else {
                 Duration::ZERO
@@ -232,27 +237,31 @@ impl KafkaJob {
                 // The rebalance handler aborted the transaction; what was
                 // read for it is read again by whoever owns it now.
                 self.txn.abort();
-                pending.clear();
-                positions.clear();
-                at_end.clear();
+                progress.forget_uncommitted();
+                progress.included.clear();
             }
             if rebalanced.assigned {
                 self.txn.overlay.forget_cache();
+                for ((topic, partition), next) in rebalanced.included {
+                    if let Some(index) = self.kafka.inputs.iter().position(|input| *input == topic) {
+                        progress.included.insert(source_id(index, partition), next);
+                    }
+                }
             }
             match polled {
                 Some(Ok((topic, event))) => {
-                    at_end.remove(&(topic, split_source_id(event.partition).1));
-                    pending.push(event);
-                    if pending.len() < batch_size {
+                    progress.at_end.remove(&(topic, split_source_id(event.partition).1));
+                    progress.pending.push(event);
+                    if progress.pending.len() < batch_size {
                         continue;
                     }
                 }
                 Some(Err(KafkaError::PartitionEOF(partition))) => {
                     // librdkafka does not say which topic; one EOF per
                     // partition number and topic arrives, so count them.
-                    let topic = (0..self.kafka.inputs.len()).find(|&topic| !at_end.contains(&(topic, partition)));
+                    let topic = (0..self.kafka.inputs.len()).find(|&topic| !progress.at_end.contains(&(topic, partition)));
                     if let Some(topic) = topic {
-                        at_end.insert((topic, partition));
+                        progress.at_end.insert((topic, partition));
                     }
                 }
                 Some(Err(err)) => {
@@ -265,13 +274,16 @@ impl KafkaJob {
                 }
                 None => {}
             }
-            self.process(&mut pending, &mut positions, committer, summary)?;
+            self.process(&mut progress, committer, summary)?;
             if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
-                self.commit(consumer, committer, &mut positions, &mut pending, summary)?;
+                self.commit(consumer, committer, &mut progress, summary)?;
                 last_commit = Instant::now();
             }
-            if options.until_caught_up && pending.is_empty() && self.caught_up(consumer, &at_end) {
-                self.commit(consumer, committer, &mut positions, &mut pending, summary)?;
+            if options.until_caught_up
+                && progress.pending.is_empty()
+                && self.caught_up(consumer, &progress.at_end)
+                && self.commit(consumer, committer, &mut progress, summary)?
+            {
                 return Ok(SessionEnd::CaughtUp);
             }
         }
@@ -304,19 +316,32 @@ impl KafkaJob {
 
     /// Runs the pending records through the plugin, one batch per input
     /// partition (each in its partition's state namespace), and sends the
-    /// outputs into the open transaction.
-    fn process(
-        &mut self,
-        pending: &mut Vec<Event>,
-        positions: &mut BTreeMap<u32, i64>,
-        committer: &KafkaCommitter,
-        summary: &mut RunSummary,
-    ) -> Result<(), SessionError> {
-        if pending.is_empty() {
+    /// outputs into the open transaction. Under `exactly_once`, a record
+    /// below what the state already includes (the consumer was moved back:
+    /// an offset reset, a truncated log) stops the job instead of counting
+    /// twice.
+    fn process(&mut self, progress: &mut Progress, committer: &KafkaCommitter, summary: &mut RunSummary) -> Result<(), SessionError> {
+        if progress.pending.is_empty() {
             return Ok(());
         }
+        let pending = &mut progress.pending;
         pending.sort_by_key(|event| split_source_id(event.partition).1);
         for batch in pending.chunk_by(|a, b| split_source_id(a.partition).1 == split_source_id(b.partition).1) {
+            if self.kafka.guarantee == Guarantee::ExactlyOnce {
+                for event in batch {
+                    let included = progress.included.get(&event.partition).copied().unwrap_or(0);
+                    if (event.offset as i64) < included {
+                        let (topic, partition) = split_source_id(event.partition);
+                        return Err(SessionError::Fatal(KafkaJobError::Rewind(format!(
+                            "Kafka job `{}` stopped: it was handed offset {} of `{}` partition {partition}, but its state already \
+                             includes that partition up to offset {included}; the consumer was moved back (an offset reset, or a \
+                             truncated log), and going on would count those records twice. To reprocess history, replay into a \
+                             new output version: run the job under a new name writing to new output topics",
+                            self.config.name, event.offset, self.kafka.inputs[topic]
+                        ))));
+                    }
+                }
+            }
             self.txn.set_namespace(&namespace(split_source_id(batch[0].partition).1));
             let outcome = process_batch(&mut *self.processor, &mut self.txn, batch).map_err(|err| match err {
                 ProcessError::Host(state) => self.fatal(state),
@@ -330,7 +355,7 @@ impl KafkaJob {
             summary.applied += outcome.applied;
             summary.dead_lettered += outcome.dead_lettered;
             for event in batch {
-                let next = positions.entry(event.partition).or_insert(0);
+                let next = progress.positions.entry(event.partition).or_insert(0);
                 *next = (*next).max(event.offset as i64 + 1);
             }
         }
@@ -339,36 +364,59 @@ impl KafkaJob {
         committer.send_outputs(&mut self.txn).map_err(|err| SessionError::Restart(err.to_string()))
     }
 
+    /// Commits the transaction; `false` if Kafka aborted it (then the
+    /// consumer is back at the committed offsets and the work is redone).
     fn commit(
         &mut self,
         consumer: &BaseConsumer<Rebalancer>,
         committer: &KafkaCommitter,
-        positions: &mut BTreeMap<u32, i64>,
-        pending: &mut Vec<Event>,
+        progress: &mut Progress,
         summary: &mut RunSummary,
-    ) -> Result<(), SessionError> {
+    ) -> Result<bool, SessionError> {
         let started = Instant::now();
-        match committer.commit(&mut self.txn, positions, consumer) {
+        match committer.commit(&mut self.txn, &progress.positions, consumer) {
             Ok(()) => {
-                if !positions.is_empty() {
+                if !progress.positions.is_empty() {
                     summary.commits += 1;
                 }
-                positions.clear();
+                progress.included.extend(progress.positions.iter().map(|(&source, &next)| (source, next)));
+                progress.positions.clear();
                 tracing::debug!(job = %self.config.name, took_us = started.elapsed().as_micros() as u64, "committed");
-                Ok(())
+                Ok(true)
             }
             Err(KafkaCommitError::Kafka(err)) if classify(&err) == Recovery::Abort => {
                 tracing::warn!(job = %self.config.name, error = %err, "transaction aborted; rewinding to the committed offsets");
                 committer.abort()?;
                 self.txn.abort();
-                positions.clear();
-                pending.clear();
+                progress.forget_uncommitted();
                 rewind(consumer)?;
-                Ok(())
+                Ok(false)
             }
             Err(KafkaCommitError::State(err)) => Err(self.fatal(err)),
             Err(err) => Err(SessionError::Restart(format!("commit failed, outcome unknown or fenced: {err}"))),
         }
+    }
+}
+
+/// Where the job loop is within the assigned partitions.
+#[derive(Default)]
+struct Progress {
+    /// Records read but not yet run through the plugin.
+    pending: Vec<Event>,
+    /// Next offset per source id, of the records in the open transaction.
+    positions: BTreeMap<u32, i64>,
+    /// Next offset per source id that the committed state includes.
+    included: HashMap<u32, i64>,
+    /// Input partitions read to their end (for `until_caught_up`).
+    at_end: BTreeSet<(usize, i32)>,
+}
+
+impl Progress {
+    /// The open transaction is gone: what was read for it is read again.
+    fn forget_uncommitted(&mut self) {
+        self.pending.clear();
+        self.positions.clear();
+        self.at_end.clear();
     }
 }
 
@@ -391,7 +439,14 @@ fn rewind(consumer: &BaseConsumer<Rebalancer>) -> Result<(), KafkaError> {
 fn instance_id(state_dir: &Path) -> Result<String, String> {
     let path = state_dir.join("instance-id");
     match std::fs::read_to_string(&path) {
-        Ok(id) => return Ok(id.trim().to_string()),
+        Ok(id) if valid_instance_id(id.trim()) => return Ok(id.trim().to_string()),
+        Ok(id) => {
+            return Err(format!(
+                "`{}` holds {:?}, not an instance id (16 hex digits); delete the file to give this state directory a new one",
+                path.display(),
+                id.trim()
+            ));
+        }
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
         Err(err) => return Err(format!("cannot read `{}`: {err}", path.display())),
     }
@@ -400,8 +455,31 @@ fn instance_id(state_dir: &Path) -> Result<String, String> {
         .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut bytes))
         .map_err(|err| format!("cannot read /dev/urandom for an instance id: {err}"))?;
     let id: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-    std::fs::write(&path, &id).map_err(|err| format!("cannot write `{}`: {err}", path.display()))?;
+    // Written whole or not at all: a torn file would give several processes
+    // the same (empty) transactional id.
+    let temporary = state_dir.join("instance-id.tmp");
+    std::fs::File::create(&temporary)
+        .and_then(|mut file| {
+            std::io::Write::write_all(&mut file, id.as_bytes())?;
+            file.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&temporary, &path))
+        .map_err(|err| format!("cannot write `{}`: {err}", path.display()))?;
     Ok(id)
+}
+
+fn valid_instance_id(id: &str) -> bool {
+    id.len() == 16 && id.bytes().all(|byte| byte.is_ascii_hexdigit())
+}
+
+/// A partition this process got of some inputs but not of all, with an
+/// input it lacks.
+fn split_namespace<'a>(inputs: &'a [String], assigned: &[(String, i32)]) -> Option<(i32, &'a str)> {
+    let assigned_set: BTreeSet<(&str, i32)> = assigned.iter().map(|(topic, partition)| (topic.as_str(), *partition)).collect();
+    assigned.iter().find_map(|(_, partition)| {
+        let missing = inputs.iter().find(|topic| !assigned_set.contains(&(topic.as_str(), *partition)))?;
+        Some((*partition, missing.as_str()))
+    })
 }
 
 /// What happened in rebalance callbacks since the job loop last looked.
@@ -409,6 +487,9 @@ fn instance_id(state_dir: &Path) -> Result<String, String> {
 struct RebalanceEvents {
     revoked: bool,
     assigned: bool,
+    /// Next input offset the restored state includes, per assigned
+    /// `(topic, partition)`.
+    included: Vec<((String, i32), i64)>,
     failure: Option<SessionError>,
 }
 
@@ -418,6 +499,7 @@ struct RebalanceEvents {
 struct Rebalancer {
     job: String,
     group: String,
+    inputs: Vec<String>,
     guarantee: Guarantee,
     producer: Arc<JobProducer>,
     open: Arc<AtomicBool>,
@@ -438,7 +520,7 @@ impl Rebalancer {
 
     /// Restores the state of newly assigned partitions, then compares what
     /// it includes with the group's committed offsets.
-    fn restore_and_check(&self, assigned: &[(String, i32)]) -> Result<(), SessionError> {
+    fn restore_and_check(&self, assigned: &[(String, i32)]) -> Result<Vec<((String, i32), i64)>, SessionError> {
         let partitions: Vec<i32> = assigned.iter().map(|(_, partition)| *partition).collect::<BTreeSet<_>>().into_iter().collect();
         let deadline = Instant::now() + self.settle;
         loop {
@@ -453,6 +535,7 @@ impl Rebalancer {
             }
             let committed = self.restorer.consumer().committed_offsets(wanted, KAFKA_TIMEOUT)?;
             let mut behind = Vec::new();
+            let mut included_offsets = Vec::new();
             for element in committed.elements() {
                 let (topic, partition) = (element.topic(), element.partition());
                 let group_offset = match element.offset() {
@@ -461,6 +544,9 @@ impl Rebalancer {
                 };
                 let included = read_offset(&*self.store, &included_key(topic, partition))
                     .map_err(|err| SessionError::Fatal(KafkaJobError::Task(err.into())))?;
+                if let Some(included) = included {
+                    included_offsets.push(((topic.to_string(), partition), included));
+                }
                 match (group_offset, included) {
                     (group, Some(included)) if group.unwrap_or(0) < included => {
                         let message = self.rewind_message(topic, partition, group, included);
@@ -474,24 +560,42 @@ impl Rebalancer {
                 }
             }
             if behind.is_empty() {
-                return Ok(());
+                return Ok(included_offsets);
             }
             if Instant::now() >= deadline {
+                // Usually a transaction's commit markers still on their way
+                // to the changelog: rejoin and look again (with backoff).
                 let (topic, partition, group, included) = &behind[0];
-                return Err(SessionError::Fatal(KafkaJobError::Setup {
-                    job: self.job.clone(),
-                    message: format!(
-                        "group `{}` has committed offset {group} for `{topic}` partition {partition}, but the state restored from the \
-                         changelog includes input only up to offset {}; the changelog topic lost records (deleted or recreated?) \
-                         or the group is shared with another application. Run the job under a new name (new group, changelog and state)",
-                        self.group,
-                        included.unwrap_or(0)
-                    ),
-                }));
+                return Err(SessionError::Restart(format!(
+                    "group `{}` has committed offset {group} for `{topic}` partition {partition}, but the state restored from the \
+                     changelog includes input only up to offset {}. Either a transaction's commit markers have not reached the \
+                     changelog yet (this clears by itself), or the changelog lost records (deleted or recreated) or the group is \
+                     shared with another application; if it persists, stop the job and investigate before restarting it",
+                    self.group,
+                    included.unwrap_or(0)
+                )));
             }
             // A transaction of the previous owner is still settling.
             tracing::info!(job = %self.job, ?behind, "state is behind the group's offsets; waiting for the previous owner's transaction to settle");
             std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Partition `p` of every input feeds one state namespace, so a process
+    /// must own partition `p` of all inputs or none: otherwise two processes
+    /// would write the same state (as when processes of one job subscribe
+    /// to different inputs during a rolling change).
+    fn check_whole_namespaces(&self, assigned: &[(String, i32)]) -> Result<(), SessionError> {
+        match split_namespace(&self.inputs, assigned) {
+            None => Ok(()),
+            Some((partition, missing)) => Err(SessionError::Fatal(KafkaJobError::Setup {
+                    job: self.job.clone(),
+                    message: format!(
+                        "this process was given partition {partition} of some inputs but not of `{missing}`; partition {partition} of \
+                         every input feeds one state, so every process of the job must read the same inputs \
+                         (change kafka.inputs on all processes together: stop them all, then start them with the new inputs)"
+                ),
+            })),
         }
     }
 
@@ -544,16 +648,44 @@ impl ConsumerContext for Rebalancer {
                 let assigned: Vec<(String, i32)> =
                     assignment.elements().iter().map(|element| (element.topic().to_string(), element.partition())).collect();
                 tracing::info!(job = %self.job, ?assigned, "partitions assigned");
-                let result = if assigned.is_empty() { Ok(()) } else { self.restore_and_check(&assigned) };
+                let result = self.check_whole_namespaces(&assigned).and_then(|()| {
+                    if assigned.is_empty() { Ok(Vec::new()) } else { self.restore_and_check(&assigned) }
+                });
                 self.note(|events| {
                     events.assigned = true;
-                    if let Err(failure) = result {
-                        events.failure = Some(failure);
+                    match result {
+                        Ok(included) => events.included = included,
+                        Err(failure) => events.failure = Some(failure),
                     }
                 });
             }
             Rebalance::Error(err) => tracing::warn!(job = %self.job, error = %err, "rebalance failed"),
             Rebalance::Revoke(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_is_owned_for_every_input_or_not_at_all() {
+        let inputs = vec!["usage".to_string(), "credits".to_string()];
+        let both = vec![("usage".to_string(), 0), ("credits".to_string(), 0), ("usage".to_string(), 2), ("credits".to_string(), 2)];
+        assert_eq!(split_namespace(&inputs, &both), None);
+        let half = vec![("usage".to_string(), 0), ("credits".to_string(), 0), ("usage".to_string(), 1)];
+        assert_eq!(split_namespace(&inputs, &half), Some((1, "credits")));
+    }
+
+    #[test]
+    fn an_instance_id_is_kept_and_a_damaged_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = instance_id(dir.path()).unwrap();
+        assert!(valid_instance_id(&id));
+        assert_eq!(instance_id(dir.path()).unwrap(), id, "the same directory keeps its id");
+        std::fs::write(dir.path().join("instance-id"), "").unwrap();
+        let err = instance_id(dir.path()).unwrap_err();
+        assert!(err.contains("not an instance id") && err.contains("delete the file"), "{err}");
     }
 }
