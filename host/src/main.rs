@@ -1,5 +1,6 @@
 //! The `tally` command line.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -306,14 +307,36 @@ fn list_state(state_dir: &Path, json: bool) -> anyhow::Result<()> {
     // running job is reported rather than raced.
     let _lock = tally_host::lock::DirLock::acquire(state_dir)?;
     let store = RocksStore::open(&db)?;
+    // A Kafka job's state is kept per input partition: each key starts
+    // with its partition number (4 bytes, big-endian).
+    let per_partition = state_dir.join("instance-id").exists();
+    let mut out = std::io::stdout().lock();
     for (key, value) in store.scan_state()? {
+        let (partition, key) = match key.split_first_chunk::<4>() {
+            Some((partition, rest)) if per_partition => (Some(u32::from_be_bytes(*partition)), rest),
+            _ => (None, &key[..]),
+        };
         if json {
-            println!("{}", serde_json::json!({ "key": json_or_text(&key), "value": json_or_text(&value) }));
+            let mut entry = serde_json::json!({ "key": json_or_text(key), "value": json_or_text(&value) });
+            if let Some(partition) = partition {
+                entry["partition"] = partition.into();
+            }
+            writeln!(out, "{entry}")
         } else {
-            println!("{}\t{}", String::from_utf8_lossy(&key), String::from_utf8_lossy(&value));
+            let prefix = partition.map(|partition| format!("{partition}\t")).unwrap_or_default();
+            writeln!(out, "{prefix}{}\t{}", String::from_utf8_lossy(key), String::from_utf8_lossy(&value))
         }
+        .or_else(ignore_closed_pipe)?;
     }
     Ok(())
+}
+
+/// A reader that stopped reading (`| head`) ends the listing quietly.
+fn ignore_closed_pipe(err: std::io::Error) -> std::io::Result<()> {
+    if err.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    Err(err)
 }
 
 /// Bytes as JSON when they are JSON (as the Rust SDK stores them), else as a string.
