@@ -74,10 +74,10 @@ fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 }
 
 /// Produces `count` events over about `seconds` seconds.
-fn continuous_input(job: &KafkaBillingJob, seed: u64, count: usize, seconds: usize) -> (Vec<UsageLine>, std::thread::JoinHandle<Vec<Placed>>) {
+fn continuous_input(job: &KafkaBillingJob, seed: u64, count: usize, seconds: usize) -> (Vec<UsageLine>, InputFeed) {
     let lines = usage_lines(seed, count, 10);
-    let producing = produce_usage_over_time(&job.input, lines.clone(), job.partitions, seconds * 4, Duration::from_millis(250));
-    (lines, producing)
+    let feed = InputFeed::start(&job.input, lines.clone(), job.partitions, seconds * 4, Duration::from_millis(250));
+    (lines, feed)
 }
 
 fn check_exactly_once(job: &KafkaBillingJob, lines: &[UsageLine], placed: &[Placed]) {
@@ -109,7 +109,7 @@ fn a_paused_zombie_is_fenced_and_its_work_never_becomes_visible() {
     });
     a.signal("-CONT");
 
-    let placed = producing.join().unwrap();
+    let placed = producing.finish();
     wait_for("all input to be committed", Duration::from_secs(120), || {
         committed_progress(&group, &job.input, PARTITIONS) == lines.len() as i64
     });
@@ -147,7 +147,7 @@ fn partitions_and_their_state_move_when_instances_join_and_leave() {
     });
     a.stop();
 
-    let placed = producing.join().unwrap();
+    let placed = producing.finish();
     wait_for("all input to be committed", Duration::from_secs(120), || {
         committed_progress(&group, &job.input, PARTITIONS) == lines.len() as i64
     });
@@ -168,13 +168,18 @@ fn the_job_rides_out_a_broker_crash_without_restarting() {
 
     let mut instance = Instance::start(dir.path(), &job, "a");
     wait_for("the job to commit", Duration::from_secs(60), || committed_progress(&group, &job.input, PARTITIONS) > 0);
+    // The test's own input producer waits out the outage (an idempotent
+    // producer caught mid-flight by a broker crash can stall); the job
+    // must ride it out by itself.
+    producing.hold();
     let (killed, said) = kafka_script(&["kill"]);
     assert!(killed, "{said}");
     std::thread::sleep(Duration::from_secs(2));
     let (started, said) = kafka_script(&["start"]);
     assert!(started, "{said}");
+    producing.resume();
 
-    let placed = producing.join().unwrap();
+    let placed = producing.finish();
     wait_for("all input to be committed after the broker restart", Duration::from_secs(180), || {
         committed_progress(&group, &job.input, PARTITIONS) == lines.len() as i64
     });

@@ -57,13 +57,17 @@ pub struct Placed {
     pub offset: i64,
 }
 
-struct PlacementTracker(Mutex<Vec<Option<Placed>>>);
+/// Where each produced line landed, or why it did not. (It must not panic:
+/// it runs inside librdkafka, also while a failed test unwinds.)
+struct PlacementTracker(Mutex<Vec<Result<Placed, String>>>);
 impl ClientContext for PlacementTracker {}
 impl ProducerContext for PlacementTracker {
     type DeliveryOpaque = usize;
     fn delivery(&self, result: &DeliveryResult<'_>, index: usize) {
-        let record = result.as_ref().unwrap_or_else(|(err, _)| panic!("producing usage failed: {err}"));
-        self.0.lock().unwrap()[index] = Some(Placed { partition: record.partition(), offset: record.offset() });
+        self.0.lock().unwrap()[index] = match result {
+            Ok(record) => Ok(Placed { partition: record.partition(), offset: record.offset() }),
+            Err((err, _)) => Err(err.to_string()),
+        };
     }
 }
 
@@ -77,7 +81,7 @@ pub fn partition_of(line: &UsageLine, partitions: i32) -> i32 {
 /// Produces `lines` to `topic` (keyed by customer, to the partition
 /// [`partition_of`] says) and returns where each landed.
 pub fn produce_usage(topic: &str, lines: &[UsageLine], partitions: i32) -> Vec<Placed> {
-    let tracker = PlacementTracker(Mutex::new(vec![None; lines.len()]));
+    let tracker = PlacementTracker(Mutex::new(vec![Err("not delivered".to_string()); lines.len()]));
     let producer: ThreadedProducer<PlacementTracker> = client_config()
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
@@ -98,9 +102,12 @@ pub fn produce_usage(topic: &str, lines: &[UsageLine], partitions: i32) -> Vec<P
             }
         }
     }
-    producer.flush(Duration::from_secs(60)).unwrap();
-    let placed = producer.context().0.lock().unwrap().clone();
-    placed.into_iter().map(|placed| placed.expect("every record was delivered")).collect()
+    let flushed = producer.flush(Duration::from_secs(60));
+    let placed = std::mem::take(&mut *producer.context().0.lock().unwrap());
+    if let Err(err) = flushed {
+        panic!("producing usage to {topic} did not finish within 60 s: {err}");
+    }
+    placed.into_iter().map(|placed| placed.unwrap_or_else(|err| panic!("producing usage failed: {err}"))).collect()
 }
 
 /// One record of an output topic, with its headers.
@@ -338,18 +345,52 @@ pub fn committed_progress(group: &BaseConsumer, topic: &str, partitions: i32) ->
     }
 }
 
-/// Produces `lines` in `chunks` chunks, `pause` apart, on a thread: input
-/// that keeps arriving while a test does things to the job. The thread
-/// returns where each line landed.
-pub fn produce_usage_over_time(topic: &str, lines: Vec<UsageLine>, partitions: i32, chunks: usize, pause: Duration) -> std::thread::JoinHandle<Vec<Placed>> {
-    let topic = topic.to_string();
-    std::thread::spawn(move || {
-        let chunk_size = lines.len().div_ceil(chunks.max(1));
-        let mut placed = Vec::with_capacity(lines.len());
-        for chunk in lines.chunks(chunk_size) {
-            placed.extend(produce_usage(&topic, chunk, partitions));
-            std::thread::sleep(pause);
-        }
-        placed
-    })
+/// Input that keeps arriving while a test does things to the job: `lines`
+/// produced in `chunks` chunks, `pause` apart, on a thread.
+pub struct InputFeed {
+    thread: std::thread::JoinHandle<Vec<Placed>>,
+    held: std::sync::Arc<(Mutex<bool>, std::sync::Condvar)>,
+    producing: std::sync::Arc<Mutex<()>>,
+}
+
+impl InputFeed {
+    /// Starts producing.
+    pub fn start(topic: &str, lines: Vec<UsageLine>, partitions: i32, chunks: usize, pause: Duration) -> InputFeed {
+        let topic = topic.to_string();
+        let held = std::sync::Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let producing = std::sync::Arc::new(Mutex::new(()));
+        let (thread_held, thread_producing) = (held.clone(), producing.clone());
+        let thread = std::thread::spawn(move || {
+            let chunk_size = lines.len().div_ceil(chunks.max(1));
+            let mut placed = Vec::with_capacity(lines.len());
+            for chunk in lines.chunks(chunk_size) {
+                let (flag, wake) = &*thread_held;
+                drop(wake.wait_while(flag.lock().unwrap(), |held| *held).unwrap());
+                let _producing = thread_producing.lock().unwrap();
+                placed.extend(produce_usage(&topic, chunk, partitions));
+                drop(_producing);
+                std::thread::sleep(pause);
+            }
+            placed
+        });
+        InputFeed { thread, held, producing }
+    }
+
+    /// Stops producing after the chunk in flight is acknowledged (so a test
+    /// can take the broker away without failing its own producer).
+    pub fn hold(&self) {
+        *self.held.0.lock().unwrap() = true;
+        drop(self.producing.lock().unwrap());
+    }
+
+    /// Goes on producing.
+    pub fn resume(&self) {
+        *self.held.0.lock().unwrap() = false;
+        self.held.1.notify_all();
+    }
+
+    /// Waits for the last chunk; returns where each line landed.
+    pub fn finish(self) -> Vec<Placed> {
+        self.thread.join().unwrap()
+    }
 }
