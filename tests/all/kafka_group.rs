@@ -59,6 +59,16 @@ impl Instance {
     }
 }
 
+impl Drop for Instance {
+    /// A failing test must not leave a `tally` running.
+    fn drop(&mut self) {
+        if self.still_running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(25)..].join("\n")
