@@ -250,13 +250,30 @@ pub fn check(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: 
     Verdict { missing, doubled, totals: final_totals }
 }
 
-/// A Kafka billing job's topics and files.
+/// Deletes topics (best effort: a test's cleanup must not fail it).
+pub fn delete_topics(topics: &[&str]) {
+    let Ok(admin) = client_config().create::<AdminClient<DefaultClientContext>>() else { return };
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let _ = futures_executor::block_on(admin.delete_topics(topics, &options));
+}
+
+/// A Kafka billing job's topics and files. Its topics (the changelog too)
+/// are deleted when it is dropped: every partition left behind makes the
+/// broker's recovery after a crash slower (thousands of them took it past
+/// 90 s).
 pub struct KafkaBillingJob {
     pub name: String,
     pub input: String,
     pub totals: String,
     pub dead_letters: String,
     pub partitions: i32,
+}
+
+impl Drop for KafkaBillingJob {
+    fn drop(&mut self) {
+        let changelog = format!("tally-{}-state-changelog", self.name);
+        delete_topics(&[&self.input, &self.totals, &self.dead_letters, &changelog]);
+    }
 }
 
 impl KafkaBillingJob {
