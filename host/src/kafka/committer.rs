@@ -283,8 +283,12 @@ impl KafkaCommitter {
             return Ok(());
         }
         self.ensure_open()?;
+        // Partitions whose changelog this commit writes: their restore
+        // checkpoints move with it.
+        let mut touched = std::collections::BTreeSet::new();
         for (key, value) in &changes {
             let (partition, user_key) = split_namespaced(key);
+            touched.insert(partition);
             let record_key = state_record_key(user_key);
             let mut record = BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog).partition(partition).key(&record_key[..]);
             if let Some(value) = value {
@@ -296,6 +300,7 @@ impl KafkaCommitter {
         let mut meta = Vec::new();
         for (&source, &next) in positions {
             let (topic, partition) = split_source_id(source);
+            touched.insert(partition);
             let topic = &self.addresses.inputs[topic];
             let next_text = next.to_string();
             let marker_key = offset_record_key(topic);
@@ -326,9 +331,7 @@ impl KafkaCommitter {
             }
         }
         // The log has it: now RocksDB may (invariant 2).
-        let partitions: std::collections::BTreeSet<i32> =
-            changes.iter().map(|(key, _)| split_namespaced(key).0).chain(positions.keys().map(|&s| split_source_id(s).1)).collect();
-        for partition in partitions {
+        for partition in touched {
             if let Some(next) = self.producer.context().changelog_next(partition) {
                 meta.push((checkpoint_key(partition), next.to_string().into_bytes()));
             }
@@ -366,7 +369,11 @@ impl KafkaCommitter {
 }
 
 /// Splits a namespaced state key into its partition and the plugin's key.
+/// Every key a Kafka job writes has its 4-byte namespace (the transaction
+/// adds it), so the fallback to partition 0 is never taken.
 fn split_namespaced(key: &[u8]) -> (i32, &[u8]) {
-    let (namespace, rest) = key.split_at(4);
-    (u32::from_be_bytes(namespace.try_into().expect("4 bytes")) as i32, rest)
+    match key.split_first_chunk::<4>() {
+        Some((namespace, rest)) => (u32::from_be_bytes(*namespace) as i32, rest),
+        None => (0, key),
+    }
 }
