@@ -126,6 +126,9 @@ impl LocalCommitter {
 
 impl Committer for LocalCommitter {
     fn commit(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError> {
+        if !txn.plugin_digest.is_empty() {
+            self.lineage.set_plugin_digest(&txn.plugin_digest);
+        }
         self.sink.format(&txn.outputs, &txn.dead_letters, &self.lineage);
         let lengths = self.sink.sync()?;
         let mut meta = Vec::with_capacity(positions.len() + lengths.len());

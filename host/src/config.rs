@@ -90,6 +90,9 @@ pub struct JobConfig {
     /// Kafka mode: topics in, topics out, exactly once by Kafka transactions.
     #[serde(default)]
     pub kafka: Option<KafkaConfig>,
+    /// How a new plugin version pushed into the running job is judged.
+    #[serde(default)]
+    pub hot_swap: crate::hot_swap::SwapPolicy,
 }
 
 /// Which guarantee a Kafka job gives.
@@ -316,6 +319,10 @@ impl JobConfig {
             (None, None) => {
                 return invalid("say where the job reads and writes: add a [local] section (files) or a [kafka] section (topics)".into());
             }
+        }
+        let share = self.hot_swap.max_reject_share;
+        if !(0.0..=1.0).contains(&share) {
+            return invalid(format!("hot_swap.max_reject_share must be between 0 and 1, got {share}"));
         }
         let limits = &self.limits;
         let tick_ms = crate::plugin::EPOCH_TICK.as_millis() as u64;

@@ -65,14 +65,26 @@ impl Lineage {
     /// Lineage of `job` over `partitions`, run by the plugin with `digest`
     /// (`sha256:<hex>`, shortened on lines).
     pub fn new(job: &str, partitions: Vec<String>, digest: &str) -> Lineage {
-        let plugin_digest = match digest.split_once(':') {
-            Some((algorithm, hex)) => match hex.get(..LINE_DIGEST_HEX) {
-                Some(short) => format!("{algorithm}:{short}"),
-                None => digest.to_string(),
-            },
+        Lineage { job: job.to_string(), partitions, plugin_digest: short_digest(digest) }
+    }
+
+    /// Records that a new plugin version (with `digest`) now runs.
+    pub fn set_plugin_digest(&mut self, digest: &str) {
+        let short = short_digest(digest);
+        if short != self.plugin_digest {
+            self.plugin_digest = short;
+        }
+    }
+}
+
+/// `sha256:<hex>` shortened to the digits written on lines.
+fn short_digest(digest: &str) -> String {
+    match digest.split_once(':') {
+        Some((algorithm, hex)) => match hex.get(..LINE_DIGEST_HEX) {
+            Some(short) => format!("{algorithm}:{short}"),
             None => digest.to_string(),
-        };
-        Lineage { job: job.to_string(), partitions, plugin_digest }
+        },
+        None => digest.to_string(),
     }
 }
 

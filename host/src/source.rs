@@ -67,6 +67,9 @@ pub struct LocalSource {
     /// Partition the next batch starts with, so that batches smaller than
     /// the number of partitions still visit every partition in turn.
     next_start: usize,
+    /// Whether a last line without its newline is still being written
+    /// (left for later) rather than the file's final record.
+    follow: bool,
 }
 
 impl LocalSource {
@@ -80,7 +83,7 @@ impl LocalSource {
                 open_partition(path, position)
             })
             .collect::<Result<_, _>>()?;
-        Ok(LocalSource { partitions, line: Vec::new(), next_start: 0 })
+        Ok(LocalSource { partitions, line: Vec::new(), next_start: 0, follow: false })
     }
 
     /// Checks that every input can be opened, without reading it.
@@ -115,6 +118,15 @@ impl LocalSource {
                     partition.exhausted = true;
                     break;
                 }
+                if self.follow && self.line.last() != Some(&b'\n') {
+                    // A line still being appended: read it once it is whole.
+                    partition
+                        .reader
+                        .seek_relative(-(read as i64))
+                        .map_err(|source| SourceError::Read { path: partition.path.clone(), source })?;
+                    partition.exhausted = true;
+                    break;
+                }
                 let position = SourcePosition { partition: index as u32, offset: partition.position.next_line };
                 partition.position.next_line += 1;
                 partition.position.byte += read as u64;
@@ -130,6 +142,34 @@ impl LocalSource {
     /// Where each partition will continue reading.
     pub fn positions(&self) -> Vec<LocalPosition> {
         self.partitions.iter().map(|p| p.position).collect()
+    }
+
+    /// Makes a last line without its newline wait until it is complete
+    /// (for inputs that are still being appended to).
+    pub fn set_follow(&mut self, follow: bool) {
+        self.follow = follow;
+    }
+
+    /// Whether [`LocalSource::set_follow`] is on.
+    pub fn is_following(&self) -> bool {
+        self.follow
+    }
+
+    /// Reads on past the ends found so far: lines appended since are read.
+    pub fn look_again(&mut self) {
+        for partition in &mut self.partitions {
+            partition.exhausted = false;
+        }
+    }
+
+    /// Bytes of the inputs not read yet, if the files can be measured.
+    pub fn unread_bytes(&self) -> Option<u64> {
+        let mut unread = 0;
+        for partition in &self.partitions {
+            let len = std::fs::metadata(&partition.path).ok()?.len();
+            unread += len.saturating_sub(partition.position.byte);
+        }
+        Some(unread)
     }
 
     /// Whether every partition has been read to its end.

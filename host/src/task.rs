@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use crate::committer::{CommitError, Committer, LocalCommitter};
 use crate::config::JobConfig;
 use crate::lock::{LockError, DirLock};
+use crate::hot_swap::{CommitReport, HotSwap, JobObserver, NoObserver, PluginSlot, SwapPolicy};
 use crate::plugin::{Event, LoadedPlugin, PluginError, ProcessError, Processor};
 use crate::sink::Lineage;
 use crate::source::{InputRecord, LocalSource, SourceError};
@@ -72,6 +73,16 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
+    /// Adds the counts of a later part of the same run.
+    pub fn absorb(&mut self, later: &RunSummary) {
+        self.records += later.records;
+        self.applied += later.applied;
+        self.dead_lettered += later.dead_lettered;
+        self.outputs += later.outputs;
+        self.commits += later.commits;
+        self.stopped_early |= later.stopped_early;
+    }
+
     /// One line for people: counts, commits, time and rate.
     pub fn describe(&self, job: &str) -> String {
         let seconds = self.elapsed.as_secs_f64();
@@ -88,12 +99,30 @@ impl RunSummary {
 }
 
 /// What one batch did to the transaction.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchOutcome {
     /// Events applied.
     pub applied: u64,
     /// Events dead-lettered.
     pub dead_lettered: u64,
+    /// Output records the batch added (dead letters not included).
+    pub outputs: u64,
+    /// Plugin calls that trapped or broke a limit.
+    pub traps: u64,
+    /// Why the first of them failed.
+    pub first_failure: Option<String>,
+}
+
+impl BatchOutcome {
+    fn add(&mut self, other: BatchOutcome) {
+        self.applied += other.applied;
+        self.dead_lettered += other.dead_lettered;
+        self.outputs += other.outputs;
+        self.traps += other.traps;
+        if self.first_failure.is_none() {
+            self.first_failure = other.first_failure;
+        }
+    }
 }
 
 /// Runs `events` through `processor` into `txn`. Rejected events become dead
@@ -106,7 +135,10 @@ pub fn process_batch(
     events: &[Event],
 ) -> Result<BatchOutcome, ProcessError> {
     txn.reset_batch_budget();
-    process_or_isolate(processor, txn, events)
+    let before = txn.outputs.len();
+    let mut outcome = process_or_isolate(processor, txn, events)?;
+    outcome.outputs = (txn.outputs.len() - before) as u64;
+    Ok(outcome)
 }
 
 /// [`process_batch`] without resetting the budget: the retries of a
@@ -123,20 +155,45 @@ fn process_or_isolate(
             outcome.applied = events.len() as u64 - rejected;
         }
         Err(ProcessError::Plugin(reason)) if events.len() == 1 => {
-            dead_letter(txn, &events[0], reason);
+            dead_letter(txn, &events[0], reason.clone());
             outcome.dead_lettered = 1;
+            outcome.traps = 1;
+            outcome.first_failure = Some(reason);
         }
         Err(ProcessError::Plugin(reason)) => {
             tracing::warn!(events = events.len(), %reason, "plugin failed on a batch; retrying its events one by one");
+            outcome.traps = 1;
+            outcome.first_failure = Some(reason);
             for event in events {
-                let one = process_or_isolate(processor, txn, std::slice::from_ref(event))?;
-                outcome.applied += one.applied;
-                outcome.dead_lettered += one.dead_lettered;
+                outcome.add(process_or_isolate(processor, txn, std::slice::from_ref(event))?);
             }
         }
         Err(host) => return Err(host),
     }
     Ok(outcome)
+}
+
+/// Like [`process_batch`], for a plugin version on trial: a failing batch
+/// is dropped from the transaction and reported in
+/// [`BatchOutcome::first_failure`], not retried event by event (the
+/// version is about to be rolled back, and the batch redone).
+pub fn process_batch_on_trial(
+    processor: &mut dyn Processor,
+    txn: &mut Transaction,
+    events: &[Event],
+) -> Result<BatchOutcome, ProcessError> {
+    txn.reset_batch_budget();
+    let before = txn.outputs.len();
+    match run_once(processor, txn, events) {
+        Ok(rejected) => Ok(BatchOutcome {
+            applied: events.len() as u64 - rejected,
+            dead_lettered: rejected,
+            outputs: (txn.outputs.len() - before) as u64,
+            ..BatchOutcome::default()
+        }),
+        Err(ProcessError::Plugin(reason)) => Ok(BatchOutcome { traps: 1, first_failure: Some(reason), ..BatchOutcome::default() }),
+        Err(other) => Err(other),
+    }
 }
 
 /// One plugin call over `events`; returns how many it rejected.
@@ -197,10 +254,18 @@ pub struct LocalTask {
     processor: Box<dyn Processor>,
     txn: Transaction,
     committer: LocalCommitter,
+    store: Arc<dyn StateStore>,
+    /// Where the inputs stand in the last commit (a rollback reads on from here).
+    committed_positions: Vec<crate::source::LocalPosition>,
+    hot_swap: Option<HotSwap>,
+    observer: Arc<dyn JobObserver>,
     /// Set when a run failed: what is in memory can no longer be committed.
     failed: bool,
     _locks: Vec<DirLock>,
 }
+
+/// How long a following job waits before looking for new input lines.
+pub const FOLLOW_POLL: Duration = Duration::from_millis(50);
 
 impl LocalTask {
     /// Opens a local job running `plugin`: locks the state directory,
@@ -231,14 +296,43 @@ impl LocalTask {
         let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&local.state_dir.join("db"))?);
         let mut output_names = config.outputs.clone();
         output_names.push(config.dead_letter_output.clone());
-        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits);
+        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits);
+        txn.plugin_digest = processor.digest().to_string();
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
-        let processor_digest = processor.digest().to_string();
-        let (committer, recovered) = LocalCommitter::recover(store, &local.output_dir, &output_names, lineage)?;
+        let (committer, recovered) = LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
         let source = LocalSource::open(&local.inputs, &recovered.positions)?;
-        tracing::info!(job = %config.name, plugin = %processor_digest, resumed_from = ?recovered.positions, "local job opened");
-        Ok(LocalTask { config: config.clone(), source, processor, txn, committer, failed: false, _locks: locks })
+        tracing::info!(job = %config.name, plugin = %processor.digest(), resumed_from = ?recovered.positions, "local job opened");
+        Ok(LocalTask {
+            config: config.clone(),
+            committed_positions: source.positions(),
+            source,
+            processor,
+            txn,
+            committer,
+            store,
+            hot_swap: None,
+            observer: Arc::new(NoObserver),
+            failed: false,
+            _locks: locks,
+        })
+    }
+
+    /// Lets new plugin versions pushed into `slot` be swapped in at
+    /// transaction boundaries, and reports commits and swaps to `observer`.
+    pub fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
+        self.hot_swap = Some(HotSwap::new(slot, self.config.limits, policy, observer.clone()));
+        self.observer = observer;
+    }
+
+    /// The job's committed state (for queries; reads see the last commit).
+    pub fn store(&self) -> Arc<dyn StateStore> {
+        self.store.clone()
+    }
+
+    /// Digest of the plugin version running now.
+    pub fn plugin_digest(&self) -> &str {
+        self.processor.digest()
     }
 
     /// Path of output `name`'s file.
@@ -259,10 +353,22 @@ impl LocalTask {
     /// between batches), committing what was processed: a clean shutdown.
     /// After an error the task refuses to run again: open the job anew.
     pub fn run_until(&mut self, stop: &AtomicBool) -> Result<RunSummary, TaskError> {
+        self.run_guarded(stop, false)
+    }
+
+    /// Like [`LocalTask::run_until`], but at the end of the inputs it waits
+    /// for more lines (appended to the input files) instead of returning; a
+    /// last line without its newline is left until it is complete.
+    pub fn run_following(&mut self, stop: &AtomicBool) -> Result<RunSummary, TaskError> {
+        self.run_guarded(stop, true)
+    }
+
+    fn run_guarded(&mut self, stop: &AtomicBool, follow: bool) -> Result<RunSummary, TaskError> {
         if self.failed {
             return Err(TaskError::Failed { job: self.config.name.clone() });
         }
-        let result = self.run_batches(stop);
+        self.source.set_follow(follow);
+        let result = self.run_batches(stop, follow);
         if result.is_err() {
             self.failed = true;
             self.txn.abort();
@@ -270,13 +376,16 @@ impl LocalTask {
         result
     }
 
-    fn run_batches(&mut self, stop: &AtomicBool) -> Result<RunSummary, TaskError> {
+    fn run_batches(&mut self, stop: &AtomicBool, follow: bool) -> Result<RunSummary, TaskError> {
         let started = Instant::now();
         let interval = self.config.commit_interval();
         let mut summary = RunSummary::default();
         let mut records = Vec::with_capacity(self.config.batch_size);
         let mut events = Vec::with_capacity(self.config.batch_size);
         let mut last_commit = Instant::now();
+        // Counts of the open transaction, added to `summary` when it commits.
+        let mut uncommitted = RunSummary::default();
+        self.at_boundary();
         loop {
             if stop.load(Ordering::Relaxed) {
                 summary.stopped_early = true;
@@ -284,29 +393,94 @@ impl LocalTask {
             }
             self.source.next_batch(self.config.batch_size, &mut records)?;
             if records.is_empty() {
-                break;
+                if !follow {
+                    break;
+                }
+                if uncommitted.records > 0 && !self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
+                    continue;
+                }
+                last_commit = Instant::now();
+                std::thread::sleep(FOLLOW_POLL);
+                self.at_boundary();
+                self.source.look_again();
+                continue;
             }
-            summary.records += records.len() as u64;
+            uncommitted.records += records.len() as u64;
             to_events(&mut records, &mut events);
             let outputs_before = self.txn.outputs.len();
-            let outcome = process_batch(&mut *self.processor, &mut self.txn, &events).map_err(|err| match err {
+            let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
+            let processed = if on_trial {
+                process_batch_on_trial(&mut *self.processor, &mut self.txn, &events)
+            } else {
+                process_batch(&mut *self.processor, &mut self.txn, &events)
+            };
+            let outcome = processed.map_err(|err| match err {
                 ProcessError::Host(state) => TaskError::State(state),
                 ProcessError::Instantiate(plugin) => TaskError::Plugin(plugin),
                 ProcessError::Misconfigured(message) => TaskError::Misconfigured { job: self.config.name.clone(), message },
                 ProcessError::Plugin(_) => unreachable!("plugin failures end as dead letters"),
             })?;
-            summary.applied += outcome.applied;
-            summary.dead_lettered += outcome.dead_lettered;
-            summary.outputs += (self.txn.outputs.len() - outputs_before) as u64;
+            self.observer.batch(events.len(), &outcome);
+            if let Some(reason) = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(events.len(), &outcome)) {
+                self.roll_back(reason, &mut uncommitted)?;
+                continue;
+            }
+            uncommitted.applied += outcome.applied;
+            uncommitted.dead_lettered += outcome.dead_lettered;
+            uncommitted.outputs += (self.txn.outputs.len() - outputs_before) as u64;
             if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
-                self.commit(&mut summary)?;
+                if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
+                    self.at_boundary();
+                }
                 last_commit = Instant::now();
             }
         }
-        self.commit(&mut summary)?;
+        if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
+            self.at_boundary();
+        } else if !summary.stopped_early {
+            // The redo of a rolled-back transaction: finish the inputs with
+            // the restored version.
+            let rest = self.run_batches(stop, follow)?;
+            summary.absorb(&rest);
+        }
         summary.elapsed = started.elapsed();
         tracing::info!(job = %self.config.name, records = summary.records, dead_lettered = summary.dead_lettered, commits = summary.commits, "inputs done");
         Ok(summary)
+    }
+
+    /// Takes a pushed plugin version, if any (nothing is uncommitted here).
+    fn at_boundary(&mut self) {
+        if let Some(swap) = &mut self.hot_swap {
+            swap.at_boundary(&mut self.processor, &mut self.txn);
+        }
+    }
+
+    /// Commits, unless a version on trial failed the transaction: then
+    /// rolls back and returns `false` (the input is read again).
+    fn commit_or_roll_back(&mut self, summary: &mut RunSummary, uncommitted: &mut RunSummary) -> Result<bool, TaskError> {
+        if let Some(reason) = self.hot_swap.as_ref().and_then(HotSwap::judge_transaction) {
+            self.roll_back(reason, uncommitted)?;
+            return Ok(false);
+        }
+        self.commit(summary)?;
+        summary.absorb(&std::mem::take(uncommitted));
+        Ok(true)
+    }
+
+    /// Aborts the transaction, puts the previous plugin version back, and
+    /// reads the inputs again from the last commit.
+    fn roll_back(&mut self, reason: String, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
+        self.txn.abort();
+        self.observer.aborted(&reason);
+        if let Some(swap) = &mut self.hot_swap {
+            swap.roll_back(&mut self.processor, &mut self.txn, reason);
+        }
+        let local = self.config.local()?;
+        let follow = self.source.is_following();
+        self.source = LocalSource::open(&local.inputs, &self.committed_positions)?;
+        self.source.set_follow(follow);
+        *uncommitted = RunSummary::default();
+        Ok(())
     }
 
     fn commit(&mut self, summary: &mut RunSummary) -> Result<(), TaskError> {
@@ -314,7 +488,16 @@ impl LocalTask {
         let started = Instant::now();
         self.committer.commit(&mut self.txn, &positions)?;
         summary.commits += 1;
-        tracing::debug!(job = %self.config.name, took_us = started.elapsed().as_micros() as u64, "committed");
+        let took = started.elapsed();
+        tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
+        self.observer.committed(&CommitReport {
+            at: Instant::now(),
+            took,
+            plugin_digest: self.txn.plugin_digest.clone(),
+            lag: self.source.unread_bytes(),
+            usage: self.processor.usage(),
+        });
+        self.committed_positions = positions;
         Ok(())
     }
 }

@@ -81,6 +81,9 @@ pub struct Transaction {
     /// The most recent error the plugin logged in this batch (a panic
     /// message, with the Rust SDK), for the dead-letter reason of a trap.
     pub last_plugin_error: Option<String>,
+    /// Digest of the plugin version this transaction runs (one version per
+    /// transaction: versions are swapped only between transactions).
+    pub plugin_digest: String,
     store: Arc<dyn StateStore>,
     output_names: Arc<[String]>,
     limits: Limits,
@@ -107,6 +110,7 @@ impl Transaction {
             outputs: Vec::new(),
             dead_letters: Vec::new(),
             last_plugin_error: None,
+            plugin_digest: String::new(),
             store,
             output_names,
             limits,

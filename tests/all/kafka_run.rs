@@ -67,7 +67,6 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
         outputs: vec![job.totals.clone()],
         dead_letter: job.dead_letters.clone(),
         changelog: "unused-changelog".into(),
-        plugin_digest: "sha256:test".into(),
     };
     let committer = KafkaCommitter::new(
         producer.clone(),
@@ -78,6 +77,7 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
         Duration::from_secs(30),
     );
     let mut txn = Transaction::new(store, vec!["totals".to_string()].into(), Limits::default());
+    txn.plugin_digest = "sha256:test".into();
     let emit = |txn: &mut Transaction, values: &[&str]| {
         txn.begin_batch((0..values.len() as u64).map(|offset| SourcePosition { partition: 0, offset }));
         txn.emit_many("totals", values.iter().enumerate().map(|(event, value)| (event as u32, None, value.as_bytes().to_vec())))

@@ -52,6 +52,7 @@ fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> JobConfig {
         limits: Limits::default(),
         local: Some(LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state") }),
         kafka: None,
+        hot_swap: Default::default(),
     }
 }
 

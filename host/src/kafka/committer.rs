@@ -124,8 +124,6 @@ pub struct Addresses {
     pub dead_letter: String,
     /// Changelog topic.
     pub changelog: String,
-    /// Digest of the plugin.
-    pub plugin_digest: String,
 }
 
 /// Sends and commits a Kafka job's transactions.
@@ -203,8 +201,9 @@ impl KafkaCommitter {
             return Ok(());
         }
         self.ensure_open()?;
+        let digest = &txn.plugin_digest;
         for output in txn.outputs.drain(..) {
-            let headers = self.lineage(output.source, output.sequence);
+            let headers = self.lineage(output.source, output.sequence, digest);
             let topic = &self.addresses.outputs[output.output];
             let mut record = BaseRecord::<[u8], [u8]>::to(topic).payload(&output.value[..]).headers(headers);
             if let Some(key) = &output.key {
@@ -217,7 +216,7 @@ impl KafkaCommitter {
             // be refused, and the job would retry it forever: keep its
             // start, and say how long it was.
             let reason = truncate_utf8(&dead.reason, MAX_REASON_BYTES);
-            let mut headers = self.lineage(dead.source, 0).insert(Header { key: HEADER_REASON, value: Some(reason) });
+            let mut headers = self.lineage(dead.source, 0, digest).insert(Header { key: HEADER_REASON, value: Some(reason) });
             let mut payload = &dead.record[..];
             let original_length = payload.len().to_string();
             if payload.len() > MAX_DEAD_LETTER_BYTES {
@@ -230,7 +229,7 @@ impl KafkaCommitter {
         Ok(())
     }
 
-    fn lineage(&self, source: SourcePosition, sequence: u32) -> OwnedHeaders {
+    fn lineage(&self, source: SourcePosition, sequence: u32, plugin_digest: &str) -> OwnedHeaders {
         let (topic, partition) = split_source_id(source.partition);
         let topic = &self.addresses.inputs[topic];
         let mut partition_text = itoa::Buffer::new();
@@ -249,7 +248,7 @@ impl KafkaCommitter {
             .insert(Header { key: HEADER_SOURCE_TOPIC, value: Some(topic.as_str()) })
             .insert(Header { key: HEADER_SOURCE_PARTITION, value: Some(partition_text) })
             .insert(Header { key: HEADER_SOURCE_OFFSET, value: Some(offset_text) })
-            .insert(Header { key: HEADER_PLUGIN, value: Some(self.addresses.plugin_digest.as_str()) })
+            .insert(Header { key: HEADER_PLUGIN, value: Some(plugin_digest) })
             .insert(Header { key: HEADER_IDEMPOTENCY_KEY, value: Some(key.as_str()) })
     }
 

@@ -24,7 +24,8 @@ use crate::config::{Guarantee, JobConfig, KafkaConfig};
 use crate::lock::DirLock;
 use crate::plugin::{Event, LoadedPlugin, PluginError, ProcessError, Processor};
 use crate::state_store::{RocksStore, StateStore};
-use crate::task::{process_batch, RunSummary, TaskError, MAX_TRANSACTION_BYTES};
+use crate::hot_swap::{CommitReport, HotSwap, JobObserver, NoObserver, PluginSlot, SwapPolicy};
+use crate::task::{process_batch, process_batch_on_trial, RunSummary, TaskError, MAX_TRANSACTION_BYTES};
 use crate::transaction::Transaction;
 
 /// How long a transactional call (init, send offsets, commit, abort) may take.
@@ -50,6 +51,8 @@ pub struct KafkaJob {
     processor: Box<dyn Processor>,
     txn: Transaction,
     instance: String,
+    hot_swap: Option<HotSwap>,
+    observer: Arc<dyn JobObserver>,
     _lock: DirLock,
 }
 
@@ -99,9 +102,44 @@ impl KafkaJob {
             Arc::new(RocksStore::open(&kafka.state_dir.join("db")).map_err(TaskError::from)?);
         let mut limits = config.limits;
         limits.max_value_bytes = limits.max_value_bytes.min(MAX_KAFKA_VALUE_BYTES);
-        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits);
+        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits);
+        txn.plugin_digest = processor.digest().to_string();
         tracing::info!(job = %config.name, plugin = %processor.digest(), partitions = layout.partitions, instance = %instance, "Kafka job opened");
-        Ok(KafkaJob { config: config.clone(), kafka, layout, store, processor, txn, instance, _lock: lock })
+        Ok(KafkaJob {
+            config: config.clone(),
+            kafka,
+            layout,
+            store,
+            processor,
+            txn,
+            instance,
+            hot_swap: None,
+            observer: Arc::new(NoObserver),
+            _lock: lock,
+        })
+    }
+
+    /// Lets new plugin versions pushed into `slot` be swapped in at
+    /// transaction boundaries, and reports commits and swaps to `observer`.
+    pub fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
+        self.hot_swap = Some(HotSwap::new(slot, self.config.limits, policy, observer.clone()));
+        self.observer = observer;
+    }
+
+    /// The job's committed state: each key starts with its input
+    /// partition's [`namespace`].
+    pub fn store(&self) -> Arc<dyn StateStore> {
+        self.store.clone()
+    }
+
+    /// Number of input partitions (state namespaces).
+    pub fn partitions(&self) -> i32 {
+        self.layout.partitions
+    }
+
+    /// Digest of the plugin version running now.
+    pub fn plugin_digest(&self) -> &str {
+        self.processor.digest()
     }
 
     /// Runs until `stop` is set (or, with `until_caught_up`, until the
@@ -183,7 +221,6 @@ impl KafkaJob {
             outputs: config.outputs.iter().map(|name| kafka.output_topic(name).unwrap_or_default().to_string()).collect(),
             dead_letter: kafka.dead_letter_topic.clone(),
             changelog: self.layout.changelog.clone(),
-            plugin_digest: self.processor.digest().to_string(),
         };
         let committer = KafkaCommitter::new(producer, kafka.guarantee, addresses, self.store.clone(), open, KAFKA_TIMEOUT);
         self.txn.abort();
@@ -215,10 +252,12 @@ impl KafkaJob {
         let batch_size = self.config.batch_size;
         let mut progress = Progress { pending: Vec::with_capacity(batch_size), ..Progress::default() };
         let mut last_commit = Instant::now();
+        self.at_boundary();
         loop {
             if stop.load(Ordering::Relaxed) {
-                self.process(&mut progress, committer, summary)?;
-                if self.commit(consumer, committer, &mut progress, summary)? {
+                if self.process_or_roll_back(consumer, committer, &mut progress, summary)?
+                    && self.commit(consumer, committer, &mut progress, summary)?
+                {
                     return Ok(SessionEnd::Stopped);
                 }
                 continue;
@@ -274,7 +313,9 @@ impl KafkaJob {
                 }
                 None => {}
             }
-            self.process(&mut progress, committer, summary)?;
+            if !self.process_or_roll_back(consumer, committer, &mut progress, summary)? {
+                continue;
+            }
             if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
                 self.commit(consumer, committer, &mut progress, summary)?;
                 last_commit = Instant::now();
@@ -314,15 +355,67 @@ impl KafkaJob {
         (topic, event)
     }
 
+    /// Takes a pushed plugin version, if any (nothing is uncommitted here).
+    fn at_boundary(&mut self) {
+        if let Some(swap) = &mut self.hot_swap {
+            swap.at_boundary(&mut self.processor, &mut self.txn);
+        }
+    }
+
+    /// [`KafkaJob::process`], rolling a plugin version on trial back if it
+    /// fails; `false` after a rollback (the input is read again).
+    fn process_or_roll_back(
+        &mut self,
+        consumer: &BaseConsumer<Rebalancer>,
+        committer: &KafkaCommitter,
+        progress: &mut Progress,
+        summary: &mut RunSummary,
+    ) -> Result<bool, SessionError> {
+        match self.process(progress, committer, summary)? {
+            None => Ok(true),
+            Some(reason) => {
+                self.roll_back(consumer, committer, progress, reason)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Aborts the transaction (a trial version failed it), puts the
+    /// previous plugin version back, and rewinds to the committed offsets.
+    fn roll_back(
+        &mut self,
+        consumer: &BaseConsumer<Rebalancer>,
+        committer: &KafkaCommitter,
+        progress: &mut Progress,
+        reason: String,
+    ) -> Result<(), SessionError> {
+        committer.abort()?;
+        self.txn.abort();
+        progress.forget_uncommitted();
+        self.observer.aborted(&reason);
+        if let Some(swap) = &mut self.hot_swap {
+            swap.roll_back(&mut self.processor, &mut self.txn, reason);
+        }
+        rewind(consumer)?;
+        Ok(())
+    }
+
     /// Runs the pending records through the plugin, one batch per input
     /// partition (each in its partition's state namespace), and sends the
     /// outputs into the open transaction. Under `exactly_once`, a record
     /// below what the state already includes (the consumer was moved back:
     /// an offset reset, a truncated log) stops the job instead of counting
     /// twice.
-    fn process(&mut self, progress: &mut Progress, committer: &KafkaCommitter, summary: &mut RunSummary) -> Result<(), SessionError> {
+    /// Returns why a plugin version on trial failed, if it did (nothing is
+    /// sent then).
+    fn process(
+        &mut self,
+        progress: &mut Progress,
+        committer: &KafkaCommitter,
+        summary: &mut RunSummary,
+    ) -> Result<Option<String>, SessionError> {
         if progress.pending.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let pending = &mut progress.pending;
         pending.sort_by_key(|event| split_source_id(event.partition).1);
@@ -343,7 +436,13 @@ impl KafkaJob {
                 }
             }
             self.txn.set_namespace(&namespace(split_source_id(batch[0].partition).1));
-            let outcome = process_batch(&mut *self.processor, &mut self.txn, batch).map_err(|err| match err {
+            let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
+            let processed = if on_trial {
+                process_batch_on_trial(&mut *self.processor, &mut self.txn, batch)
+            } else {
+                process_batch(&mut *self.processor, &mut self.txn, batch)
+            };
+            let outcome = processed.map_err(|err| match err {
                 ProcessError::Host(state) => self.fatal(state),
                 ProcessError::Instantiate(plugin) => self.fatal(plugin),
                 ProcessError::Misconfigured(message) => {
@@ -351,6 +450,10 @@ impl KafkaJob {
                 }
                 ProcessError::Plugin(_) => unreachable!("plugin failures end as dead letters"),
             })?;
+            self.observer.batch(batch.len(), &outcome);
+            if let Some(reason) = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(batch.len(), &outcome)) {
+                return Ok(Some(reason));
+            }
             summary.records += batch.len() as u64;
             summary.applied += outcome.applied;
             summary.dead_lettered += outcome.dead_lettered;
@@ -361,7 +464,8 @@ impl KafkaJob {
         }
         pending.clear();
         summary.outputs += self.txn.outputs.len() as u64;
-        committer.send_outputs(&mut self.txn).map_err(|err| SessionError::Restart(err.to_string()))
+        committer.send_outputs(&mut self.txn).map_err(|err| SessionError::Restart(err.to_string()))?;
+        Ok(None)
     }
 
     /// Commits the transaction; `false` if Kafka aborted it (then the
@@ -373,15 +477,28 @@ impl KafkaJob {
         progress: &mut Progress,
         summary: &mut RunSummary,
     ) -> Result<bool, SessionError> {
+        if let Some(reason) = self.hot_swap.as_ref().and_then(HotSwap::judge_transaction) {
+            self.roll_back(consumer, committer, progress, reason)?;
+            return Ok(false);
+        }
         let started = Instant::now();
         match committer.commit(&mut self.txn, &progress.positions, consumer) {
             Ok(()) => {
+                let took = started.elapsed();
                 if !progress.positions.is_empty() {
                     summary.commits += 1;
+                    self.observer.committed(&CommitReport {
+                        at: Instant::now(),
+                        took,
+                        plugin_digest: self.txn.plugin_digest.clone(),
+                        lag: consumer_lag(consumer),
+                        usage: self.processor.usage(),
+                    });
                 }
                 progress.included.extend(progress.positions.iter().map(|(&source, &next)| (source, next)));
                 progress.positions.clear();
-                tracing::debug!(job = %self.config.name, took_us = started.elapsed().as_micros() as u64, "committed");
+                tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
+                self.at_boundary();
                 Ok(true)
             }
             Err(KafkaCommitError::Kafka(err)) if classify(&err) == Recovery::Abort => {
@@ -389,6 +506,7 @@ impl KafkaJob {
                 committer.abort()?;
                 self.txn.abort();
                 progress.forget_uncommitted();
+                self.observer.aborted(&err.to_string());
                 rewind(consumer)?;
                 Ok(false)
             }
@@ -418,6 +536,36 @@ impl Progress {
         self.positions.clear();
         self.at_end.clear();
     }
+}
+
+/// Records between the consumer's positions and the ends of its assigned
+/// partitions, from the watermarks librdkafka last fetched (no request).
+fn consumer_lag<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> Option<u64> {
+    let positions = consumer.position().ok()?;
+    let mut lag = 0u64;
+    for element in positions.elements() {
+        let topic = std::ffi::CString::new(element.topic()).ok()?;
+        let (mut low, mut high) = (0i64, 0i64);
+        // SAFETY: the client pointer is valid while `consumer` lives, `topic`
+        // is a NUL-terminated string, and the two out-pointers are valid.
+        // rdkafka 0.39 has no safe wrapper for this cached (no request) call.
+        let status = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                consumer.client().native_ptr(),
+                topic.as_ptr(),
+                element.partition(),
+                &mut low,
+                &mut high,
+            )
+        };
+        if status != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || high < 0 {
+            return None;
+        }
+        if let Offset::Offset(position) = element.offset() {
+            lag += (high - position).max(0) as u64;
+        }
+    }
+    Some(lag)
 }
 
 /// Moves the consumer back to the group's committed offsets.

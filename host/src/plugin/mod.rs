@@ -60,6 +60,22 @@ pub trait Processor {
 
     /// The digest that identifies the running code in output lineage.
     fn digest(&self) -> &str;
+
+    /// CPU time and memory used so far (zero for native processors).
+    fn usage(&self) -> PluginUsage {
+        PluginUsage::default()
+    }
+}
+
+/// What a plugin instance has used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PluginUsage {
+    /// CPU time spent in plugin calls (host calls it made included).
+    pub cpu: Duration,
+    /// Linear memory the instance holds now, in bytes.
+    pub memory_bytes: u64,
+    /// Traps and limit breaches so far.
+    pub traps: u64,
 }
 
 /// How often the engine's epoch advances; CPU budgets are counted in these.
@@ -215,7 +231,7 @@ impl LoadedPlugin {
 
     /// A fresh sandboxed instance with `limits`.
     pub fn instantiate(&self, limits: Limits) -> Result<PluginInstance, PluginError> {
-        Ok(PluginInstance { sandbox: Sandbox::new(self, limits)?, plugin: self.clone(), limits })
+        Ok(PluginInstance { sandbox: Sandbox::new(self, limits)?, plugin: self.clone(), limits, cpu: Duration::ZERO, traps: 0 })
     }
 }
 
@@ -338,6 +354,8 @@ pub struct PluginInstance {
     sandbox: Sandbox,
     plugin: LoadedPlugin,
     limits: Limits,
+    cpu: Duration,
+    traps: u64,
 }
 
 /// One instantiation: its `Store` and the bindings to its exports.
@@ -425,9 +443,11 @@ impl Processor for PluginInstance {
         std::mem::swap(&mut store.data_mut().txn, txn);
         let result = bindings.tally_plugin_aggregator().call_process(&mut *store, events);
         std::mem::swap(&mut store.data_mut().txn, txn);
+        self.cpu += thread_cpu_time().saturating_sub(store.data().call_started);
         match result {
             Ok(rejections) => Ok(rejections),
             Err(err) => {
+                self.traps += 1;
                 let failure = self.failure(err, txn.last_plugin_error.take());
                 // After a trap the guest's memory may be inconsistent: start over.
                 self.sandbox = Sandbox::new(&self.plugin, self.limits)?;
@@ -438,5 +458,9 @@ impl Processor for PluginInstance {
 
     fn digest(&self) -> &str {
         self.plugin.digest()
+    }
+
+    fn usage(&self) -> PluginUsage {
+        PluginUsage { cpu: self.cpu, memory_bytes: self.sandbox.store.data().memory_used, traps: self.traps }
     }
 }

@@ -1,0 +1,202 @@
+//! Hot loading: a new plugin version, compiled and checked off the
+//! processing path, waits in a [`PluginSlot`] until its job reaches a
+//! transaction boundary. It then runs on trial for one transaction: if it
+//! traps, or rejects more than [`SwapPolicy::max_reject_share`] of that
+//! transaction's events, the job aborts the transaction and redoes it with
+//! the previous version. No transaction ever mixes two versions, so the
+//! plugin digest in the output lineage changes exactly at a commit.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Deserialize;
+
+use crate::config::Limits;
+use crate::plugin::{LoadedPlugin, Processor};
+use crate::task::BatchOutcome;
+use crate::transaction::Transaction;
+
+/// How a job judges a new plugin version on trial.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwapPolicy {
+    /// A new version that rejects more than this share of the events of its
+    /// first transaction is rolled back (a trap always rolls it back).
+    pub max_reject_share: f64,
+}
+
+impl Default for SwapPolicy {
+    fn default() -> Self {
+        SwapPolicy { max_reject_share: 0.5 }
+    }
+}
+
+/// What happened to a pushed plugin version.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SwapEvent {
+    /// The version was swapped in and runs its trial transaction.
+    OnTrial { digest: String },
+    /// The version's first transaction committed: it is the job's plugin now.
+    Activated { digest: String },
+    /// The version failed its trial transaction, which was aborted and is
+    /// redone by `restored`.
+    RolledBack { digest: String, restored: String, reason: String },
+    /// The version could not be instantiated; the job kept its plugin.
+    Refused { digest: String, reason: String },
+}
+
+/// What a job reports as it runs: commits, aborts, swaps. The host's
+/// status, metrics and plugin history listen here.
+pub trait JobObserver: Send + Sync {
+    /// A transaction committed.
+    fn committed(&self, _commit: &CommitReport) {}
+    /// A transaction was aborted and its input will be read again.
+    fn aborted(&self, _reason: &str) {}
+    /// A plugin version was activated, rolled back or refused.
+    fn swapped(&self, _event: &SwapEvent) {}
+    /// A batch ran (counts are of that batch).
+    fn batch(&self, _events: usize, _outcome: &BatchOutcome) {}
+}
+
+/// One committed transaction, as observers see it.
+#[derive(Debug, Clone)]
+pub struct CommitReport {
+    /// When the commit finished.
+    pub at: Instant,
+    /// How long the commit took.
+    pub took: std::time::Duration,
+    /// Digest of the plugin version that produced the transaction.
+    pub plugin_digest: String,
+    /// Records behind the input's end after this commit, when known
+    /// (Kafka: summed consumer lag in records; local: unread bytes).
+    pub lag: Option<u64>,
+    /// Plugin CPU time and memory so far.
+    pub usage: crate::plugin::PluginUsage,
+}
+
+/// An observer that ignores everything.
+pub struct NoObserver;
+impl JobObserver for NoObserver {}
+
+/// Where a new plugin version waits for its job's next transaction boundary.
+pub struct PluginSlot {
+    pending: Mutex<Option<(LoadedPlugin, Instant)>>,
+}
+
+impl PluginSlot {
+    /// An empty slot.
+    pub fn new() -> Arc<PluginSlot> {
+        Arc::new(PluginSlot { pending: Mutex::new(None) })
+    }
+
+    /// Offers `plugin` to the job; it replaces a version pushed earlier
+    /// that the job has not taken yet.
+    pub fn push(&self, plugin: LoadedPlugin) {
+        *self.pending.lock().expect("plugin slot lock") = Some((plugin, Instant::now()));
+    }
+
+    fn take(&self) -> Option<(LoadedPlugin, Instant)> {
+        self.pending.lock().expect("plugin slot lock").take()
+    }
+}
+
+/// The version on trial, and the one to go back to.
+struct Trial {
+    digest: String,
+    previous: Box<dyn Processor>,
+    events: u64,
+    rejected: u64,
+}
+
+/// A job's side of hot loading: takes pushed versions at transaction
+/// boundaries and judges them on their first transaction.
+pub struct HotSwap {
+    slot: Arc<PluginSlot>,
+    limits: Limits,
+    policy: SwapPolicy,
+    observer: Arc<dyn JobObserver>,
+    trial: Option<Trial>,
+}
+
+impl HotSwap {
+    /// Hot loading for a job with sandbox `limits`, fed by `slot`.
+    pub fn new(slot: Arc<PluginSlot>, limits: Limits, policy: SwapPolicy, observer: Arc<dyn JobObserver>) -> HotSwap {
+        HotSwap { slot, limits, policy, observer, trial: None }
+    }
+
+    /// Whether a new version is running its trial transaction (a failing
+    /// batch then rolls it back rather than being retried event by event).
+    pub fn on_trial(&self) -> bool {
+        self.trial.is_some()
+    }
+
+    /// At a transaction boundary (nothing uncommitted): accepts the version
+    /// whose trial transaction just committed, then swaps in a pushed one.
+    /// Keeps `txn`'s plugin digest in step with `processor`.
+    pub fn at_boundary(&mut self, processor: &mut Box<dyn Processor>, txn: &mut Transaction) {
+        if self.trial.as_ref().is_some_and(|trial| trial.events > 0) {
+            let trial = self.trial.take().expect("checked above");
+            tracing::info!(plugin = %trial.digest, "new plugin version passed its first transaction");
+            self.observer.swapped(&SwapEvent::Activated { digest: trial.digest });
+        }
+        let Some((plugin, pushed_at)) = self.slot.take() else { return };
+        match plugin.instantiate(self.limits) {
+            Ok(instance) => {
+                let previous = std::mem::replace(processor, Box::new(instance));
+                // A version still on trial is replaced outright: go back to
+                // the last accepted one if the newest fails.
+                let previous = match self.trial.take() {
+                    Some(trial) => trial.previous,
+                    None => previous,
+                };
+                tracing::info!(plugin = %plugin.digest(), previous = %previous.digest(), waited_us = pushed_at.elapsed().as_micros() as u64, "swapped in a new plugin version for a trial transaction");
+                self.trial = Some(Trial { digest: plugin.digest().to_string(), previous, events: 0, rejected: 0 });
+                txn.plugin_digest = plugin.digest().to_string();
+                self.observer.swapped(&SwapEvent::OnTrial { digest: plugin.digest().to_string() });
+            }
+            Err(err) => {
+                let event = SwapEvent::Refused { digest: plugin.digest().to_string(), reason: err.to_string() };
+                tracing::warn!(plugin = %plugin.digest(), error = %err, "new plugin version could not start; keeping the running one");
+                self.observer.swapped(&event);
+            }
+        }
+    }
+
+    /// Counts a batch the version on trial ran; `Some(reason)` if it failed
+    /// its trial (then call [`HotSwap::roll_back`]).
+    pub fn judge_batch(&mut self, events: usize, outcome: &BatchOutcome) -> Option<String> {
+        let trial = self.trial.as_mut()?;
+        trial.events += events as u64;
+        trial.rejected += outcome.dead_lettered;
+        if let Some(trap) = &outcome.first_failure {
+            return Some(format!("it failed on its first transaction: {trap}"));
+        }
+        None
+    }
+
+    /// Before the trial transaction commits: `Some(reason)` if the version
+    /// rejected too large a share of it.
+    pub fn judge_transaction(&self) -> Option<String> {
+        let trial = self.trial.as_ref()?;
+        let share = trial.rejected as f64 / trial.events.max(1) as f64;
+        (share > self.policy.max_reject_share).then(|| {
+            format!(
+                "it rejected {} of the {} events of its first transaction ({:.0}%, more than max_reject_share = {})",
+                trial.rejected,
+                trial.events,
+                share * 100.0,
+                self.policy.max_reject_share
+            )
+        })
+    }
+
+    /// Puts the previous version back after a failed trial. The caller has
+    /// aborted the trial transaction and redoes its input.
+    pub fn roll_back(&mut self, processor: &mut Box<dyn Processor>, txn: &mut Transaction, reason: String) {
+        let Some(trial) = self.trial.take() else { return };
+        *processor = trial.previous;
+        txn.plugin_digest = processor.digest().to_string();
+        tracing::warn!(plugin = %trial.digest, restored = %processor.digest(), %reason, "new plugin version rolled back");
+        self.observer.swapped(&SwapEvent::RolledBack { digest: trial.digest, restored: processor.digest().to_string(), reason });
+    }
+}
