@@ -16,12 +16,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod client;
 pub mod committer;
 pub mod config;
+pub mod hot_swap;
 pub mod kafka;
 pub mod lock;
+pub mod metrics;
 pub mod overlay;
 pub mod plugin;
+pub mod serve;
 pub mod sink;
 pub mod source;
 pub mod state_store;

@@ -1,5 +1,7 @@
 //! The `tally` command line.
 
+mod admin_cli;
+
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,6 +29,12 @@ struct Cli {
     /// Log as JSON lines instead of text (logs go to stderr; filter with RUST_LOG).
     #[arg(long, global = true)]
     log_json: bool,
+    /// Admin commands: the `tally serve` host to talk to.
+    #[arg(long, global = true, env = "TALLY_SERVER", default_value = tally_host::client::DEFAULT_SERVER)]
+    server: String,
+    /// Admin commands: your tenant's bearer token.
+    #[arg(long, global = true, env = "TALLY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -40,12 +48,58 @@ enum Command {
     ///     --input usage-0.ndjson --input usage-1.ndjson --output-dir out --state-dir state
     ///   tally run billing.toml
     Run(RunArgs),
-    /// Build, inspect plugins.
+    /// Build and inspect plugins; push, list and roll back a served job's versions.
     #[command(subcommand)]
     Plugin(PluginCommand),
-    /// Read a local job's committed state.
+    /// Read a job's committed state.
     #[command(subcommand)]
     State(StateCommand),
+    /// Run many tenants' jobs in one host, managed over an admin API.
+    ///
+    /// Example: tally serve host.toml
+    Serve {
+        /// The host file (TOML): listen address, data directory, tenants.
+        config: PathBuf,
+    },
+    /// Manage your jobs on a `tally serve` host.
+    #[command(subcommand)]
+    Jobs(JobsCommand),
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// List your jobs.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job's status.
+    Status {
+        job: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deploy a job file with its plugin.
+    ///
+    /// Example: tally jobs deploy billing.toml --plugin usage_billing.wasm
+    Deploy {
+        /// The job file; its `plugin` (if any) is uploaded unless --plugin is given.
+        file: PathBuf,
+        /// The plugin component to upload.
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause a job (it commits what it processed first).
+    Pause { job: String },
+    /// Resume a paused job.
+    Resume { job: String },
+    /// Stop a job and delete its state, outputs and plugin versions.
+    Delete { job: String },
 }
 
 #[derive(Args)]
@@ -104,6 +158,31 @@ enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Push a new plugin version into a running job; it is swapped in at
+    /// the next transaction boundary, and rolled back if it fails there.
+    ///
+    /// Example: tally plugin push billing usage_billing.wasm
+    Push {
+        job: String,
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List every plugin version pushed to a job.
+    History {
+        job: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Go back to the version that ran before the active one.
+    Rollback {
+        job: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -119,12 +198,24 @@ enum StateCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Read one committed value of a job on a `tally serve` host.
+    ///
+    /// Example: tally state get billing '{"customer":"acme","metric":"api_calls","period":"2026-11"}'
+    Get {
+        job: String,
+        /// The key, byte for byte as the plugin stores it (the Rust SDK stores JSON).
+        key: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_json);
-    match run(cli.command) {
+    let admin = Admin { server: cli.server, token: cli.token };
+    match run(cli.command, &admin) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {}", error_chain(&err));
@@ -157,14 +248,37 @@ fn init_logging(json: bool) {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<()> {
+fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => run_job(args),
         Command::Plugin(PluginCommand::Build { dir, out }) => build_plugin(&dir, out.as_deref()),
         Command::Plugin(PluginCommand::Inspect { file, json }) => inspect_plugin(&file, json),
         Command::State(StateCommand::List { state_dir, json }) => list_state(&state_dir, json),
+        Command::Serve { config } => serve(&config),
+        Command::Jobs(command) => admin_cli::jobs(admin, command),
+        Command::Plugin(PluginCommand::Push { job, file, json }) => admin_cli::push(admin, &job, &file, json),
+        Command::Plugin(PluginCommand::History { job, json }) => admin_cli::history(admin, &job, json),
+        Command::Plugin(PluginCommand::Rollback { job, json }) => admin_cli::rollback(admin, &job, json),
+        Command::State(StateCommand::Get { job, key, json }) => admin_cli::state_get(admin, &job, &key, json),
     }
 }
+
+/// Where admin commands go, and as whom.
+pub(crate) struct Admin {
+    pub(crate) server: String,
+    pub(crate) token: Option<String>,
+}
+
+fn serve(config: &Path) -> anyhow::Result<()> {
+    let config = tally_host::serve::config::HostConfig::from_file(config)?;
+    let host = tally_host::serve::Host::open(config).map_err(anyhow::Error::msg)?;
+    let stop = stop_on_signals()?;
+    tally_host::serve::api::serve(host, stop).map_err(anyhow::Error::msg)?;
+    println!("stopped: every job committed what it had processed");
+    Ok(())
+}
+
+pub(crate) use JobsCommand as AdminJobsCommand;
 
 fn run_job(args: RunArgs) -> anyhow::Result<()> {
     let job = match args.job {
@@ -180,6 +294,7 @@ fn run_job(args: RunArgs) -> anyhow::Result<()> {
                 batch_size: args.batch_size,
                 limits: Limits::default(),
                 kafka: None,
+                hot_swap: Default::default(),
                 local: Some(LocalConfig {
                     inputs: args.inputs,
                     output_dir: args.output_dir.ok_or_else(|| missing("output-dir"))?,

@@ -1,0 +1,135 @@
+//! A client of `tally serve`'s admin API, for the CLI and for tests.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::Value;
+
+/// The admin API's address when none is given.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
+
+/// A failed admin request.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The host answered with an error status; `message` says why.
+    #[error("{message} (HTTP {status})")]
+    Refused { status: u16, message: String },
+    /// The host could not be reached or answered something unreadable.
+    #[error("cannot talk to the Tally host at {server}: {reason}; is `tally serve` running there? (--server or TALLY_SERVER)")]
+    Unreachable { server: String, reason: String },
+}
+
+impl ClientError {
+    /// The HTTP status of a refusal.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Refused { status, .. } => Some(*status),
+            ClientError::Unreachable { .. } => None,
+        }
+    }
+}
+
+/// Talks to one host as one tenant (or as the metrics reader).
+pub struct AdminClient {
+    server: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl AdminClient {
+    /// A client of the host at `server` (`http://host:port`) using `token`.
+    pub fn new(server: &str, token: Option<&str>) -> AdminClient {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .into();
+        AdminClient { server: server.trim_end_matches('/').to_string(), token: token.map(str::to_string), agent }
+    }
+
+    /// Sends a request; returns the JSON (or text, as a JSON string) answer.
+    pub fn request(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, ClientError> {
+        let url = format!("{}{path}", self.server);
+        let unreachable = |reason: String| ClientError::Unreachable { server: self.server.clone(), reason };
+        let mut builder = ureq::http::Request::builder().method(method).uri(&url);
+        if let Some(token) = &self.token {
+            builder = builder.header("Authorization", format!("Bearer {token}"));
+        }
+        let (content_type, bytes) = body.unwrap_or(("application/octet-stream", Vec::new()));
+        let request = builder.header("Content-Type", content_type).body(bytes).map_err(|err| unreachable(err.to_string()))?;
+        let mut response = self.agent.run(request).map_err(|err| unreachable(err.to_string()))?;
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+            .map_err(|err| unreachable(err.to_string()))?;
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status >= 400 {
+            let message = value.get("error").and_then(Value::as_str).map_or_else(|| value.to_string(), str::to_string);
+            return Err(ClientError::Refused { status, message });
+        }
+        Ok(value)
+    }
+
+    /// The tenant's jobs.
+    pub fn list(&self) -> Result<Value, ClientError> {
+        self.request("GET", "/v1/jobs", None)
+    }
+
+    /// One job's status.
+    pub fn status(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("GET", &format!("/v1/jobs/{job}"), None)
+    }
+
+    /// Deploys a job file with its plugin component.
+    pub fn deploy(&self, job_toml: &str, plugin: &[u8]) -> Result<Value, ClientError> {
+        let body = serde_json::json!({ "job": job_toml, "plugin": base64::engine::general_purpose::STANDARD.encode(plugin) });
+        self.request("POST", "/v1/jobs", Some(("application/json", body.to_string().into_bytes())))
+    }
+
+    /// Pauses a job.
+    pub fn pause(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("POST", &format!("/v1/jobs/{job}/pause"), None)
+    }
+
+    /// Resumes a job.
+    pub fn resume(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("POST", &format!("/v1/jobs/{job}/resume"), None)
+    }
+
+    /// Deletes a job.
+    pub fn delete(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("DELETE", &format!("/v1/jobs/{job}"), None)
+    }
+
+    /// Pushes a plugin version into a running job.
+    pub fn push(&self, job: &str, plugin: &[u8]) -> Result<Value, ClientError> {
+        self.request("POST", &format!("/v1/jobs/{job}/plugin"), Some(("application/wasm", plugin.to_vec())))
+    }
+
+    /// Every plugin version pushed to a job.
+    pub fn history(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("GET", &format!("/v1/jobs/{job}/plugin/history"), None)
+    }
+
+    /// Goes back to the job's previous plugin version.
+    pub fn rollback(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("POST", &format!("/v1/jobs/{job}/plugin/rollback"), None)
+    }
+
+    /// One committed state value of a job.
+    pub fn state_get(&self, job: &str, key: &str) -> Result<Value, ClientError> {
+        let key = percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC);
+        self.request("GET", &format!("/v1/jobs/{job}/state?key={key}"), None)
+    }
+
+    /// The host's metrics in Prometheus text format.
+    pub fn metrics(&self) -> Result<String, ClientError> {
+        match self.request("GET", "/metrics", None)? {
+            Value::String(text) => Ok(text),
+            other => Ok(other.to_string()),
+        }
+    }
+}

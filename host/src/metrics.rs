@@ -1,0 +1,263 @@
+//! Per-job metrics in Prometheus text format, served at `/metrics` by
+//! `tally serve`. Counts are of committed work: a transaction that is
+//! aborted (and redone) is counted once, when its redo commits.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::hot_swap::{CommitReport, SwapEvent};
+use crate::task::BatchOutcome;
+
+/// Labels of every job metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    /// The tenant owning the job.
+    pub tenant: String,
+    /// The job's name.
+    pub job: String,
+}
+
+/// Labels of the plugin-version info metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginLabels {
+    tenant: String,
+    job: String,
+    digest: String,
+}
+
+type Counters = Family<JobLabels, Counter>;
+type Gauges = Family<JobLabels, Gauge>;
+
+fn commit_histogram() -> Histogram {
+    // 1 ms to ~16 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// Every job's metrics, in one registry.
+pub struct HostMetrics {
+    registry: Registry,
+    records_in: Counters,
+    records_out: Counters,
+    dead_letters: Counters,
+    commits: Counters,
+    aborts: Counters,
+    commit_seconds: Family<JobLabels, Histogram, fn() -> Histogram>,
+    consumer_lag: Gauges,
+    input_lag_bytes: Gauges,
+    plugin_cpu_seconds: Family<JobLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    plugin_memory: Gauges,
+    traps: Counters,
+    swaps: Counters,
+    rollbacks: Counters,
+    running: Gauges,
+    plugin_info: Family<PluginLabels, Gauge>,
+}
+
+impl Default for HostMetrics {
+    fn default() -> Self {
+        HostMetrics::new()
+    }
+}
+
+impl HostMetrics {
+    /// An empty registry with every family registered.
+    pub fn new() -> HostMetrics {
+        let mut registry = Registry::with_prefix("tally");
+        let metrics = HostMetrics {
+            records_in: Counters::default(),
+            records_out: Counters::default(),
+            dead_letters: Counters::default(),
+            commits: Counters::default(),
+            aborts: Counters::default(),
+            commit_seconds: Family::new_with_constructor(commit_histogram),
+            consumer_lag: Gauges::default(),
+            input_lag_bytes: Gauges::default(),
+            plugin_cpu_seconds: Family::default(),
+            plugin_memory: Gauges::default(),
+            traps: Counters::default(),
+            swaps: Counters::default(),
+            rollbacks: Counters::default(),
+            running: Gauges::default(),
+            plugin_info: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("records_in", "Input records in committed transactions (dead-lettered ones included)", metrics.records_in.clone());
+        registry.register("records_out", "Output records committed (dead letters not included)", metrics.records_out.clone());
+        registry.register("dead_letters", "Records committed to the dead-letter output", metrics.dead_letters.clone());
+        registry.register("commits", "Transactions committed", metrics.commits.clone());
+        registry.register("aborts", "Transactions aborted and redone (Kafka errors, plugin rollbacks)", metrics.aborts.clone());
+        registry.register("commit_seconds", "Time to commit one transaction", metrics.commit_seconds.clone());
+        registry.register("consumer_lag_records", "Kafka jobs: records between the consumer and the ends of its partitions", metrics.consumer_lag.clone());
+        registry.register("input_lag_bytes", "Local jobs: bytes of the input files not read yet", metrics.input_lag_bytes.clone());
+        registry.register("plugin_cpu_seconds", "CPU time spent in plugin calls", metrics.plugin_cpu_seconds.clone());
+        registry.register("plugin_memory_bytes", "Linear memory the plugin instance holds", metrics.plugin_memory.clone());
+        registry.register("plugin_traps", "Plugin calls that trapped or broke a limit", metrics.traps.clone());
+        registry.register("plugin_swaps", "Plugin versions activated by a hot swap", metrics.swaps.clone());
+        registry.register("plugin_rollbacks", "Plugin versions rolled back after failing their first transaction", metrics.rollbacks.clone());
+        registry.register("job_running", "1 while the job is processing, 0 when paused, failed or stopped", metrics.running.clone());
+        registry.register("plugin_info", "The plugin version a job runs (value 1)", metrics.plugin_info.clone());
+        HostMetrics { registry, ..metrics }
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        text
+    }
+
+    /// Handles to one job's metrics.
+    pub fn job(&self, tenant: &str, job: &str) -> JobMetrics {
+        let labels = JobLabels { tenant: tenant.to_string(), job: job.to_string() };
+        JobMetrics {
+            records_in: self.records_in.get_or_create(&labels).clone(),
+            records_out: self.records_out.get_or_create(&labels).clone(),
+            dead_letters: self.dead_letters.get_or_create(&labels).clone(),
+            commits: self.commits.get_or_create(&labels).clone(),
+            aborts: self.aborts.get_or_create(&labels).clone(),
+            commit_seconds: self.commit_seconds.get_or_create(&labels).clone(),
+            consumer_lag: self.consumer_lag.get_or_create(&labels).clone(),
+            input_lag_bytes: self.input_lag_bytes.get_or_create(&labels).clone(),
+            plugin_cpu_seconds: self.plugin_cpu_seconds.get_or_create(&labels).clone(),
+            plugin_memory: self.plugin_memory.get_or_create(&labels).clone(),
+            traps: self.traps.get_or_create(&labels).clone(),
+            swaps: self.swaps.get_or_create(&labels).clone(),
+            rollbacks: self.rollbacks.get_or_create(&labels).clone(),
+            running: self.running.get_or_create(&labels).clone(),
+            plugin_info: self.plugin_info.clone(),
+            labels,
+            pending: Mutex::default(),
+        }
+    }
+
+    /// Forgets a deleted job.
+    pub fn remove(&self, labels: &JobLabels, digest: &str) {
+        for family in [&self.records_in, &self.records_out, &self.dead_letters, &self.commits, &self.aborts, &self.traps, &self.swaps, &self.rollbacks] {
+            family.remove(labels);
+        }
+        for family in [&self.consumer_lag, &self.input_lag_bytes, &self.plugin_memory, &self.running] {
+            family.remove(labels);
+        }
+        self.commit_seconds.remove(labels);
+        self.plugin_cpu_seconds.remove(labels);
+        self.plugin_info.remove(&plugin_labels(labels, digest));
+    }
+}
+
+fn plugin_labels(labels: &JobLabels, digest: &str) -> PluginLabels {
+    PluginLabels { tenant: labels.tenant.clone(), job: labels.job.clone(), digest: digest.to_string() }
+}
+
+/// One job's metrics; updated by the job's observer.
+pub struct JobMetrics {
+    /// The job's labels.
+    pub labels: JobLabels,
+    records_in: Counter,
+    records_out: Counter,
+    dead_letters: Counter,
+    commits: Counter,
+    aborts: Counter,
+    commit_seconds: Histogram,
+    consumer_lag: Gauge,
+    input_lag_bytes: Gauge,
+    plugin_cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    plugin_memory: Gauge,
+    traps: Counter,
+    swaps: Counter,
+    rollbacks: Counter,
+    running: Gauge,
+    plugin_info: Family<PluginLabels, Gauge>,
+    /// Counts of the open transaction, and the plugin CPU time last seen.
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    records: u64,
+    outputs: u64,
+    dead_letters: u64,
+    plugin: String,
+    cpu_seen: Duration,
+}
+
+impl JobMetrics {
+    /// A batch ran in the open transaction.
+    pub fn batch(&self, events: usize, outcome: &BatchOutcome) {
+        self.traps.inc_by(outcome.traps);
+        let mut pending = self.pending.lock().expect("metrics lock");
+        pending.records += events as u64;
+        pending.outputs += outcome.outputs;
+        pending.dead_letters += outcome.dead_lettered;
+    }
+
+    /// The open transaction committed; returns the records it held.
+    pub fn committed(&self, commit: &CommitReport, kafka: bool) -> u64 {
+        let mut pending = self.pending.lock().expect("metrics lock");
+        let records = std::mem::take(&mut pending.records);
+        self.records_in.inc_by(records);
+        self.records_out.inc_by(std::mem::take(&mut pending.outputs));
+        self.dead_letters.inc_by(std::mem::take(&mut pending.dead_letters));
+        self.commits.inc();
+        self.commit_seconds.observe(commit.took.as_secs_f64());
+        if let Some(lag) = commit.lag {
+            let gauge = if kafka { &self.consumer_lag } else { &self.input_lag_bytes };
+            gauge.set(lag.min(i64::MAX as u64) as i64);
+        }
+        // A new instance (after a swap or a trap) counts its CPU from zero.
+        let cpu = commit.usage.cpu;
+        if pending.plugin != commit.plugin_digest || cpu < pending.cpu_seen {
+            pending.plugin = commit.plugin_digest.clone();
+            pending.cpu_seen = Duration::ZERO;
+        }
+        self.plugin_cpu_seconds.inc_by((cpu - pending.cpu_seen).as_secs_f64());
+        pending.cpu_seen = cpu;
+        self.plugin_memory.set(commit.usage.memory_bytes.min(i64::MAX as u64) as i64);
+        records
+    }
+
+    /// The open transaction was aborted: its counts are dropped (its redo counts).
+    pub fn aborted(&self) {
+        self.aborts.inc();
+        let mut pending = self.pending.lock().expect("metrics lock");
+        pending.records = 0;
+        pending.outputs = 0;
+        pending.dead_letters = 0;
+    }
+
+    /// A plugin version was activated or rolled back.
+    pub fn swapped(&self, event: &SwapEvent) {
+        match event {
+            SwapEvent::Activated { .. } => self.swaps.inc(),
+            SwapEvent::RolledBack { .. } => self.rollbacks.inc(),
+            SwapEvent::OnTrial { .. } | SwapEvent::Refused { .. } => 0,
+        };
+    }
+
+    /// Reports `digest` as the job's plugin version instead of `previous`.
+    pub fn set_plugin_info(&self, previous: &str, digest: &str) {
+        self.plugin_info.remove(&plugin_labels(&self.labels, previous));
+        self.plugin_info.get_or_create(&plugin_labels(&self.labels, digest)).set(1);
+    }
+
+    /// Whether the job is processing.
+    pub fn set_running(&self, running: bool) {
+        self.running.set(i64::from(running));
+    }
+
+    /// Commits so far.
+    pub fn commits(&self) -> u64 {
+        self.commits.get()
+    }
+
+    /// Rollbacks so far.
+    pub fn rollbacks(&self) -> u64 {
+        self.rollbacks.get()
+    }
+}

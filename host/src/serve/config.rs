@@ -1,0 +1,153 @@
+//! The host configuration of `tally serve`: where it listens, where it
+//! keeps its jobs, and the tenants with their tokens.
+//!
+//! ```toml
+//! listen = "127.0.0.1:7070"     # loopback unless you say otherwise
+//! data_dir = "tally-data"
+//! max_upload_bytes = 33554432   # largest request body (plugin uploads)
+//! metrics_token = "..."         # bearer token for /metrics (optional)
+//!
+//! [tenants.acme]
+//! token = "a-long-random-secret"
+//! input_dir = "inputs/acme"     # local jobs of this tenant read only here
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::config::ConfigError;
+
+/// Shortest bearer token accepted: guessing must be hopeless.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// `tally serve`'s configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// Address of the admin API.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Where jobs, their plugin versions, state and outputs live.
+    pub data_dir: PathBuf,
+    /// Largest request body, in bytes.
+    #[serde(default = "default_max_upload_bytes")]
+    pub max_upload_bytes: u64,
+    /// Bearer token that may read `/metrics` (all tenants' jobs); without
+    /// one, `/metrics` is not served.
+    #[serde(default)]
+    pub metrics_token: Option<String>,
+    /// Tenants by name.
+    pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+/// One tenant.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The tenant's bearer token.
+    pub token: String,
+    /// Directory the tenant's local jobs read their inputs from; local
+    /// jobs are refused for a tenant without one.
+    #[serde(default)]
+    pub input_dir: Option<PathBuf>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7070))
+}
+
+fn default_max_upload_bytes() -> u64 {
+    32 << 20
+}
+
+impl HostConfig {
+    /// Reads and checks a host file; relative paths are taken relative to it.
+    pub fn from_file(path: &Path) -> Result<HostConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let mut config: HostConfig =
+            toml::from_str(&text).map_err(|err| ConfigError::Parse { path: path.to_path_buf(), message: err.to_string() })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolve = |path: &mut PathBuf| {
+            if path.is_relative() {
+                *path = base.join(&*path);
+            }
+        };
+        resolve(&mut config.data_dir);
+        for tenant in config.tenants.values_mut() {
+            if let Some(dir) = &mut tenant.input_dir {
+                resolve(dir);
+            }
+        }
+        config.validate().map_err(|message| ConfigError::Invalid { job: format!("(host file {})", path.display()), message })?;
+        Ok(config)
+    }
+
+    /// Checks names and tokens; the message says what to change.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.tenants.is_empty() {
+            return Err("add at least one tenant: [tenants.<name>] with a token".into());
+        }
+        let mut tokens = std::collections::HashSet::new();
+        for (name, tenant) in &self.tenants {
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                return Err(format!("tenant name {name:?} must use only letters, digits, `-` and `_`"));
+            }
+            if tenant.token.chars().count() < MIN_TOKEN_CHARS {
+                return Err(format!("tenant `{name}`: the token must have at least {MIN_TOKEN_CHARS} characters"));
+            }
+            if !tokens.insert(tenant.token.as_str()) {
+                return Err(format!("tenant `{name}` shares its token with another tenant; give each tenant its own"));
+            }
+        }
+        if let Some(token) = &self.metrics_token {
+            if token.chars().count() < MIN_TOKEN_CHARS || tokens.contains(token.as_str()) {
+                return Err(format!("metrics_token must have at least {MIN_TOKEN_CHARS} characters and differ from every tenant's token"));
+            }
+        }
+        if self.max_upload_bytes < 1024 {
+            return Err("max_upload_bytes must be at least 1024".into());
+        }
+        Ok(())
+    }
+
+    /// The tenant whose token is `token`, compared in constant time.
+    pub fn tenant_of(&self, token: &str) -> Option<&str> {
+        self.tenants.iter().find(|(_, tenant)| same_secret(&tenant.token, token)).map(|(name, _)| name.as_str())
+    }
+}
+
+/// Compares secrets without an early exit on the first differing byte.
+pub fn same_secret(expected: &str, given: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    let (expected, given) = (Sha256::digest(expected.as_bytes()), Sha256::digest(given.as_bytes()));
+    expected.iter().zip(given.iter()).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(tenants: &str) -> Result<HostConfig, String> {
+        let config: HostConfig = toml::from_str(&format!("data_dir = \"d\"\n{tenants}")).map_err(|err| err.to_string())?;
+        config.validate().map(|()| config)
+    }
+
+    #[test]
+    fn tokens_must_be_long_and_distinct() {
+        assert!(host("[tenants.a]\ntoken = \"short\"").unwrap_err().contains("at least 16"));
+        let shared = "[tenants.a]\ntoken = \"0123456789abcdef\"\n[tenants.b]\ntoken = \"0123456789abcdef\"";
+        assert!(host(shared).unwrap_err().contains("shares its token"));
+        let ok = host("[tenants.a]\ntoken = \"0123456789abcdef\"\n[tenants.b]\ntoken = \"fedcba9876543210\"").unwrap();
+        assert_eq!(ok.tenant_of("fedcba9876543210"), Some("b"));
+        assert_eq!(ok.tenant_of("fedcba987654321"), None);
+        assert_eq!(ok.listen, default_listen(), "loopback unless configured");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        assert!(host("[tenants.a]\ntoken = \"0123456789abcdef\"\nadmin = true").unwrap_err().contains("unknown field"));
+    }
+}

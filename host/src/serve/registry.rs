@@ -1,0 +1,256 @@
+//! The host's data directory: one directory per job, with the job file as
+//! deployed, every plugin version pushed, and the job's record.
+//!
+//! ```text
+//! <data_dir>/jobs/<tenant>/<job>/
+//!     job.toml             the job as deployed
+//!     record.json          paused or not; each plugin version and its fate
+//!     plugins/<hex>.wasm   every version pushed, kept for rollback
+//!     state/               the job's state (RocksDB, lock, instance id)
+//!     out/                 a local job's output files
+//! ```
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// What became of a pushed plugin version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VersionStatus {
+    /// Waiting for the job's next transaction boundary, or on trial.
+    Pending,
+    /// The version the job runs.
+    Active,
+    /// Ran before a newer version took over; available for rollback.
+    Retired,
+    /// Failed its first transaction and was rolled back.
+    RolledBack,
+    /// Could not be started.
+    Refused,
+}
+
+/// One pushed plugin version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginVersion {
+    /// `sha256:<hex>` of the component.
+    pub digest: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// When it was pushed, in seconds since the Unix epoch.
+    pub pushed_at: u64,
+    /// What became of it.
+    pub status: VersionStatus,
+    /// Why it was rolled back or refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl PluginVersion {
+    /// A version pushed now.
+    pub fn new(digest: &str, size: u64, status: VersionStatus) -> PluginVersion {
+        let pushed_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
+        PluginVersion { digest: digest.to_string(), size, pushed_at, status, reason: None }
+    }
+}
+
+/// What the host remembers about a job besides its job file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// Paused by its tenant: stays paused across host restarts.
+    pub paused: bool,
+    /// Every version pushed, oldest first.
+    pub versions: Vec<PluginVersion>,
+}
+
+impl JobRecord {
+    /// The version the job runs.
+    pub fn active(&self) -> Option<&PluginVersion> {
+        self.versions.iter().rev().find(|version| version.status == VersionStatus::Active)
+    }
+
+    /// A version waiting for (or on) its trial.
+    pub fn pending(&self) -> Option<&PluginVersion> {
+        self.versions.iter().rev().find(|version| version.status == VersionStatus::Pending)
+    }
+
+    /// The version that ran before the active one (what `rollback` returns to).
+    pub fn previous(&self) -> Option<&PluginVersion> {
+        let active = self.active()?;
+        self.versions.iter().rev().find(|version| version.status == VersionStatus::Retired && version.digest != active.digest)
+    }
+
+    /// Records a push; an older version still pending is superseded.
+    pub fn pushed(&mut self, version: PluginVersion) {
+        for older in &mut self.versions {
+            if older.status == VersionStatus::Pending {
+                older.status = VersionStatus::Refused;
+                older.reason = Some(format!("superseded by {} before the job took it", version.digest));
+            }
+        }
+        self.versions.push(version);
+    }
+
+    /// `digest` passed its trial: it is active, the one before retired.
+    pub fn activated(&mut self, digest: &str) {
+        for version in &mut self.versions {
+            if version.status == VersionStatus::Active {
+                version.status = VersionStatus::Retired;
+            }
+        }
+        if let Some(version) = self.latest_mut(digest, VersionStatus::Pending) {
+            version.status = VersionStatus::Active;
+        }
+    }
+
+    /// `digest` failed its trial or could not start.
+    pub fn failed(&mut self, digest: &str, status: VersionStatus, reason: &str) {
+        if let Some(version) = self.latest_mut(digest, VersionStatus::Pending) {
+            version.status = status;
+            version.reason = Some(reason.to_string());
+        }
+    }
+
+    fn latest_mut(&mut self, digest: &str, status: VersionStatus) -> Option<&mut PluginVersion> {
+        self.versions.iter_mut().rev().find(|version| version.digest == digest && version.status == status)
+    }
+}
+
+/// Where one job's files are.
+#[derive(Debug, Clone)]
+pub struct JobDir {
+    path: PathBuf,
+}
+
+impl JobDir {
+    /// The directory of `tenant`'s job `name` under `data_dir`.
+    pub fn new(data_dir: &Path, tenant: &str, name: &str) -> JobDir {
+        JobDir { path: data_dir.join("jobs").join(tenant).join(name) }
+    }
+
+    /// The directory itself.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The job file as deployed.
+    pub fn job_file(&self) -> PathBuf {
+        self.path.join("job.toml")
+    }
+
+    /// The component file of plugin version `digest`.
+    pub fn plugin_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.split_once(':').map_or(digest, |(_, hex)| hex);
+        self.path.join("plugins").join(format!("{hex}.wasm"))
+    }
+
+    /// The job's state directory.
+    pub fn state_dir(&self) -> PathBuf {
+        self.path.join("state")
+    }
+
+    /// A local job's output directory.
+    pub fn output_dir(&self) -> PathBuf {
+        self.path.join("out")
+    }
+
+    /// Reads the job's record.
+    pub fn read_record(&self) -> Result<JobRecord, String> {
+        let path = self.path.join("record.json");
+        let bytes = std::fs::read(&path).map_err(|err| format!("cannot read `{}`: {err}", path.display()))?;
+        serde_json::from_slice(&bytes).map_err(|err| format!("`{}` is damaged: {err}", path.display()))
+    }
+
+    /// Writes the job's record, whole or not at all.
+    pub fn write_record(&self, record: &JobRecord) -> Result<(), String> {
+        write_atomically(&self.path.join("record.json"), &serde_json::to_vec_pretty(record).expect("records serialize"))
+    }
+
+    /// Writes a file of the job, whole or not at all.
+    pub fn write_file(&self, path: &Path, bytes: &[u8]) -> Result<(), String> {
+        write_atomically(path, bytes)
+    }
+}
+
+/// Writes `bytes` to a temporary file, syncs it, and renames it over `path`.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let parent = path.parent().expect("job files live in a directory");
+    std::fs::create_dir_all(parent).map_err(|err| format!("cannot create `{}`: {err}", parent.display()))?;
+    let temporary = path.with_extension("tmp");
+    let result = std::fs::File::create(&temporary)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .and_then(|()| std::fs::File::open(parent)?.sync_all());
+    result.map_err(|err| format!("cannot write `{}`: {err}", path.display()))
+}
+
+/// Every job directory under `data_dir`: `(tenant, job name, directory)`.
+pub fn list_jobs(data_dir: &Path) -> Result<Vec<(String, String, JobDir)>, String> {
+    let root = data_dir.join("jobs");
+    let mut jobs = Vec::new();
+    let read = |dir: &Path| -> Result<Vec<String>, String> {
+        match std::fs::read_dir(dir) {
+            Ok(entries) => {
+                let mut names = Vec::new();
+                for entry in entries {
+                    let entry = entry.map_err(|err| format!("cannot list `{}`: {err}", dir.display()))?;
+                    if entry.path().is_dir() {
+                        names.push(entry.file_name().to_string_lossy().into_owned());
+                    }
+                }
+                names.sort();
+                Ok(names)
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(err) => Err(format!("cannot list `{}`: {err}", dir.display())),
+        }
+    };
+    for tenant in read(&root)? {
+        for name in read(&root.join(&tenant))? {
+            // A deploy that did not finish leaves no record: not a job.
+            let dir = JobDir::new(data_dir, &tenant, &name);
+            if dir.path().join("record.json").exists() {
+                jobs.push((tenant.clone(), name, dir));
+            }
+        }
+    }
+    Ok(jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_move_from_pending_to_active_to_retired() {
+        let mut record = JobRecord::default();
+        record.pushed(PluginVersion::new("sha256:a", 1, VersionStatus::Active));
+        record.pushed(PluginVersion::new("sha256:b", 1, VersionStatus::Pending));
+        assert_eq!(record.pending().unwrap().digest, "sha256:b");
+        record.activated("sha256:b");
+        assert_eq!(record.active().unwrap().digest, "sha256:b");
+        assert_eq!(record.previous().unwrap().digest, "sha256:a");
+        record.pushed(PluginVersion::new("sha256:c", 1, VersionStatus::Pending));
+        record.failed("sha256:c", VersionStatus::RolledBack, "trapped");
+        assert_eq!(record.active().unwrap().digest, "sha256:b", "a rollback keeps the active version");
+        assert_eq!(record.versions[2].reason.as_deref(), Some("trapped"));
+    }
+
+    #[test]
+    fn records_survive_a_round_trip_and_half_deployed_jobs_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = JobDir::new(dir.path(), "acme", "billing");
+        let mut record = JobRecord { paused: true, ..JobRecord::default() };
+        record.pushed(PluginVersion::new("sha256:a", 7, VersionStatus::Active));
+        job.write_record(&record).unwrap();
+        assert_eq!(job.read_record().unwrap(), record);
+        std::fs::create_dir_all(JobDir::new(dir.path(), "acme", "half").path()).unwrap();
+        let listed: Vec<String> = list_jobs(dir.path()).unwrap().into_iter().map(|(_, name, _)| name).collect();
+        assert_eq!(listed, ["billing"]);
+    }
+}

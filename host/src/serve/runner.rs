@@ -1,0 +1,384 @@
+//! One job under `tally serve`: its thread, its controls (pause, resume,
+//! stop), its status, and the observer that turns commits and swaps into
+//! status, metrics and plugin history.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::config::JobConfig;
+use crate::hot_swap::{CommitReport, JobObserver, PluginSlot, SwapEvent};
+use crate::kafka::{KafkaJob, KafkaRunOptions};
+use crate::metrics::JobMetrics;
+use crate::plugin::LoadedPlugin;
+use crate::state_store::StateStore;
+use crate::task::{BatchOutcome, LocalTask};
+
+use super::registry::{JobDir, JobRecord, VersionStatus};
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Opening: recovering state, joining the group.
+    Starting,
+    /// Processing (or waiting for input).
+    Running,
+    /// Paused by its tenant; everything processed is committed.
+    Paused,
+    /// Failed; the host retries with backoff (see `last_error`).
+    Failed,
+    /// Stopped for good (host shutting down, or the job deleted).
+    Stopped,
+}
+
+/// What `status` shows about a job.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobStatus {
+    /// The job's name.
+    pub name: String,
+    /// `local` or `kafka`.
+    pub mode: &'static str,
+    /// Where the job is in its life.
+    pub state: JobState,
+    /// Digest of the plugin version running.
+    pub plugin: String,
+    /// A pushed version waiting for its trial, or on it, if any.
+    pub pending_plugin: Option<String>,
+    /// The version running its trial transaction now, if any.
+    pub on_trial: Option<String>,
+    /// Input records in committed transactions since the host started.
+    pub records: u64,
+    /// Committed input records per second, over the last few seconds.
+    pub throughput: f64,
+    /// How far behind the input the job is after its last commit.
+    pub lag: Option<u64>,
+    /// The unit of `lag`: `records` (Kafka) or `bytes` (local files).
+    pub lag_unit: &'static str,
+    /// Transactions committed since the host started.
+    pub commits: u64,
+    /// Plugin versions rolled back since the host started.
+    pub rollbacks: u64,
+    /// The last thing that went wrong, if anything did.
+    pub last_error: Option<String>,
+    /// What the last push led to.
+    pub last_swap: Option<String>,
+}
+
+/// Controls and status shared by a job's thread and the admin API.
+pub struct JobRuntime {
+    /// The tenant owning the job.
+    pub tenant: String,
+    /// The job's name, as its tenant calls it.
+    pub name: String,
+    /// The config the host runs.
+    pub config: JobConfig,
+    /// Where its files are.
+    pub dir: JobDir,
+    /// Where pushed versions wait for the job.
+    pub slot: Arc<PluginSlot>,
+    /// Its metrics.
+    pub metrics: JobMetrics,
+    /// Set to make the current run commit and return.
+    stop: AtomicBool,
+    control: Mutex<Control>,
+    wake: Condvar,
+    status: Mutex<StatusInner>,
+    /// The record on disk, kept in step.
+    record: Mutex<JobRecord>,
+    /// Every version this host has compiled for the job, by digest.
+    plugins: Mutex<HashMap<String, LoadedPlugin>>,
+    /// The committed state, while the job is open.
+    store: Mutex<Option<(Arc<dyn StateStore>, i32)>>,
+}
+
+#[derive(Default)]
+struct Control {
+    paused: bool,
+    ended: bool,
+}
+
+struct StatusInner {
+    state: JobState,
+    plugin: String,
+    records: u64,
+    throughput: f64,
+    lag: Option<u64>,
+    last_commit: Option<Instant>,
+    last_error: Option<String>,
+    last_swap: Option<String>,
+    on_trial: Option<String>,
+}
+
+impl JobRuntime {
+    /// A job that will run `plugin` (its active version).
+    pub fn new(
+        tenant: &str,
+        name: &str,
+        config: JobConfig,
+        dir: JobDir,
+        record: JobRecord,
+        plugin: LoadedPlugin,
+        metrics: JobMetrics,
+    ) -> Arc<JobRuntime> {
+        let paused = record.paused;
+        Arc::new(JobRuntime {
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+            config,
+            dir,
+            slot: PluginSlot::new(),
+            metrics,
+            stop: AtomicBool::new(paused),
+            control: Mutex::new(Control { paused, ended: false }),
+            wake: Condvar::new(),
+            status: Mutex::new(StatusInner {
+                state: if paused { JobState::Paused } else { JobState::Starting },
+                plugin: plugin.digest().to_string(),
+                records: 0,
+                throughput: 0.0,
+                lag: None,
+                last_commit: None,
+                last_error: None,
+                last_swap: None,
+                on_trial: None,
+            }),
+            record: Mutex::new(record),
+            plugins: Mutex::new(HashMap::from([(plugin.digest().to_string(), plugin)])),
+            store: Mutex::new(None),
+        })
+    }
+
+    /// Starts the job's thread.
+    pub fn spawn(self: &Arc<Self>) -> JoinHandle<()> {
+        let runtime = self.clone();
+        std::thread::Builder::new()
+            .name(format!("job-{}", self.config.name))
+            .spawn(move || runtime.run())
+            .expect("spawning a job thread")
+    }
+
+    fn is_kafka(&self) -> bool {
+        self.config.kafka.is_some()
+    }
+
+    /// The job's status now.
+    pub fn status(&self) -> JobStatus {
+        let status = self.status.lock().expect("status lock");
+        let record = self.record.lock().expect("record lock");
+        JobStatus {
+            name: self.name.clone(),
+            mode: if self.is_kafka() { "kafka" } else { "local" },
+            state: status.state,
+            plugin: status.plugin.clone(),
+            pending_plugin: record.pending().map(|version| version.digest.clone()),
+            on_trial: status.on_trial.clone(),
+            records: status.records,
+            throughput: (status.throughput * 10.0).round() / 10.0,
+            lag: status.lag,
+            lag_unit: if self.is_kafka() { "records" } else { "bytes" },
+            commits: self.metrics.commits(),
+            rollbacks: self.metrics.rollbacks(),
+            last_error: status.last_error.clone(),
+            last_swap: status.last_swap.clone(),
+        }
+    }
+
+    /// The job's record (plugin history).
+    pub fn record(&self) -> JobRecord {
+        self.record.lock().expect("record lock").clone()
+    }
+
+    /// The committed state and the number of state namespaces (Kafka
+    /// partitions; 0 for a local job), while the job is open.
+    pub fn store(&self) -> Option<(Arc<dyn StateStore>, i32)> {
+        self.store.lock().expect("store lock").clone()
+    }
+
+    /// Offers a compiled, checked version to the job; it is swapped in at
+    /// the next transaction boundary and judged on its first transaction.
+    pub fn push(&self, plugin: LoadedPlugin, version_status: super::registry::PluginVersion) -> Result<(), String> {
+        {
+            let mut record = self.record.lock().expect("record lock");
+            record.pushed(version_status);
+            self.dir.write_record(&record)?;
+        }
+        self.plugins.lock().expect("plugins lock").insert(plugin.digest().to_string(), plugin.clone());
+        self.slot.push(plugin);
+        Ok(())
+    }
+
+    /// Pauses (`true`) or resumes the job, and remembers it across restarts.
+    pub fn set_paused(&self, paused: bool) -> Result<(), String> {
+        {
+            let mut record = self.record.lock().expect("record lock");
+            record.paused = paused;
+            self.dir.write_record(&record)?;
+        }
+        let mut control = self.control.lock().expect("control lock");
+        control.paused = paused;
+        self.stop.store(paused, Ordering::SeqCst);
+        drop(control);
+        self.wake.notify_all();
+        Ok(())
+    }
+
+    /// Makes the job commit what it processed and its thread return.
+    pub fn end(&self) {
+        self.control.lock().expect("control lock").ended = true;
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake.notify_all();
+    }
+
+    fn set_state(&self, state: JobState) {
+        self.status.lock().expect("status lock").state = state;
+        self.metrics.set_running(state == JobState::Running);
+    }
+
+    /// Waits while paused; `false` once the job is to end.
+    fn wait_while_paused(&self) -> bool {
+        let mut control = self.control.lock().expect("control lock");
+        loop {
+            if control.ended {
+                return false;
+            }
+            if !control.paused {
+                return true;
+            }
+            self.set_state(JobState::Paused);
+            control = self.wake.wait(control).expect("control lock");
+        }
+    }
+
+    /// Sleeps `pause` unless the job is ended or paused meanwhile.
+    fn sleep_unless_stopped(&self, pause: Duration) {
+        let control = self.control.lock().expect("control lock");
+        let _ = self.wake.wait_timeout_while(control, pause, |control| !control.ended && !control.paused);
+    }
+
+    /// The job's thread: open, run until stopped, and on failure reopen
+    /// with backoff (from the last commit).
+    fn run(self: Arc<Self>) {
+        let mut backoff = Duration::from_secs(1);
+        while self.wait_while_paused() {
+            self.set_state(JobState::Starting);
+            let opened_at = Instant::now();
+            let result = if self.is_kafka() { self.run_kafka() } else { self.run_local() };
+            *self.store.lock().expect("store lock") = None;
+            match result {
+                Ok(()) => backoff = Duration::from_secs(1),
+                Err(message) => {
+                    tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job failed; reopening it from its last commit");
+                    self.status.lock().expect("status lock").last_error = Some(message);
+                    self.set_state(JobState::Failed);
+                    if opened_at.elapsed() > Duration::from_secs(60) {
+                        backoff = Duration::from_secs(1);
+                    }
+                    self.sleep_unless_stopped(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+        self.set_state(JobState::Stopped);
+    }
+
+    fn active_plugin(&self) -> LoadedPlugin {
+        let digest = self.status.lock().expect("status lock").plugin.clone();
+        self.plugins.lock().expect("plugins lock")[&digest].clone()
+    }
+
+    fn observer(self: &Arc<Self>) -> Arc<dyn JobObserver> {
+        Arc::new(Observer { runtime: self.clone() })
+    }
+
+    fn run_local(self: &Arc<Self>) -> Result<(), String> {
+        let mut task = LocalTask::open(&self.config, &self.active_plugin()).map_err(|err| err.to_string())?;
+        task.attach(self.slot.clone(), self.config.hot_swap, self.observer());
+        *self.store.lock().expect("store lock") = Some((task.store(), 0));
+        while self.wait_while_paused() {
+            self.set_state(JobState::Running);
+            task.run_following(&self.stop).map_err(|err| err.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn run_kafka(self: &Arc<Self>) -> Result<(), String> {
+        let mut job = KafkaJob::open(&self.config, &self.active_plugin()).map_err(|err| err.to_string())?;
+        job.attach(self.slot.clone(), self.config.hot_swap, self.observer());
+        *self.store.lock().expect("store lock") = Some((job.store(), job.partitions()));
+        while self.wait_while_paused() {
+            self.set_state(JobState::Running);
+            job.run_until(&self.stop, KafkaRunOptions::default()).map_err(|err| err.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// Turns a job's reports into its status, metrics and plugin history.
+struct Observer {
+    runtime: Arc<JobRuntime>,
+}
+
+impl JobObserver for Observer {
+    fn committed(&self, commit: &CommitReport) {
+        let runtime = &self.runtime;
+        let records = runtime.metrics.committed(commit, runtime.is_kafka());
+        let mut status = runtime.status.lock().expect("status lock");
+        status.records += records;
+        status.lag = commit.lag;
+        if let Some(last) = status.last_commit {
+            let seconds = commit.at.duration_since(last).as_secs_f64().max(1e-3);
+            // Smoothed over roughly the last ten commits.
+            status.throughput = 0.9 * status.throughput + 0.1 * (records as f64 / seconds);
+        }
+        status.last_commit = Some(commit.at);
+        status.last_error = None;
+    }
+
+    fn aborted(&self, _reason: &str) {
+        self.runtime.metrics.aborted();
+    }
+
+    fn batch(&self, events: usize, outcome: &BatchOutcome) {
+        self.runtime.metrics.batch(events, outcome);
+    }
+
+    fn swapped(&self, event: &SwapEvent) {
+        let runtime = &self.runtime;
+        runtime.metrics.swapped(event);
+        let mut record = runtime.record.lock().expect("record lock");
+        let mut status = runtime.status.lock().expect("status lock");
+        let previous = status.plugin.clone();
+        status.on_trial = None;
+        match event {
+            SwapEvent::OnTrial { digest } => {
+                status.on_trial = Some(digest.clone());
+                return;
+            }
+            SwapEvent::Activated { digest } => {
+                record.activated(digest);
+                status.plugin = digest.clone();
+                status.last_swap = Some(format!("{digest} is active"));
+            }
+            SwapEvent::RolledBack { digest, restored, reason } => {
+                record.failed(digest, VersionStatus::RolledBack, reason);
+                status.last_swap = Some(format!("{digest} was rolled back to {restored}: {reason}"));
+            }
+            SwapEvent::Refused { digest, reason } => {
+                record.failed(digest, VersionStatus::Refused, reason);
+                status.last_swap = Some(format!("{digest} could not start: {reason}"));
+            }
+        }
+        if let SwapEvent::Activated { digest } = event {
+            runtime.metrics.set_plugin_info(&previous, digest);
+        }
+        if let Err(err) = runtime.dir.write_record(&record) {
+            tracing::error!(tenant = %runtime.tenant, job = %runtime.name, error = %err, "cannot save the plugin history");
+            status.last_error = Some(err);
+        }
+    }
+}
