@@ -9,6 +9,8 @@ const PLUGINS: &[(&str, &str)] = &[
     ("MISBEHAVING", "misbehaving"),
     ("IMPORTS_SOCKETS", "imports-sockets"),
     ("WRONG_WIT_VERSION", "wrong-wit-version"),
+    ("BILLING_VARIANT", "billing-variant"),
+    ("BILLING_TRAP", "billing-trap"),
 ];
 
 fn main() {

@@ -13,3 +13,4 @@ mod kafka_run;
 mod local_run;
 mod refusals;
 mod sandbox;
+mod serve;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 pub mod kafka;
 pub mod native;
+pub mod serve;
 
 /// The billing key: (customer, metric, period).
 pub type BillingKey = (String, String, String);

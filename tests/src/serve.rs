@@ -1,0 +1,151 @@
+//! A `tally serve` host for tests: a real child process with a host file,
+//! two tenants, and an admin client per tenant.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tally_host::client::AdminClient;
+
+use crate::tally_binary;
+
+/// Tenant `acme`'s token.
+pub const ACME: &str = "acme-token-0123456789";
+/// Tenant `globex`'s token.
+pub const GLOBEX: &str = "globex-token-9876543210";
+/// The token that may read `/metrics`.
+pub const METRICS: &str = "metrics-token-5555555555";
+
+/// A running `tally serve`, killed when dropped.
+pub struct ServeHost {
+    /// Where the host file, data directory and tenants' inputs are.
+    pub dir: PathBuf,
+    /// `http://127.0.0.1:<port>`.
+    pub server: String,
+    child: Option<Child>,
+}
+
+impl ServeHost {
+    /// Writes a host file in `dir` (uploads up to `max_upload_bytes`) and starts the host.
+    pub fn start(dir: &Path, max_upload_bytes: u64) -> ServeHost {
+        let port = free_port();
+        for tenant in ["acme", "globex"] {
+            std::fs::create_dir_all(dir.join("inputs").join(tenant)).unwrap();
+        }
+        let config = format!(
+            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\nmax_upload_bytes = {max_upload_bytes}\nmetrics_token = {METRICS:?}\n\
+             [tenants.acme]\ntoken = {ACME:?}\ninput_dir = \"inputs/acme\"\n\
+             [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\n"
+        );
+        std::fs::write(dir.join("host.toml"), config).unwrap();
+        let mut host = ServeHost { dir: dir.to_path_buf(), server: format!("http://127.0.0.1:{port}"), child: None };
+        host.launch();
+        host
+    }
+
+    /// Starts the host process (again) and waits until it answers.
+    pub fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("serve.log")).unwrap();
+        let child = Command::new(tally_binary())
+            .arg("serve")
+            .arg(self.dir.join("host.toml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting tally serve");
+        self.child = Some(child);
+        let anonymous = AdminClient::new(&self.server, None);
+        wait_for("the host to answer", Duration::from_secs(60), || anonymous.request("GET", "/healthz", None).is_ok());
+    }
+
+    /// A client with `token`.
+    pub fn client(&self, token: &str) -> AdminClient {
+        AdminClient::new(&self.server, Some(token))
+    }
+
+    /// The directory of a tenant's local inputs.
+    pub fn inputs(&self, tenant: &str) -> PathBuf {
+        self.dir.join("inputs").join(tenant)
+    }
+
+    /// The output file `name` of `tenant`'s local job `job`.
+    pub fn output(&self, tenant: &str, job: &str, name: &str) -> PathBuf {
+        self.dir.join("data/jobs").join(tenant).join(job).join("out").join(format!("{name}.ndjson"))
+    }
+
+    /// The host's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+    }
+
+    /// Kills the host with SIGKILL: no chance to commit or clean up.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Sends SIGTERM and waits for a clean exit; returns whether it exited 0.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else { return false };
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                child.kill().unwrap();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ServeHost {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `done` every 50 ms until it holds; panics naming `what` after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A local billing job file for `tally serve` over `inputs` (names inside
+/// the tenant's input directory).
+pub fn local_job(name: &str, inputs: &[&str], extra: &str) -> String {
+    let inputs: Vec<String> = inputs.iter().map(|input| format!("{input:?}")).collect();
+    format!("name = {name:?}\noutputs = [\"totals\"]\n{extra}\n[local]\ninputs = [{}]\n", inputs.join(", "))
+}
+
+/// A field of a status as a number (0 when absent).
+pub fn number(status: &Value, field: &str) -> u64 {
+    status[field].as_u64().unwrap_or(0)
+}
+
+/// Appends `lines` to the file at `path`.
+pub fn append_lines(path: &Path, lines: &[crate::UsageLine]) {
+    use std::io::Write;
+    let mut text = String::new();
+    for line in lines {
+        text.push_str(&line.line);
+        text.push('\n');
+    }
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+}
