@@ -14,3 +14,4 @@ mod local_run;
 mod refusals;
 mod sandbox;
 mod serve;
+mod serve_kafka;

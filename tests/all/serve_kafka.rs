@@ -1,0 +1,137 @@
+//! A Kafka billing job under `tally serve` takes 20 plugin pushes (and one
+//! broken version) while input keeps arriving: totals stay exact, and the
+//! plugin digest in the output lineage changes only between transactions.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tally_tests::kafka::{
+    bootstrap, check, committed_progress, delete_topics, group_reader, produce_usage, read_topic, serial, KafkaBillingJob, Placed,
+};
+use tally_tests::serve::{number, wait_for, ServeHost, ACME, METRICS};
+use tally_tests::{expected_totals, usage_lines, UsageLine};
+
+use crate::plugins;
+
+fn digest_of(path: &str) -> String {
+    tally_host::plugin::digest(&std::fs::read(path).unwrap())
+}
+
+/// Produces `lines` in small chunks until `stop` is set (or the lines run
+/// out); returns what was produced and where it landed.
+fn feed(topic: String, lines: Vec<UsageLine>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<UsageLine>, Vec<Placed>)> {
+    std::thread::spawn(move || {
+        let mut placed = Vec::new();
+        let mut produced = Vec::new();
+        for chunk in lines.chunks(400) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            placed.extend(produce_usage(&topic, chunk, 4));
+            produced.extend_from_slice(chunk);
+            std::thread::sleep(Duration::from_millis(40));
+        }
+        (produced, placed)
+    })
+}
+
+#[test]
+fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_between_transactions() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let host = ServeHost::start(dir.path(), 32 << 20);
+    let job = KafkaBillingJob::create("swaps", 4);
+    let changelog = format!("tally-acme.{}-state-changelog", job.name);
+    let job_file = format!(
+        "name = {name:?}\noutputs = [\"totals\"]\n[kafka]\nbrokers = {brokers:?}\ninputs = [{input:?}]\n\
+         outputs = {{ totals = {totals:?} }}\ndead_letter_topic = {dead:?}\n",
+        name = job.name,
+        brokers = bootstrap(),
+        input = job.input,
+        totals = job.totals,
+        dead = job.dead_letters,
+    );
+    let acme = host.client(ACME);
+    acme.deploy(&job_file, &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = feed(job.input.clone(), usage_lines(51, 400_000, 3), stop.clone());
+    let builds = [(plugins::BILLING_VARIANT, digest_of(plugins::BILLING_VARIANT)), (plugins::USAGE_BILLING, digest_of(plugins::USAGE_BILLING))];
+    let trap = digest_of(plugins::BILLING_TRAP);
+    for push in 0..20 {
+        if push == 10 {
+            acme.push(&job.name, &std::fs::read(plugins::BILLING_TRAP).unwrap()).unwrap();
+            wait_for("the broken version to be rolled back", Duration::from_secs(60), || number(&acme.status(&job.name).unwrap(), "rollbacks") == 1);
+        }
+        let (path, digest) = &builds[push % 2];
+        acme.push(&job.name, &std::fs::read(path).unwrap()).unwrap();
+        wait_for(&format!("push {push} to become active"), Duration::from_secs(60), || {
+            let status = acme.status(&job.name).unwrap();
+            assert_ne!(status["state"], "failed", "{status}\n{}", host.log());
+            status["plugin"] == digest.as_str() && status["pending_plugin"].is_null()
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (lines, placed) = feeder.join().unwrap();
+    assert!(lines.len() >= 4_000, "input kept arriving during the swaps ({} records)", lines.len());
+    let group = group_reader(&format!("tally-acme.{}", job.name));
+    wait_for("the job to commit every record", Duration::from_secs(120), || committed_progress(&group, &job.input, 4) == lines.len() as i64);
+
+    // Exactly once, by an independent checker reading read_committed.
+    let totals = read_topic(&job.totals, true);
+    let dead_letters = read_topic(&job.dead_letters, true);
+    let verdict = check(&job.input, &lines, &placed, &totals, &dead_letters);
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input record counts exactly once");
+    assert_eq!(verdict.totals, expected_totals(&lines));
+
+    // The digest changes only at transaction boundaries: every transaction
+    // writes the next input offset it includes into the changelog, so the
+    // committed transactions split each partition's offsets into ranges,
+    // and each range's outputs must carry one digest.
+    let mut boundaries: BTreeMap<i32, BTreeSet<i64>> = BTreeMap::new();
+    for record in read_topic(&changelog, true) {
+        if record.key.as_deref().is_some_and(|key| key.first() == Some(&b'o')) {
+            let next: i64 = std::str::from_utf8(&record.value).unwrap().parse().unwrap();
+            boundaries.entry(record.partition).or_default().insert(next);
+        }
+    }
+    let mut digest_of_transaction: BTreeMap<(i32, i64), String> = BTreeMap::new();
+    let mut digests_seen = BTreeSet::new();
+    for record in totals.iter().chain(&dead_letters) {
+        let (_, partition, offset) = record.source();
+        let digest = record.header("tally.plugin").to_string();
+        assert_ne!(digest, trap, "nothing the rolled-back version produced was committed");
+        // The transaction holding `offset` ends at the first boundary above it.
+        let end = *boundaries[&partition].range(offset + 1..).next().expect("every committed output lies below a boundary");
+        let seen = digest_of_transaction.entry((partition, end)).or_insert_with(|| digest.clone());
+        assert_eq!(*seen, digest, "partition {partition}: the transaction ending at offset {end} mixes two plugin versions");
+        digests_seen.insert(digest);
+    }
+    assert_eq!(digests_seen.len(), 2, "both builds produced committed output: {digests_seen:?}");
+    let changes: usize = (0..4)
+        .map(|partition| {
+            let in_order: Vec<&String> = digest_of_transaction.range((partition, 0)..(partition + 1, 0)).map(|(_, digest)| digest).collect();
+            in_order.windows(2).filter(|pair| pair[0] != pair[1]).count()
+        })
+        .sum();
+    assert!(changes >= 20, "the digest changed {changes} times over the partitions; every swap should show");
+    println!(
+        "{} records, {} transactions with output, {changes} digest changes over 4 partitions",
+        lines.len(),
+        digest_of_transaction.len()
+    );
+
+    let status = acme.status(&job.name).unwrap();
+    assert_eq!(number(&status, "rollbacks"), 1, "{status}");
+    let history = acme.history(&job.name).unwrap();
+    let statuses: Vec<&str> = history.as_array().unwrap().iter().map(|version| version["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses.len(), 22);
+    assert_eq!(statuses.iter().filter(|status| **status == "rolled_back").count(), 1, "{statuses:?}");
+    assert_eq!(statuses.last(), Some(&"active"));
+    let metrics = host.client(METRICS).metrics().unwrap();
+    assert!(metrics.contains(&format!("tally_plugin_swaps_total{{tenant=\"acme\",job=\"{}\"}} 20", job.name)), "{metrics}");
+    drop(host);
+    delete_topics(&[&changelog]);
+}
