@@ -1,6 +1,7 @@
-//! A Kafka billing job under `tally serve` takes 20 plugin pushes (and one
-//! broken version) while input keeps arriving: totals stay exact, and the
-//! plugin digest in the output lineage changes only between transactions.
+//! Kafka jobs under `tally serve`: one takes 20 plugin pushes (and one
+//! broken version) while input keeps arriving, and totals stay exact with
+//! the plugin digest in the output lineage changing only between
+//! transactions; another resumes exactly after its host is SIGKILLed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +15,19 @@ use tally_tests::serve::{number, wait_for, ServeHost, ACME, METRICS};
 use tally_tests::{expected_totals, usage_lines, UsageLine};
 
 use crate::plugins;
+
+/// A Kafka billing job file for `tally serve` (no plugin, no state_dir: the host owns them).
+fn kafka_job_file(job: &KafkaBillingJob) -> String {
+    format!(
+        "name = {name:?}\noutputs = [\"totals\"]\n[kafka]\nbrokers = {brokers:?}\ninputs = [{input:?}]\n\
+         outputs = {{ totals = {totals:?} }}\ndead_letter_topic = {dead:?}\n",
+        name = job.name,
+        brokers = bootstrap(),
+        input = job.input,
+        totals = job.totals,
+        dead = job.dead_letters,
+    )
+}
 
 fn digest_of(path: &str) -> String {
     tally_host::plugin::digest(&std::fs::read(path).unwrap())
@@ -44,17 +58,8 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     let host = ServeHost::start(dir.path(), 32 << 20);
     let job = KafkaBillingJob::create("swaps", 4);
     let changelog = format!("tally-acme.{}-state-changelog", job.name);
-    let job_file = format!(
-        "name = {name:?}\noutputs = [\"totals\"]\n[kafka]\nbrokers = {brokers:?}\ninputs = [{input:?}]\n\
-         outputs = {{ totals = {totals:?} }}\ndead_letter_topic = {dead:?}\n",
-        name = job.name,
-        brokers = bootstrap(),
-        input = job.input,
-        totals = job.totals,
-        dead = job.dead_letters,
-    );
     let acme = host.client(ACME);
-    acme.deploy(&job_file, &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    acme.deploy(&kafka_job_file(&job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = feed(job.input.clone(), usage_lines(51, 400_000, 3), stop.clone());
@@ -133,5 +138,32 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     let metrics = host.client(METRICS).metrics().unwrap();
     assert!(metrics.contains(&format!("tally_plugin_swaps_total{{tenant=\"acme\",job=\"{}\"}} 20", job.name)), "{metrics}");
     drop(host);
+    delete_topics(&[&changelog]);
+}
+
+#[test]
+fn a_killed_host_resumes_its_kafka_job_exactly() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = ServeHost::start(dir.path(), 32 << 20);
+    let job = KafkaBillingJob::create("serve-restart", 4);
+    let changelog = format!("tally-acme.{}-state-changelog", job.name);
+    let acme = host.client(ACME);
+    acme.deploy(&kafka_job_file(&job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    let lines = usage_lines(52, 60_000, 3);
+    let (first, rest) = lines.split_at(30_000);
+    let mut placed = produce_usage(&job.input, first, 4);
+    let group = group_reader(&format!("tally-acme.{}", job.name));
+    wait_for("the job to commit part of its input", Duration::from_secs(60), || committed_progress(&group, &job.input, 4) > 0);
+    host.kill();
+    placed.extend(produce_usage(&job.input, rest, 4));
+    host.launch();
+    wait_for("the resumed job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 4) == lines.len() as i64
+    });
+    let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input record counts exactly once across the kill");
+    assert_eq!(verdict.totals, expected_totals(&lines));
+    assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
     delete_topics(&[&changelog]);
 }

@@ -20,6 +20,9 @@ use crate::task::{BatchOutcome, LocalTask};
 
 use super::registry::{JobDir, JobRecord, VersionStatus};
 
+/// A job that has not committed for this long reports no throughput.
+const IDLE_AFTER: Duration = Duration::from_secs(5);
+
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -63,7 +66,8 @@ pub struct JobStatus {
     pub commits: u64,
     /// Plugin versions rolled back since the host started.
     pub rollbacks: u64,
-    /// The last thing that went wrong, if anything did.
+    /// The last thing that went wrong since the host started, if anything
+    /// did (it stays after the job recovers; `state` says how it is now).
     pub last_error: Option<String>,
     /// What the last push led to.
     pub last_swap: Option<String>,
@@ -178,7 +182,11 @@ impl JobRuntime {
             pending_plugin: record.pending().map(|version| version.digest.clone()),
             on_trial: status.on_trial.clone(),
             records: status.records,
-            throughput: (status.throughput * 10.0).round() / 10.0,
+            // No commit for a while: nothing is flowing.
+            throughput: match status.last_commit {
+                Some(last) if last.elapsed() < IDLE_AFTER => (status.throughput * 10.0).round() / 10.0,
+                _ => 0.0,
+            },
             lag: status.lag,
             lag_unit: if self.is_kafka() { "records" } else { "bytes" },
             commits: self.metrics.commits(),
@@ -336,7 +344,6 @@ impl JobObserver for Observer {
             status.throughput = 0.9 * status.throughput + 0.1 * (records as f64 / seconds);
         }
         status.last_commit = Some(commit.at);
-        status.last_error = None;
     }
 
     fn aborted(&self, _reason: &str) {
