@@ -164,11 +164,15 @@ fn measure(
     wait_for_commits(&commits, 10);
 
     let builds = [plugins::BILLING_VARIANT, plugins::USAGE_BILLING];
-    let (mut compile, mut to_commit, mut windows) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut compile, mut instantiate, mut to_commit, mut windows) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for push in 0..PUSHES {
         let started = Instant::now();
         let plugin: LoadedPlugin = runtime.load_file(builds[push % 2].as_ref()).unwrap();
         compile.push(started.elapsed());
+        // What the job thread pays at the boundary: a fresh instance.
+        let started = Instant::now();
+        drop(plugin.instantiate(Limits::default()).unwrap());
+        instantiate.push(started.elapsed());
         let pushed_at = Instant::now();
         slot.push(plugin.clone());
         let committed_at = loop {
@@ -207,6 +211,7 @@ fn measure(
     let (normal_max, swap_max) = (max(&normal), max(&around_swap));
     println!("{what}: {records} events in {} commits, {PUSHES} pushes, {INTERVAL:?} commit interval", commits.len());
     println!("  compile + check (off the processing path): median {:.1?}, max {:.1?}", median(&compile), max(&compile));
+    println!("  instantiate (on the job thread):           median {:.1?}, max {:.1?}", median(&instantiate), max(&instantiate));
     println!("  push -> first commit by the new version:   median {:.1?}, max {:.1?}", median(&to_commit), max(&to_commit));
     println!("  commit-to-commit gap, normal:              median {:.1?}, max {normal_max:.1?}", median(&normal));
     println!("  commit-to-commit gap, around a swap:       median {:.1?}, max {swap_max:.1?}", median(&around_swap));
