@@ -130,23 +130,43 @@ impl HotSwap {
         self.trial.is_some()
     }
 
-    /// At a transaction boundary (nothing uncommitted): accepts the version
-    /// whose trial transaction just committed, then swaps in a pushed one.
-    /// Keeps `txn`'s plugin digest in step with `processor`.
-    pub fn at_boundary(&mut self, processor: &mut Box<dyn Processor>, txn: &mut Transaction) {
+    /// A transaction committed: a version on trial that ran events in it
+    /// passed its trial and is the job's plugin now.
+    pub fn committed(&mut self) {
         if self.trial.as_ref().is_some_and(|trial| trial.events > 0) {
             let trial = self.trial.take().expect("checked above");
             tracing::info!(plugin = %trial.digest, "new plugin version passed its first transaction");
             self.observer.swapped(&SwapEvent::Activated { digest: trial.digest });
         }
+    }
+
+    /// The open transaction was dropped for a reason that is not the
+    /// version's fault (a Kafka abort, a rebalance, a restart): its trial
+    /// starts over with the redo.
+    pub fn aborted(&mut self) {
+        if let Some(trial) = &mut self.trial {
+            trial.events = 0;
+            trial.rejected = 0;
+        }
+    }
+
+    /// At a transaction boundary (nothing uncommitted): swaps in a pushed
+    /// version for a trial transaction. Keeps `txn`'s plugin digest in step
+    /// with `processor`.
+    pub fn at_boundary(&mut self, processor: &mut Box<dyn Processor>, txn: &mut Transaction) {
         let Some((plugin, pushed_at)) = self.slot.take() else { return };
         match plugin.instantiate(self.limits) {
             Ok(instance) => {
                 let previous = std::mem::replace(processor, Box::new(instance));
-                // A version still on trial is replaced outright: go back to
-                // the last accepted one if the newest fails.
+                // A version still on trial (no committed transaction yet) is
+                // replaced outright: go back to the last accepted one if the
+                // newest fails.
                 let previous = match self.trial.take() {
-                    Some(trial) => trial.previous,
+                    Some(trial) => {
+                        let reason = format!("superseded by {} before its first transaction committed", plugin.digest());
+                        self.observer.swapped(&SwapEvent::Refused { digest: trial.digest, reason });
+                        trial.previous
+                    }
                     None => previous,
                 };
                 tracing::info!(plugin = %plugin.digest(), previous = %previous.digest(), waited_us = pushed_at.elapsed().as_micros() as u64, "swapped in a new plugin version for a trial transaction");

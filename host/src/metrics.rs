@@ -224,8 +224,11 @@ impl JobMetrics {
 
     /// The open transaction was aborted: its counts are dropped (its redo counts).
     pub fn aborted(&self) {
-        self.aborts.inc();
         let mut pending = self.pending.lock().expect("metrics lock");
+        if pending.records == 0 {
+            return; // nothing was open
+        }
+        self.aborts.inc();
         pending.records = 0;
         pending.outputs = 0;
         pending.dead_letters = 0;

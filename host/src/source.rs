@@ -25,6 +25,13 @@ pub enum SourceError {
         path.display()
     )]
     Shrunk { path: PathBuf, len: u64, committed: u64 },
+    /// A followed input was replaced by another file (rotated away).
+    #[error(
+        "input `{}` was replaced by another file while the job followed it (log rotation?); \
+         inputs must only grow: append to the file instead of replacing it",
+        path.display()
+    )]
+    Replaced { path: PathBuf },
     /// The bytes before the committed position are no longer a line end.
     #[error(
         "input `{}` changed: byte {committed}, where processing resumes, no longer starts a line \
@@ -156,10 +163,23 @@ impl LocalSource {
     }
 
     /// Reads on past the ends found so far: lines appended since are read.
-    pub fn look_again(&mut self) {
+    /// A followed input must only grow: a file cut shorter or replaced is
+    /// an error, not an input that looks idle.
+    pub fn look_again(&mut self) -> Result<(), SourceError> {
+        use std::os::unix::fs::MetadataExt;
         for partition in &mut self.partitions {
+            let read_error = |source| SourceError::Read { path: partition.path.clone(), source };
+            let on_disk = std::fs::metadata(&partition.path).map_err(read_error)?;
+            let open = partition.reader.get_ref().metadata().map_err(read_error)?;
+            if on_disk.ino() != open.ino() || on_disk.dev() != open.dev() {
+                return Err(SourceError::Replaced { path: partition.path.clone() });
+            }
+            if on_disk.len() < partition.position.byte {
+                return Err(SourceError::Shrunk { path: partition.path.clone(), len: on_disk.len(), committed: partition.position.byte });
+            }
             partition.exhausted = false;
         }
+        Ok(())
     }
 
     /// Bytes of the inputs not read yet, if the files can be measured.

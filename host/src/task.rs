@@ -196,6 +196,20 @@ pub fn process_batch_on_trial(
     }
 }
 
+/// [`process_batch_on_trial`] while `hot_swap` has a version on trial, else [`process_batch`].
+pub fn process_batch_with(
+    hot_swap: Option<&HotSwap>,
+    processor: &mut dyn Processor,
+    txn: &mut Transaction,
+    events: &[Event],
+) -> Result<BatchOutcome, ProcessError> {
+    if hot_swap.is_some_and(HotSwap::on_trial) {
+        process_batch_on_trial(processor, txn, events)
+    } else {
+        process_batch(processor, txn, events)
+    }
+}
+
 /// One plugin call over `events`; returns how many it rejected.
 fn run_once(processor: &mut dyn Processor, txn: &mut Transaction, events: &[Event]) -> Result<u64, ProcessError> {
     txn.begin_batch(events.iter().map(|e| SourcePosition { partition: e.partition, offset: e.offset }));
@@ -369,9 +383,10 @@ impl LocalTask {
         }
         self.source.set_follow(follow);
         let result = self.run_batches(stop, follow);
-        if result.is_err() {
+        if let Err(err) = &result {
             self.failed = true;
             self.txn.abort();
+            self.observer.aborted(&err.to_string());
         }
         result
     }
@@ -402,18 +417,13 @@ impl LocalTask {
                 last_commit = Instant::now();
                 std::thread::sleep(FOLLOW_POLL);
                 self.at_boundary();
-                self.source.look_again();
+                self.source.look_again()?;
                 continue;
             }
             uncommitted.records += records.len() as u64;
             to_events(&mut records, &mut events);
             let outputs_before = self.txn.outputs.len();
-            let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
-            let processed = if on_trial {
-                process_batch_on_trial(&mut *self.processor, &mut self.txn, &events)
-            } else {
-                process_batch(&mut *self.processor, &mut self.txn, &events)
-            };
+            let processed = process_batch_with(self.hot_swap.as_ref(), &mut *self.processor, &mut self.txn, &events);
             let outcome = processed.map_err(|err| match err {
                 ProcessError::Host(state) => TaskError::State(state),
                 ProcessError::Instantiate(plugin) => TaskError::Plugin(plugin),
@@ -464,6 +474,9 @@ impl LocalTask {
         }
         self.commit(summary)?;
         summary.absorb(&std::mem::take(uncommitted));
+        if let Some(swap) = &mut self.hot_swap {
+            swap.committed();
+        }
         Ok(true)
     }
 

@@ -121,6 +121,13 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
         ("unknown field", acme.deploy(&format!("{good_job}colour = \"red\"\n"), &billing), 400, "unknown field `colour`"),
         ("input outside the tenant's directory", acme.deploy(&local_job("other", &["../globex/usage.ndjson"], ""), &billing), 400, "without `..`"),
         ("host-owned field", acme.deploy(&good_job.replace("[local]", "[local]\nstate_dir = \"/tmp/x\""), &billing), 400, "remove `local.state_dir`"),
+        (
+            "another tenant's topic",
+            acme.deploy("name = \"k\"\noutputs = [\"totals\"]\n[kafka]\ninputs = [\"globex.usage\"]\noutputs = { totals = \"acme.totals\" }\ndead_letter_topic = \"acme.dead\"\n", &billing),
+            400,
+            "not one of tenant `acme`'s",
+        ),
+        ("a name Kafka would confuse", acme.deploy(&local_job("my_job", &["usage.ndjson"], ""), &billing), 400, "only letters, digits and `-`"),
         ("not a component", acme.deploy(&good_job, b"\0asm\x01\0\0\0"), 422, "not a component"),
         ("import not allowed", acme.deploy(&good_job, &plugin(plugins::IMPORTS_SOCKETS)), 422, "wasi:sockets"),
         ("wrong WIT version", acme.deploy(&good_job, &plugin(plugins::WRONG_WIT_VERSION)), 422, "0.1.0"),

@@ -9,20 +9,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tally_tests::kafka::{
-    bootstrap, check, committed_progress, delete_topics, group_reader, produce_usage, read_topic, serial, KafkaBillingJob, Placed,
+    check, committed_progress, delete_topics, group_reader, produce_usage, read_topic, serial, unique, KafkaBillingJob, Placed,
 };
 use tally_tests::serve::{number, wait_for, ServeHost, ACME, METRICS};
 use tally_tests::{expected_totals, usage_lines, UsageLine};
 
 use crate::plugins;
 
-/// A Kafka billing job file for `tally serve` (no plugin, no state_dir: the host owns them).
-fn kafka_job_file(job: &KafkaBillingJob) -> String {
+/// A Kafka billing job file for `tally serve` named `name` over `job`'s
+/// topics (no plugin, brokers or state_dir: the host owns them).
+fn kafka_job_file(name: &str, job: &KafkaBillingJob) -> String {
     format!(
-        "name = {name:?}\noutputs = [\"totals\"]\n[kafka]\nbrokers = {brokers:?}\ninputs = [{input:?}]\n\
+        "name = {name:?}\noutputs = [\"totals\"]\n[kafka]\ninputs = [{input:?}]\n\
          outputs = {{ totals = {totals:?} }}\ndead_letter_topic = {dead:?}\n",
-        name = job.name,
-        brokers = bootstrap(),
         input = job.input,
         totals = job.totals,
         dead = job.dead_letters,
@@ -56,10 +55,12 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let host = ServeHost::start(dir.path(), 32 << 20);
-    let job = KafkaBillingJob::create("swaps", 4);
-    let changelog = format!("tally-acme.{}-state-changelog", job.name);
+    // A tenant's topics carry its name: `acme.*`.
+    let job = KafkaBillingJob::create("acme.swaps", 4);
+    let name = unique("swaps");
+    let changelog = format!("tally-acme.{name}-state-changelog");
     let acme = host.client(ACME);
-    acme.deploy(&kafka_job_file(&job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = feed(job.input.clone(), usage_lines(51, 400_000, 3), stop.clone());
@@ -67,13 +68,13 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     let trap = digest_of(plugins::BILLING_TRAP);
     for push in 0..20 {
         if push == 10 {
-            acme.push(&job.name, &std::fs::read(plugins::BILLING_TRAP).unwrap()).unwrap();
-            wait_for("the broken version to be rolled back", Duration::from_secs(60), || number(&acme.status(&job.name).unwrap(), "rollbacks") == 1);
+            acme.push(&name, &std::fs::read(plugins::BILLING_TRAP).unwrap()).unwrap();
+            wait_for("the broken version to be rolled back", Duration::from_secs(60), || number(&acme.status(&name).unwrap(), "rollbacks") == 1);
         }
         let (path, digest) = &builds[push % 2];
-        acme.push(&job.name, &std::fs::read(path).unwrap()).unwrap();
+        acme.push(&name, &std::fs::read(path).unwrap()).unwrap();
         wait_for(&format!("push {push} to become active"), Duration::from_secs(60), || {
-            let status = acme.status(&job.name).unwrap();
+            let status = acme.status(&name).unwrap();
             assert_ne!(status["state"], "failed", "{status}\n{}", host.log());
             status["plugin"] == digest.as_str() && status["pending_plugin"].is_null()
         });
@@ -81,7 +82,7 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     stop.store(true, Ordering::Relaxed);
     let (lines, placed) = feeder.join().unwrap();
     assert!(lines.len() >= 4_000, "input kept arriving during the swaps ({} records)", lines.len());
-    let group = group_reader(&format!("tally-acme.{}", job.name));
+    let group = group_reader(&format!("tally-acme.{name}"));
     wait_for("the job to commit every record", Duration::from_secs(120), || committed_progress(&group, &job.input, 4) == lines.len() as i64);
 
     // Exactly once, by an independent checker reading read_committed.
@@ -128,15 +129,15 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
         digest_of_transaction.len()
     );
 
-    let status = acme.status(&job.name).unwrap();
+    let status = acme.status(&name).unwrap();
     assert_eq!(number(&status, "rollbacks"), 1, "{status}");
-    let history = acme.history(&job.name).unwrap();
+    let history = acme.history(&name).unwrap();
     let statuses: Vec<&str> = history.as_array().unwrap().iter().map(|version| version["status"].as_str().unwrap()).collect();
     assert_eq!(statuses.len(), 22);
     assert_eq!(statuses.iter().filter(|status| **status == "rolled_back").count(), 1, "{statuses:?}");
     assert_eq!(statuses.last(), Some(&"active"));
     let metrics = host.client(METRICS).metrics().unwrap();
-    assert!(metrics.contains(&format!("tally_plugin_swaps_total{{tenant=\"acme\",job=\"{}\"}} 20", job.name)), "{metrics}");
+    assert!(metrics.contains(&format!("tally_plugin_swaps_total{{tenant=\"acme\",job=\"{name}\"}} 20")), "{metrics}");
     drop(host);
     delete_topics(&[&changelog]);
 }
@@ -146,14 +147,15 @@ fn a_killed_host_resumes_its_kafka_job_exactly() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let mut host = ServeHost::start(dir.path(), 32 << 20);
-    let job = KafkaBillingJob::create("serve-restart", 4);
-    let changelog = format!("tally-acme.{}-state-changelog", job.name);
+    let job = KafkaBillingJob::create("acme.restart", 4);
+    let name = unique("restart");
+    let changelog = format!("tally-acme.{name}-state-changelog");
     let acme = host.client(ACME);
-    acme.deploy(&kafka_job_file(&job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
     let lines = usage_lines(52, 60_000, 3);
     let (first, rest) = lines.split_at(30_000);
     let mut placed = produce_usage(&job.input, first, 4);
-    let group = group_reader(&format!("tally-acme.{}", job.name));
+    let group = group_reader(&format!("tally-acme.{name}"));
     wait_for("the job to commit part of its input", Duration::from_secs(60), || committed_progress(&group, &job.input, 4) > 0);
     host.kill();
     placed.extend(produce_usage(&job.input, rest, 4));

@@ -35,8 +35,10 @@ impl ServeHost {
         }
         let config = format!(
             "listen = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\nmax_upload_bytes = {max_upload_bytes}\nmetrics_token = {METRICS:?}\n\
+             kafka_brokers = {brokers:?}\n\
              [tenants.acme]\ntoken = {ACME:?}\ninput_dir = \"inputs/acme\"\n\
-             [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\n"
+             [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\n",
+            brokers = crate::kafka::bootstrap(),
         );
         std::fs::write(dir.join("host.toml"), config).unwrap();
         let mut host = ServeHost { dir: dir.to_path_buf(), server: format!("http://127.0.0.1:{port}"), child: None };

@@ -25,7 +25,7 @@ use crate::lock::DirLock;
 use crate::plugin::{Event, LoadedPlugin, PluginError, ProcessError, Processor};
 use crate::state_store::{RocksStore, StateStore};
 use crate::hot_swap::{CommitReport, HotSwap, JobObserver, NoObserver, PluginSlot, SwapPolicy};
-use crate::task::{process_batch, process_batch_on_trial, RunSummary, TaskError, MAX_TRANSACTION_BYTES};
+use crate::task::{process_batch_with, RunSummary, TaskError, MAX_TRANSACTION_BYTES};
 use crate::transaction::Transaction;
 
 /// How long a transactional call (init, send offsets, commit, abort) may take.
@@ -223,11 +223,11 @@ impl KafkaJob {
             changelog: self.layout.changelog.clone(),
         };
         let committer = KafkaCommitter::new(producer, kafka.guarantee, addresses, self.store.clone(), open, KAFKA_TIMEOUT);
-        self.txn.abort();
+        self.drop_transaction("a new Kafka session starts");
         let result = self.consume(&consumer, &committer, stop, options, summary);
         // Hand over cleanly: abort what is open, then leave the group.
         let _ = committer.abort();
-        self.txn.abort();
+        self.drop_transaction("the Kafka session ended");
         drop(consumer);
         result
     }
@@ -275,7 +275,7 @@ impl KafkaJob {
             if rebalanced.revoked {
                 // The rebalance handler aborted the transaction; what was
                 // read for it is read again by whoever owns it now.
-                self.txn.abort();
+                self.drop_transaction("partitions were revoked");
                 progress.forget_uncommitted();
                 progress.included.clear();
             }
@@ -290,6 +290,7 @@ impl KafkaJob {
             match polled {
                 Some(Ok((topic, event))) => {
                     progress.at_end.remove(&(topic, split_source_id(event.partition).1));
+                    progress.first.entry(event.partition).or_insert(event.offset as i64);
                     progress.pending.push(event);
                     if progress.pending.len() < batch_size {
                         continue;
@@ -389,15 +390,26 @@ impl KafkaJob {
         progress: &mut Progress,
         reason: String,
     ) -> Result<(), SessionError> {
-        committer.abort()?;
-        self.txn.abort();
-        progress.forget_uncommitted();
-        self.observer.aborted(&reason);
+        // The previous version first: whatever happens to the abort, the
+        // failed version never runs (or counts as accepted) again.
         if let Some(swap) = &mut self.hot_swap {
-            swap.roll_back(&mut self.processor, &mut self.txn, reason);
+            swap.roll_back(&mut self.processor, &mut self.txn, reason.clone());
         }
-        rewind(consumer)?;
+        committer.abort()?;
+        self.drop_transaction(&reason);
+        rewind(consumer, &progress.first)?;
+        progress.forget_uncommitted();
         Ok(())
+    }
+
+    /// Drops the open transaction's work (Kafka has aborted it or will):
+    /// observers stop counting it, and a trial starts over with the redo.
+    fn drop_transaction(&mut self, reason: &str) {
+        self.txn.abort();
+        self.observer.aborted(reason);
+        if let Some(swap) = &mut self.hot_swap {
+            swap.aborted();
+        }
     }
 
     /// Runs the pending records through the plugin, one batch per input
@@ -436,12 +448,7 @@ impl KafkaJob {
                 }
             }
             self.txn.set_namespace(&namespace(split_source_id(batch[0].partition).1));
-            let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
-            let processed = if on_trial {
-                process_batch_on_trial(&mut *self.processor, &mut self.txn, batch)
-            } else {
-                process_batch(&mut *self.processor, &mut self.txn, batch)
-            };
+            let processed = process_batch_with(self.hot_swap.as_ref(), &mut *self.processor, &mut self.txn, batch);
             let outcome = processed.map_err(|err| match err {
                 ProcessError::Host(state) => self.fatal(state),
                 ProcessError::Instantiate(plugin) => self.fatal(plugin),
@@ -464,7 +471,12 @@ impl KafkaJob {
         }
         pending.clear();
         summary.outputs += self.txn.outputs.len() as u64;
-        committer.send_outputs(&mut self.txn).map_err(|err| SessionError::Restart(err.to_string()))?;
+        // Without a Kafka transaction, sent records are visible at once: a
+        // version on trial keeps its outputs until the trial is judged.
+        let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
+        if !(on_trial && self.kafka.guarantee == Guarantee::AtLeastOnce) {
+            committer.send_outputs(&mut self.txn).map_err(|err| SessionError::Restart(err.to_string()))?;
+        }
         Ok(None)
     }
 
@@ -497,6 +509,10 @@ impl KafkaJob {
                 }
                 progress.included.extend(progress.positions.iter().map(|(&source, &next)| (source, next)));
                 progress.positions.clear();
+                progress.first.clear();
+                if let Some(swap) = &mut self.hot_swap {
+                    swap.committed();
+                }
                 tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
                 self.at_boundary();
                 Ok(true)
@@ -504,10 +520,9 @@ impl KafkaJob {
             Err(KafkaCommitError::Kafka(err)) if classify(&err) == Recovery::Abort => {
                 tracing::warn!(job = %self.config.name, error = %err, "transaction aborted; rewinding to the committed offsets");
                 committer.abort()?;
-                self.txn.abort();
+                self.drop_transaction(&err.to_string());
+                rewind(consumer, &progress.first)?;
                 progress.forget_uncommitted();
-                self.observer.aborted(&err.to_string());
-                rewind(consumer)?;
                 Ok(false)
             }
             Err(KafkaCommitError::State(err)) => Err(self.fatal(err)),
@@ -523,6 +538,9 @@ struct Progress {
     pending: Vec<Event>,
     /// Next offset per source id, of the records in the open transaction.
     positions: BTreeMap<u32, i64>,
+    /// First offset per source id read since the last commit (where a
+    /// rewind goes for a partition with no committed offset).
+    first: HashMap<u32, i64>,
     /// Next offset per source id that the committed state includes.
     included: HashMap<u32, i64>,
     /// Input partitions read to their end (for `until_caught_up`).
@@ -534,6 +552,7 @@ impl Progress {
     fn forget_uncommitted(&mut self) {
         self.pending.clear();
         self.positions.clear();
+        self.first.clear();
         self.at_end.clear();
     }
 }
@@ -568,13 +587,24 @@ fn consumer_lag<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> Option<u64> {
     Some(lag)
 }
 
-/// Moves the consumer back to the group's committed offsets.
-fn rewind(consumer: &BaseConsumer<Rebalancer>) -> Result<(), KafkaError> {
+/// Moves the consumer back to the group's committed offsets; a partition
+/// the group has no offset for goes back to the first offset the open
+/// transaction read of it (`first`, by source id), not to the start of the
+/// log or its end (`auto.offset.reset`).
+fn rewind(consumer: &BaseConsumer<Rebalancer>, first: &HashMap<u32, i64>) -> Result<(), KafkaError> {
     let committed = consumer.committed(KAFKA_TIMEOUT)?;
+    let inputs = &consumer.context().inputs;
     for element in committed.elements() {
         let offset = match element.offset() {
             Offset::Offset(offset) => Offset::Offset(offset),
-            _ => Offset::Beginning,
+            _ => {
+                let topic = inputs.iter().position(|input| input == element.topic());
+                match topic.and_then(|topic| first.get(&source_id(topic, element.partition()))) {
+                    Some(&offset) => Offset::Offset(offset),
+                    // Nothing of it was read in this transaction: leave it.
+                    None => continue,
+                }
+            }
         };
         consumer.seek(element.topic(), element.partition(), offset, KAFKA_TIMEOUT)?;
     }

@@ -6,6 +6,9 @@
 //! data_dir = "tally-data"
 //! max_upload_bytes = 33554432   # largest request body (plugin uploads)
 //! metrics_token = "..."         # bearer token for /metrics (optional)
+//! kafka_brokers = "127.0.0.1:9092"  # the cluster Kafka jobs use (none: no Kafka jobs)
+//! max_memory_bytes = 1073741824 # the most a job's plugin may ask for
+//! max_cpu_budget_ms = 10000
 //!
 //! [tenants.acme]
 //! token = "a-long-random-secret"
@@ -39,6 +42,16 @@ pub struct HostConfig {
     /// one, `/metrics` is not served.
     #[serde(default)]
     pub metrics_token: Option<String>,
+    /// Bootstrap servers of the cluster every Kafka job uses; without them,
+    /// Kafka jobs are refused.
+    #[serde(default)]
+    pub kafka_brokers: Option<String>,
+    /// The most linear memory a job may give its plugin (`limits.memory_bytes`).
+    #[serde(default = "default_max_memory_bytes")]
+    pub max_memory_bytes: u64,
+    /// The largest CPU budget per batch a job may give its plugin (`limits.cpu_budget_ms`).
+    #[serde(default = "default_max_cpu_budget_ms")]
+    pub max_cpu_budget_ms: u64,
     /// Tenants by name.
     pub tenants: BTreeMap<String, TenantConfig>,
 }
@@ -61,6 +74,21 @@ fn default_listen() -> SocketAddr {
 
 fn default_max_upload_bytes() -> u64 {
     32 << 20
+}
+
+fn default_max_memory_bytes() -> u64 {
+    1 << 30
+}
+
+fn default_max_cpu_budget_ms() -> u64 {
+    10_000
+}
+
+/// Tenant and job names: letters, digits and `-`. Kafka names are built
+/// from them with `.` (`tally-<tenant>.<job>`), and Kafka treats `.` and
+/// `_` alike, so neither may appear inside a name.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
 impl HostConfig {
@@ -92,8 +120,8 @@ impl HostConfig {
         }
         let mut tokens = std::collections::HashSet::new();
         for (name, tenant) in &self.tenants {
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-                return Err(format!("tenant name {name:?} must use only letters, digits, `-` and `_`"));
+            if !valid_name(name) {
+                return Err(format!("tenant name {name:?} must use only letters, digits and `-` (at most 64)"));
             }
             if tenant.token.chars().count() < MIN_TOKEN_CHARS {
                 return Err(format!("tenant `{name}`: the token must have at least {MIN_TOKEN_CHARS} characters"));

@@ -1,14 +1,16 @@
 //! A job file as a tenant deploys it to `tally serve`: the same TOML as
-//! for `tally run`, except that the host decides where files go. The
-//! plugin comes with the upload, state and outputs live in the job's
-//! directory, and a local job's inputs must be inside its tenant's
-//! `input_dir`.
+//! for `tally run`, except that the host decides where things go. The
+//! plugin comes with the upload; state and outputs live in the job's
+//! directory; a local job's inputs must be regular files inside its
+//! tenant's `input_dir`; a Kafka job uses the host's brokers, a consumer
+//! group and client settings the host chooses, and only topics named
+//! `<tenant>.*`; sandbox limits stay under the host's caps.
 
 use std::path::{Component, Path};
 
 use crate::config::JobConfig;
 
-use super::config::TenantConfig;
+use super::config::{HostConfig, TenantConfig};
 use super::registry::JobDir;
 
 /// Fields the host sets itself, and why a tenant may not.
@@ -17,13 +19,17 @@ const HOST_OWNED: &[(&[&str], &str)] = &[
     (&["local", "state_dir"], "the host keeps each job's state in its data directory"),
     (&["local", "output_dir"], "the host keeps a local job's outputs in its data directory"),
     (&["kafka", "state_dir"], "the host keeps each job's state in its data directory"),
+    (&["kafka", "brokers"], "jobs use the brokers the host is configured with (kafka_brokers in the host file)"),
+    (&["kafka", "group"], "the host names each job's consumer group (tally-<tenant>.<job>)"),
+    (&["kafka", "client"], "the host owns the Kafka client settings of the jobs it runs"),
 ];
 
 /// Parses `text` as `tenant`'s job and places its files in `dir`; returns
 /// the job's name as the tenant calls it and the config the host runs.
 /// The host runs it as `<tenant>.<name>`, so Kafka groups, transactional
 /// ids and changelogs of two tenants' same-named jobs never meet.
-pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, data_dir: &Path) -> Result<(String, JobConfig), String> {
+pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostConfig) -> Result<(String, JobConfig), String> {
+    let data_dir = &host.data_dir;
     let mut table: toml::Table = toml::from_str(text).map_err(|err| format!("the job file is not valid TOML: {err}"))?;
     for (path, why) in HOST_OWNED {
         if lookup(&table, path) {
@@ -34,8 +40,8 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, data_dir: &Pa
         Some(toml::Value::String(name)) => name.clone(),
         _ => return Err("the job file needs a name (name = \"billing\")".into()),
     };
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-        return Err(format!("job name {name:?} must be non-empty and use only letters, digits, `-` and `_`"));
+    if !super::config::valid_name(&name) {
+        return Err(format!("job name {name:?} must be non-empty and use only letters, digits and `-`"));
     }
     let dir = JobDir::new(data_dir, tenant_name, &name);
     let path_value = |path: &Path| toml::Value::String(path.display().to_string());
@@ -58,12 +64,54 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, data_dir: &Pa
     }
     if let Some(toml::Value::Table(kafka)) = table.get_mut("kafka") {
         kafka.insert("state_dir".into(), path_value(&dir.state_dir()));
+        let Some(brokers) = &host.kafka_brokers else {
+            return Err("this host runs no Kafka jobs (its host file has no kafka_brokers); use a [local] job".into());
+        };
+        kafka.insert("brokers".into(), toml::Value::String(brokers.clone()));
     }
     let config: JobConfig = toml::Value::Table(table)
         .try_into()
         .map_err(|err: toml::de::Error| format!("the job file is invalid: {}", err.message()))?;
     config.validate().map_err(|err| err.to_string().replacen(&format!("job `{tenant_name}.{name}`"), &format!("job `{name}`"), 1))?;
+    if let Some(kafka) = &config.kafka {
+        let prefix = format!("{tenant_name}.");
+        let topics = kafka.inputs.iter().chain(kafka.outputs.values()).chain([&kafka.dead_letter_topic]);
+        for topic in topics {
+            if !topic.starts_with(&prefix) {
+                return Err(format!("topic `{topic}` is not one of tenant `{tenant_name}`'s: a job may only use topics named `{prefix}<name>`"));
+            }
+        }
+    }
+    let limits = &config.limits;
+    if limits.memory_bytes > host.max_memory_bytes || limits.cpu_budget_ms > host.max_cpu_budget_ms {
+        return Err(format!(
+            "limits.memory_bytes may be at most {} and limits.cpu_budget_ms at most {} on this host",
+            host.max_memory_bytes, host.max_cpu_budget_ms
+        ));
+    }
+    if let Some(local) = &config.local {
+        let input_dir = tenant.input_dir.as_deref().expect("checked above for local jobs");
+        for input in &local.inputs {
+            check_input(input_dir, input)?;
+        }
+    }
     Ok((name, config))
+}
+
+/// Checks that `input` is a regular file inside `input_dir` once every
+/// symbolic link is followed. Done at deploy and again each time the job
+/// opens its inputs, so a link swapped in later cannot lead out.
+pub fn check_input(input_dir: &Path, input: &Path) -> Result<(), String> {
+    let shown = input.strip_prefix(input_dir).unwrap_or(input).display().to_string();
+    let real = input.canonicalize().map_err(|err| format!("input `{shown}` cannot be opened: {err}"))?;
+    let root = input_dir.canonicalize().map_err(|err| format!("the tenant's input directory cannot be opened: {err}"))?;
+    if !real.starts_with(&root) {
+        return Err(format!("input `{shown}` leads outside the tenant's input directory"));
+    }
+    if !real.metadata().is_ok_and(|meta| meta.is_file()) {
+        return Err(format!("input `{shown}` is not a regular file"));
+    }
+    Ok(())
 }
 
 fn lookup(table: &toml::Table, path: &[&str]) -> bool {
@@ -82,14 +130,7 @@ fn inside(input_dir: &Path, relative: &str) -> Result<std::path::PathBuf, String
             "input {relative:?} must be a path inside the tenant's input directory, without `..` or a leading `/` (like \"usage-0.ndjson\")"
         ));
     }
-    let joined = input_dir.join(path);
-    // A symbolic link must not lead out either.
-    if let (Ok(real), Ok(root)) = (joined.canonicalize(), input_dir.canonicalize()) {
-        if !real.starts_with(&root) {
-            return Err(format!("input {relative:?} leads outside the tenant's input directory"));
-        }
-    }
-    Ok(joined)
+    Ok(input_dir.join(path))
 }
 
 #[cfg(test)]
@@ -100,12 +141,19 @@ mod tests {
         TenantConfig { token: "0123456789abcdef".into(), input_dir: input_dir.map(Path::to_path_buf) }
     }
 
+    fn host() -> HostConfig {
+        let mut host: HostConfig = toml::from_str("data_dir = \"/data\"\nkafka_brokers = \"127.0.0.1:9092\"\n[tenants]\n").unwrap();
+        host.data_dir = "/data".into();
+        host
+    }
+
     const LOCAL: &str = "name = \"billing\"\noutputs = [\"totals\"]\n[local]\ninputs = [\"usage-0.ndjson\"]\n";
 
     #[test]
     fn the_host_places_files_and_qualifies_the_name() {
         let inputs = tempfile::tempdir().unwrap();
-        let (name, config) = parse(LOCAL, "acme", &tenant(Some(inputs.path())), Path::new("/data")).unwrap();
+        std::fs::write(inputs.path().join("usage-0.ndjson"), "").unwrap();
+        let (name, config) = parse(LOCAL, "acme", &tenant(Some(inputs.path())), &host()).unwrap();
         assert_eq!(name, "billing");
         assert_eq!(config.name, "acme.billing");
         let local = config.local.unwrap();
@@ -116,8 +164,9 @@ mod tests {
     #[test]
     fn host_owned_fields_escapes_and_unknown_fields_are_refused() {
         let inputs = tempfile::tempdir().unwrap();
+        std::fs::write(inputs.path().join("usage-0.ndjson"), "").unwrap();
         let tenant = tenant(Some(inputs.path()));
-        let data = Path::new("/data");
+        let data = &host();
         let err = parse(&format!("plugin = \"x.wasm\"\n{LOCAL}"), "acme", &tenant, data).unwrap_err();
         assert!(err.contains("remove `plugin`"), "{err}");
         let err = parse(&LOCAL.replace("usage-0", "../../etc/passwd"), "acme", &tenant, data).unwrap_err();
@@ -128,5 +177,23 @@ mod tests {
         assert!(err.contains("not valid TOML"), "{err}");
         let err = parse(LOCAL, "acme", &super::tests::tenant(None), data).unwrap_err();
         assert!(err.contains("no input_dir"), "{err}");
+        std::os::unix::fs::symlink("/etc/hostname", inputs.path().join("link.ndjson")).unwrap();
+        let err = parse(&LOCAL.replace("usage-0", "link"), "acme", &tenant, data).unwrap_err();
+        assert!(err.contains("leads outside"), "{err}");
+    }
+
+    #[test]
+    fn kafka_jobs_use_the_hosts_brokers_and_only_their_tenants_topics() {
+        let kafka = "name = \"billing\"\noutputs = [\"totals\"]\n[kafka]\ninputs = [\"acme.usage\"]\noutputs = { totals = \"acme.totals\" }\ndead_letter_topic = \"acme.dead\"\n";
+        let (_, config) = parse(kafka, "acme", &tenant(None), &host()).unwrap();
+        assert_eq!(config.kafka.unwrap().brokers, "127.0.0.1:9092");
+        let err = parse(&kafka.replace("acme.usage", "globex.usage"), "acme", &tenant(None), &host()).unwrap_err();
+        assert!(err.contains("not one of tenant `acme`'s"), "{err}");
+        let err = parse(&kafka.replace("[kafka]", "[kafka]\ngroup = \"tally-globex.billing\""), "acme", &tenant(None), &host()).unwrap_err();
+        assert!(err.contains("remove `kafka.group`"), "{err}");
+        let err = parse(&format!("{kafka}[kafka.client]\n\"plugin.library.paths\" = \"x\"\n"), "acme", &tenant(None), &host()).unwrap_err();
+        assert!(err.contains("remove `kafka.client`"), "{err}");
+        let err = parse(&format!("{kafka}[limits]\nmemory_bytes = 1099511627776\n"), "acme", &tenant(None), &host()).unwrap_err();
+        assert!(err.contains("at most"), "{err}");
     }
 }

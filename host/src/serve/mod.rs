@@ -73,8 +73,10 @@ pub struct Host {
     plugins: PluginRuntime,
     metrics: HostMetrics,
     jobs: Mutex<BTreeMap<JobKey, Arc<JobRuntime>>>,
-    /// Names being deployed right now (taken, not yet running).
+    /// Names being deployed or deleted right now.
     deploying: Mutex<HashSet<JobKey>>,
+    /// Jobs on disk that could not be resumed at start, and why.
+    broken: Mutex<BTreeMap<JobKey, String>>,
     threads: Mutex<HashMap<JobKey, JoinHandle<()>>>,
     _lock: DirLock,
 }
@@ -92,13 +94,17 @@ impl Host {
             metrics: HostMetrics::new(),
             jobs: Mutex::default(),
             deploying: Mutex::default(),
+            broken: Mutex::default(),
             threads: Mutex::default(),
             _lock: lock,
         });
         for (tenant, name, dir) in registry::list_jobs(&host.config.data_dir)? {
             match host.resume_job(&tenant, &name, dir) {
                 Ok(()) => tracing::info!(%tenant, job = %name, "job resumed"),
-                Err(err) => tracing::error!(%tenant, job = %name, error = %err, "cannot resume job; fix the cause and restart the host"),
+                Err(err) => {
+                    tracing::error!(%tenant, job = %name, error = %err, "cannot resume job; fix the cause and restart the host");
+                    host.broken.lock().expect("broken lock").insert((tenant, name), err);
+                }
             }
         }
         Ok(host)
@@ -117,19 +123,26 @@ impl Host {
     fn resume_job(&self, tenant: &str, name: &str, dir: JobDir) -> Result<(), String> {
         let tenant_config = self.config.tenants.get(tenant).ok_or_else(|| format!("tenant `{tenant}` is no longer in the host configuration"))?;
         let text = std::fs::read_to_string(dir.job_file()).map_err(|err| format!("cannot read `{}`: {err}", dir.job_file().display()))?;
-        let (_, config) = job_spec::parse(&text, tenant, tenant_config, &self.config.data_dir)?;
-        let record = dir.read_record()?;
+        let (_, config) = job_spec::parse(&text, tenant, tenant_config, &self.config)?;
+        let mut record = dir.read_record()?;
         let active = record.active().ok_or("its record names no active plugin version")?.clone();
         let plugin = self.load_version(&dir, &active.digest)?;
-        let pending = match record.pending() {
-            Some(version) => Some((self.load_version(&dir, &version.digest)?, version.clone())),
-            None => None,
-        };
-        let runtime = JobRuntime::new(tenant, name, config, dir, record, plugin, self.metrics.job(tenant, name));
+        // Pushed before the restart and not judged yet: offered again below.
+        let mut pending = None;
+        if let Some(version) = record.pending().cloned() {
+            match self.load_version(&dir, &version.digest) {
+                Ok(loaded) => pending = Some(loaded),
+                Err(err) => {
+                    record.failed(&version.digest, VersionStatus::Refused, &format!("could not be loaded after a host restart: {err}"));
+                    dir.write_record(&record)?;
+                }
+            }
+        }
+        let input_dir = tenant_config.input_dir.clone();
+        let runtime = JobRuntime::new(tenant, name, config, dir, input_dir, record, plugin, self.metrics.job(tenant, name));
         runtime.metrics.set_plugin_info("", &active.digest);
-        if let Some((plugin, _)) = pending {
-            // Pushed before the restart and not yet judged: try it again.
-            runtime.slot.push(plugin);
+        if let Some(plugin) = pending {
+            runtime.offer(plugin);
         }
         self.start(tenant, name, runtime);
         Ok(())
@@ -153,8 +166,17 @@ impl Host {
 
     /// `tenant`'s job `name`; another tenant's job is reported as missing.
     pub fn job(&self, tenant: &str, name: &str) -> Result<Arc<JobRuntime>, ApiError> {
-        let jobs = self.jobs.lock().expect("jobs lock");
-        jobs.get(&(tenant.to_string(), name.to_string())).cloned().ok_or_else(|| ApiError::not_found(name))
+        let key = (tenant.to_string(), name.to_string());
+        if let Some(job) = self.jobs.lock().expect("jobs lock").get(&key) {
+            return Ok(job.clone());
+        }
+        match self.broken.lock().expect("broken lock").get(&key) {
+            Some(reason) => Err(ApiError::new(
+                409,
+                format!("job `{name}` could not be resumed when the host started: {reason}; fix that and restart the host, or delete the job"),
+            )),
+            None => Err(ApiError::not_found(name)),
+        }
     }
 
     /// The statuses of `tenant`'s jobs.
@@ -167,8 +189,11 @@ impl Host {
     /// before writing anything: a refused deploy changes nothing.
     pub fn deploy(&self, tenant: &str, text: &str, plugin: &[u8]) -> Result<JobStatus, ApiError> {
         let tenant_config = self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
-        let (name, config) = job_spec::parse(text, tenant, tenant_config, &self.config.data_dir).map_err(ApiError::bad_request)?;
+        let (name, config) = job_spec::parse(text, tenant, tenant_config, &self.config).map_err(ApiError::bad_request)?;
         let key = (tenant.to_string(), name.clone());
+        if let Some(reason) = self.broken.lock().expect("broken lock").get(&key) {
+            return Err(ApiError::new(409, format!("job `{name}` exists on disk but could not be resumed: {reason}; delete it first")));
+        }
         {
             let jobs = self.jobs.lock().expect("jobs lock");
             let mut deploying = self.deploying.lock().expect("deploying lock");
@@ -186,18 +211,19 @@ impl Host {
 
     fn create(&self, tenant: &str, name: &str, config: crate::config::JobConfig, text: &str, bytes: &[u8]) -> Result<JobStatus, ApiError> {
         let plugin = self.compile(name, bytes)?;
-        if let Some(local) = &config.local {
-            crate::source::LocalSource::check_readable(&local.inputs).map_err(|err| ApiError::bad_request(err.to_string()))?;
-        }
         let dir = JobDir::new(&self.config.data_dir, tenant, name);
+        if dir.exists() {
+            return Err(ApiError::new(409, format!("job `{name}` still has files in the data directory ({}); delete the job first", dir.path().display())));
+        }
         if dir.path().exists() {
-            // Left by a deploy or delete that did not finish.
+            // Left by a deploy or delete that did not finish: no record, so no job.
             std::fs::remove_dir_all(dir.path()).map_err(|err| ApiError::internal(format!("cannot clear `{}`: {err}", dir.path().display())))?;
         }
         let mut record = JobRecord::default();
         record.pushed(PluginVersion::new(plugin.digest(), bytes.len() as u64, VersionStatus::Active));
         let written = dir
-            .write_file(&dir.plugin_file(plugin.digest()), bytes)
+            .create()
+            .and_then(|()| dir.write_file(&dir.plugin_file(plugin.digest()), bytes))
             .and_then(|()| dir.write_file(&dir.job_file(), text.as_bytes()))
             // The record last: without it the directory is not a job.
             .and_then(|()| dir.write_record(&record));
@@ -205,7 +231,8 @@ impl Host {
             let _ = std::fs::remove_dir_all(dir.path());
             return Err(ApiError::internal(err));
         }
-        let runtime = JobRuntime::new(tenant, name, config, dir, record, plugin.clone(), self.metrics.job(tenant, name));
+        let input_dir = self.config.tenants.get(tenant).and_then(|tenant| tenant.input_dir.clone());
+        let runtime = JobRuntime::new(tenant, name, config, dir, input_dir, record, plugin.clone(), self.metrics.job(tenant, name));
         runtime.metrics.set_plugin_info("", plugin.digest());
         let status = runtime.status();
         self.start(tenant, name, runtime);
@@ -230,15 +257,26 @@ impl Host {
     /// job's topics and consumer group stay on the brokers.
     pub fn delete(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
         let key = (tenant.to_string(), name.to_string());
+        if self.broken.lock().expect("broken lock").contains_key(&key) {
+            JobDir::new(&self.config.data_dir, tenant, name).remove().map_err(ApiError::internal)?;
+            self.broken.lock().expect("broken lock").remove(&key);
+            return Ok(());
+        }
         let job = self.job(tenant, name)?;
+        // Held until the files are gone: no deploy of the name meanwhile.
+        if !self.deploying.lock().expect("deploying lock").insert(key.clone()) {
+            return Err(ApiError::new(409, format!("job `{name}` is being deployed or deleted right now; try again")));
+        }
         job.end();
-        if let Some(thread) = self.threads.lock().expect("threads lock").remove(&key) {
+        let thread = self.threads.lock().expect("threads lock").remove(&key);
+        if let Some(thread) = thread {
             let _ = thread.join();
         }
+        let removed = job.dir.remove();
         self.jobs.lock().expect("jobs lock").remove(&key);
         self.metrics.remove(&job.metrics.labels, &job.status().plugin);
-        std::fs::remove_dir_all(job.dir.path())
-            .map_err(|err| ApiError::internal(format!("job stopped, but `{}` could not be removed: {err}", job.dir.path().display())))?;
+        self.deploying.lock().expect("deploying lock").remove(&key);
+        removed.map_err(|err| ApiError::internal(format!("job stopped, but its files could not all be removed: {err}")))?;
         tracing::info!(%tenant, job = %name, "job deleted");
         Ok(())
     }
@@ -276,7 +314,12 @@ impl Host {
         let job = self.job(tenant, name)?;
         let (store, partitions) = job
             .store()
-            .ok_or_else(|| ApiError::new(409, format!("job `{name}` is not open (paused since the host started, or failing); resume it to query its state")))?;
+            .ok_or_else(|| {
+                ApiError::new(
+                    409,
+                    format!("job `{name}` is not open: paused since the host started (resume it), or failing (`tally jobs status {name}` shows its last error)"),
+                )
+            })?;
         let keys: Vec<(Option<i32>, Vec<u8>)> = if partitions == 0 {
             vec![(None, key.as_bytes().to_vec())]
         } else {

@@ -20,8 +20,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VersionStatus {
-    /// Waiting for the job's next transaction boundary, or on trial.
+    /// Waiting for the job's next transaction boundary.
     Pending,
+    /// Running its trial transaction.
+    OnTrial,
     /// The version the job runs.
     Active,
     /// Ran before a newer version took over; available for rollback.
@@ -71,9 +73,9 @@ impl JobRecord {
         self.versions.iter().rev().find(|version| version.status == VersionStatus::Active)
     }
 
-    /// A version waiting for (or on) its trial.
+    /// A version waiting for its trial, or on it.
     pub fn pending(&self) -> Option<&PluginVersion> {
-        self.versions.iter().rev().find(|version| version.status == VersionStatus::Pending)
+        self.versions.iter().rev().find(|version| matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial))
     }
 
     /// The version that ran before the active one (what `rollback` returns to).
@@ -82,7 +84,8 @@ impl JobRecord {
         self.versions.iter().rev().find(|version| version.status == VersionStatus::Retired && version.digest != active.digest)
     }
 
-    /// Records a push; an older version still pending is superseded.
+    /// Records a push; an older version the job has not taken yet is
+    /// superseded (one on trial is judged, or superseded by the job).
     pub fn pushed(&mut self, version: PluginVersion) {
         for older in &mut self.versions {
             if older.status == VersionStatus::Pending {
@@ -93,28 +96,41 @@ impl JobRecord {
         self.versions.push(version);
     }
 
+    /// The job took `digest` for its trial transaction.
+    pub fn on_trial(&mut self, digest: &str) {
+        if let Some(version) = self.latest_undecided(digest) {
+            version.status = VersionStatus::OnTrial;
+        }
+    }
+
     /// `digest` passed its trial: it is active, the one before retired.
     pub fn activated(&mut self, digest: &str) {
+        let Some(index) = self.versions.iter().rposition(|version| {
+            version.digest == digest && matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial)
+        }) else {
+            return;
+        };
         for version in &mut self.versions {
             if version.status == VersionStatus::Active {
                 version.status = VersionStatus::Retired;
             }
         }
-        if let Some(version) = self.latest_mut(digest, VersionStatus::Pending) {
-            version.status = VersionStatus::Active;
-        }
+        self.versions[index].status = VersionStatus::Active;
     }
 
     /// `digest` failed its trial or could not start.
     pub fn failed(&mut self, digest: &str, status: VersionStatus, reason: &str) {
-        if let Some(version) = self.latest_mut(digest, VersionStatus::Pending) {
+        if let Some(version) = self.latest_undecided(digest) {
             version.status = status;
             version.reason = Some(reason.to_string());
         }
     }
 
-    fn latest_mut(&mut self, digest: &str, status: VersionStatus) -> Option<&mut PluginVersion> {
-        self.versions.iter_mut().rev().find(|version| version.digest == digest && version.status == status)
+    fn latest_undecided(&mut self, digest: &str) -> Option<&mut PluginVersion> {
+        self.versions
+            .iter_mut()
+            .rev()
+            .find(|version| version.digest == digest && matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial))
     }
 }
 
@@ -156,6 +172,32 @@ impl JobDir {
         self.path.join("out")
     }
 
+    /// Creates the job's directories (deploy only: nothing else creates them).
+    pub fn create(&self) -> Result<(), String> {
+        let plugins = self.path.join("plugins");
+        std::fs::create_dir_all(&plugins).map_err(|err| format!("cannot create `{}`: {err}", plugins.display()))
+    }
+
+    /// Whether a job (its record) is on disk here.
+    pub fn exists(&self) -> bool {
+        self.path.join("record.json").exists()
+    }
+
+    /// Deletes the job's files: the record first, so a delete cut short
+    /// leaves no half job that a restart would try to resume.
+    pub fn remove(&self) -> Result<(), String> {
+        let record = self.path.join("record.json");
+        match std::fs::remove_file(&record) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(format!("cannot remove `{}`: {err}", record.display())),
+        }
+        if let Ok(dir) = std::fs::File::open(&self.path) {
+            let _ = dir.sync_all();
+        }
+        std::fs::remove_dir_all(&self.path).map_err(|err| format!("cannot remove `{}`: {err}", self.path.display()))
+    }
+
     /// Reads the job's record.
     pub fn read_record(&self) -> Result<JobRecord, String> {
         let path = self.path.join("record.json");
@@ -177,7 +219,6 @@ impl JobDir {
 /// Writes `bytes` to a temporary file, syncs it, and renames it over `path`.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
     let parent = path.parent().expect("job files live in a directory");
-    std::fs::create_dir_all(parent).map_err(|err| format!("cannot create `{}`: {err}", parent.display()))?;
     let temporary = path.with_extension("tmp");
     let result = std::fs::File::create(&temporary)
         .and_then(|mut file| {
@@ -242,9 +283,22 @@ mod tests {
     }
 
     #[test]
+    fn a_push_during_a_trial_does_not_lose_the_version_on_trial() {
+        let mut record = JobRecord::default();
+        record.pushed(PluginVersion::new("sha256:a", 1, VersionStatus::Active));
+        record.pushed(PluginVersion::new("sha256:b", 1, VersionStatus::Pending));
+        record.on_trial("sha256:b");
+        record.pushed(PluginVersion::new("sha256:c", 1, VersionStatus::Pending));
+        record.activated("sha256:b");
+        assert_eq!(record.active().unwrap().digest, "sha256:b");
+        assert_eq!(record.pending().unwrap().digest, "sha256:c");
+    }
+
+    #[test]
     fn records_survive_a_round_trip_and_half_deployed_jobs_are_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let job = JobDir::new(dir.path(), "acme", "billing");
+        job.create().unwrap();
         let mut record = JobRecord { paused: true, ..JobRecord::default() };
         record.pushed(PluginVersion::new("sha256:a", 7, VersionStatus::Active));
         job.write_record(&record).unwrap();

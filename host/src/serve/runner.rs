@@ -83,6 +83,9 @@ pub struct JobRuntime {
     pub config: JobConfig,
     /// Where its files are.
     pub dir: JobDir,
+    /// The tenant's input directory (local jobs' inputs are re-checked
+    /// against it every time the job opens them).
+    input_dir: Option<std::path::PathBuf>,
     /// Where pushed versions wait for the job.
     pub slot: Arc<PluginSlot>,
     /// Its metrics.
@@ -120,11 +123,13 @@ struct StatusInner {
 
 impl JobRuntime {
     /// A job that will run `plugin` (its active version).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         tenant: &str,
         name: &str,
         config: JobConfig,
         dir: JobDir,
+        input_dir: Option<std::path::PathBuf>,
         record: JobRecord,
         plugin: LoadedPlugin,
         metrics: JobMetrics,
@@ -135,6 +140,7 @@ impl JobRuntime {
             name: name.to_string(),
             config,
             dir,
+            input_dir,
             slot: PluginSlot::new(),
             metrics,
             stop: AtomicBool::new(paused),
@@ -172,14 +178,15 @@ impl JobRuntime {
 
     /// The job's status now.
     pub fn status(&self) -> JobStatus {
+        // Never holds both locks: the observer takes record, then status.
+        let pending_plugin = self.record.lock().expect("record lock").pending().map(|version| version.digest.clone());
         let status = self.status.lock().expect("status lock");
-        let record = self.record.lock().expect("record lock");
         JobStatus {
             name: self.name.clone(),
             mode: if self.is_kafka() { "kafka" } else { "local" },
             state: status.state,
             plugin: status.plugin.clone(),
-            pending_plugin: record.pending().map(|version| version.digest.clone()),
+            pending_plugin,
             on_trial: status.on_trial.clone(),
             records: status.records,
             // No commit for a while: nothing is flowing.
@@ -209,27 +216,35 @@ impl JobRuntime {
 
     /// Offers a compiled, checked version to the job; it is swapped in at
     /// the next transaction boundary and judged on its first transaction.
-    pub fn push(&self, plugin: LoadedPlugin, version_status: super::registry::PluginVersion) -> Result<(), String> {
-        {
-            let mut record = self.record.lock().expect("record lock");
-            record.pushed(version_status);
-            self.dir.write_record(&record)?;
-        }
+    pub fn push(&self, plugin: LoadedPlugin, version: super::registry::PluginVersion) -> Result<(), String> {
+        let mut record = self.record.lock().expect("record lock");
+        let mut updated = record.clone();
+        updated.pushed(version);
+        self.dir.write_record(&updated)?;
+        *record = updated;
+        // Under the record lock: the slot and the record agree on the newest push.
+        self.offer(plugin);
+        Ok(())
+    }
+
+    /// Makes `plugin` known to the job and puts it in the slot.
+    pub fn offer(&self, plugin: LoadedPlugin) {
         self.plugins.lock().expect("plugins lock").insert(plugin.digest().to_string(), plugin.clone());
         self.slot.push(plugin);
-        Ok(())
     }
 
     /// Pauses (`true`) or resumes the job, and remembers it across restarts.
     pub fn set_paused(&self, paused: bool) -> Result<(), String> {
         {
             let mut record = self.record.lock().expect("record lock");
-            record.paused = paused;
-            self.dir.write_record(&record)?;
+            let updated = JobRecord { paused, ..record.clone() };
+            self.dir.write_record(&updated)?;
+            *record = updated;
         }
         let mut control = self.control.lock().expect("control lock");
         control.paused = paused;
-        self.stop.store(paused, Ordering::SeqCst);
+        // A job being ended stays stopped whatever a resume says.
+        self.stop.store(paused || control.ended, Ordering::SeqCst);
         drop(control);
         self.wake.notify_all();
         Ok(())
@@ -274,6 +289,7 @@ impl JobRuntime {
         let mut backoff = Duration::from_secs(1);
         while self.wait_while_paused() {
             self.set_state(JobState::Starting);
+            self.prepare_to_open();
             let opened_at = Instant::now();
             let result = if self.is_kafka() { self.run_kafka() } else { self.run_local() };
             *self.store.lock().expect("store lock") = None;
@@ -294,9 +310,25 @@ impl JobRuntime {
         self.set_state(JobState::Stopped);
     }
 
-    fn active_plugin(&self) -> LoadedPlugin {
+    /// Before (re)opening: counts of a transaction that died with the last
+    /// task are dropped, and a version that was waiting or on trial there is
+    /// offered again (it was never judged).
+    fn prepare_to_open(&self) {
+        self.metrics.aborted();
+        self.status.lock().expect("status lock").on_trial = None;
+        let record = self.record.lock().expect("record lock");
+        if let Some(pending) = record.pending() {
+            let plugin = self.plugins.lock().expect("plugins lock").get(&pending.digest).cloned();
+            if let Some(plugin) = plugin {
+                self.slot.push(plugin);
+            }
+        }
+    }
+
+    fn active_plugin(&self) -> Result<LoadedPlugin, String> {
         let digest = self.status.lock().expect("status lock").plugin.clone();
-        self.plugins.lock().expect("plugins lock")[&digest].clone()
+        let plugin = self.plugins.lock().expect("plugins lock").get(&digest).cloned();
+        plugin.ok_or_else(|| format!("plugin version {digest} is not loaded in this host; restart the host to load it from the data directory"))
     }
 
     fn observer(self: &Arc<Self>) -> Arc<dyn JobObserver> {
@@ -304,7 +336,12 @@ impl JobRuntime {
     }
 
     fn run_local(self: &Arc<Self>) -> Result<(), String> {
-        let mut task = LocalTask::open(&self.config, &self.active_plugin()).map_err(|err| err.to_string())?;
+        if let (Some(input_dir), Some(local)) = (&self.input_dir, &self.config.local) {
+            for input in &local.inputs {
+                super::job_spec::check_input(input_dir, input)?;
+            }
+        }
+        let mut task = LocalTask::open(&self.config, &self.active_plugin()?).map_err(|err| err.to_string())?;
         task.attach(self.slot.clone(), self.config.hot_swap, self.observer());
         *self.store.lock().expect("store lock") = Some((task.store(), 0));
         while self.wait_while_paused() {
@@ -315,7 +352,7 @@ impl JobRuntime {
     }
 
     fn run_kafka(self: &Arc<Self>) -> Result<(), String> {
-        let mut job = KafkaJob::open(&self.config, &self.active_plugin()).map_err(|err| err.to_string())?;
+        let mut job = KafkaJob::open(&self.config, &self.active_plugin()?).map_err(|err| err.to_string())?;
         job.attach(self.slot.clone(), self.config.hot_swap, self.observer());
         *self.store.lock().expect("store lock") = Some((job.store(), job.partitions()));
         while self.wait_while_paused() {
@@ -363,8 +400,8 @@ impl JobObserver for Observer {
         status.on_trial = None;
         match event {
             SwapEvent::OnTrial { digest } => {
+                record.on_trial(digest);
                 status.on_trial = Some(digest.clone());
-                return;
             }
             SwapEvent::Activated { digest } => {
                 record.activated(digest);
