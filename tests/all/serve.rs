@@ -275,3 +275,85 @@ fn a_killed_host_resumes_every_job_where_it_committed() {
     check_local_totals(&host, "acme", "paused", &acme_lines);
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
 }
+
+/// Runs the `tally` CLI against `host` as `token`; returns (success, stdout + stderr).
+fn cli(host: &ServeHost, token: &str, args: &[&str]) -> (bool, String) {
+    let output = std::process::Command::new(tally_tests::tally_binary())
+        .args(args)
+        .env("TALLY_SERVER", &host.server)
+        .env("TALLY_TOKEN", token)
+        .output()
+        .unwrap();
+    (output.status.success(), format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+}
+
+#[test]
+fn the_cli_deploys_pauses_resumes_pushes_rolls_back_queries_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = ServeHost::start(dir.path(), 32 << 20);
+    let lines = usage_lines(46, 30_000, 5);
+    let (first, rest) = lines.split_at(10_000);
+    write_input(&host, "acme", "usage.ndjson", first);
+    let job_file = dir.path().join("billing.toml");
+    // The same job file as for `tally run`, plugin line included: the CLI uploads it.
+    std::fs::write(&job_file, format!("plugin = {:?}\n{}", plugins::USAGE_BILLING, local_job("billing", &["usage.ndjson"], ""))).unwrap();
+    let run = |args: &[&str]| {
+        let (ok, text) = cli(&host, ACME, args);
+        assert!(ok, "tally {args:?} failed:\n{text}\n{}", host.log());
+        text
+    };
+    let deployed = run(&["jobs", "deploy", job_file.to_str().unwrap()]);
+    assert!(deployed.contains("name:") && deployed.contains("billing"), "{deployed}");
+    let acme = host.client(ACME);
+    wait_caught_up(&acme, "billing", first.len() as u64, &host);
+    let table = run(&["jobs", "list"]);
+    assert!(table.starts_with("JOB") && table.contains("billing") && table.contains("running"), "{table}");
+    let listed: Value = serde_json::from_str(&run(&["jobs", "list", "--json"])).unwrap();
+    assert_eq!(listed[0]["records"].as_u64(), Some(first.len() as u64), "{listed}");
+
+    // Paused, the job reads nothing more; resumed, it catches up.
+    assert!(run(&["jobs", "pause", "billing"]).contains("paused"));
+    wait_for("the job to pause", Duration::from_secs(30), || acme.status("billing").unwrap()["state"] == "paused");
+    write_input(&host, "acme", "usage.ndjson", rest);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(number(&acme.status("billing").unwrap(), "records"), first.len() as u64, "a paused job processes nothing");
+    run(&["jobs", "resume", "billing"]);
+    wait_caught_up(&acme, "billing", lines.len() as u64, &host);
+
+    // Push a second build, then roll back to the first.
+    let pushed = run(&["plugin", "push", "billing", plugins::BILLING_VARIANT]);
+    assert!(pushed.contains(&digest_of(plugins::BILLING_VARIANT)), "{pushed}");
+    let more = usage_lines(47, 2_000, 0);
+    write_input(&host, "acme", "usage.ndjson", &more);
+    wait_for("the pushed build to become active", Duration::from_secs(30), || {
+        acme.status("billing").unwrap()["plugin"] == digest_of(plugins::BILLING_VARIANT)
+    });
+    run(&["plugin", "rollback", "billing"]);
+    let again = usage_lines(48, 2_000, 0);
+    write_input(&host, "acme", "usage.ndjson", &again);
+    wait_for("the rollback to become active", Duration::from_secs(30), || {
+        acme.status("billing").unwrap()["plugin"] == digest_of(plugins::USAGE_BILLING)
+    });
+    let history = run(&["plugin", "history", "billing"]);
+    assert_eq!(history.lines().filter(|line| line.contains("sha256:")).count(), 3, "{history}");
+    let all: Vec<UsageLine> = lines.iter().chain(&more).chain(&again).cloned().collect();
+    wait_caught_up(&acme, "billing", all.len() as u64, &host);
+    check_local_totals(&host, "acme", "billing", &all);
+
+    // An interactive query through the CLI.
+    let expected = expected_totals(&all);
+    let ((customer, metric, period), total) = expected.iter().next().unwrap();
+    let key = serde_json::json!({ "customer": customer, "metric": metric, "period": period }).to_string();
+    assert_eq!(run(&["state", "get", "billing", &key]).trim(), total.to_string());
+
+    // Errors are said plainly, and delete removes everything.
+    let (ok, text) = cli(&host, GLOBEX, &["jobs", "status", "billing"]);
+    assert!(!ok && text.contains("no job named `billing`") && text.contains("404"), "{text}");
+    let (ok, text) = cli(&host, "wrong-token-0000000000", &["jobs", "list"]);
+    assert!(!ok && text.contains("not recognised"), "{text}");
+    run(&["jobs", "delete", "billing"]);
+    assert_eq!(acme.list().unwrap(), serde_json::json!([]));
+    assert!(!host.dir.join("data/jobs/acme/billing").exists(), "the job's files are gone");
+    let (ok, text) = cli(&host, ACME, &["jobs", "status", "billing"]);
+    assert!(!ok && text.contains("404"), "{text}");
+}

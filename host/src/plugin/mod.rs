@@ -94,6 +94,10 @@ impl PluginRuntime {
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         config.relaxed_simd_deterministic(true);
+        if std::env::var_os("TALLY_PLUGIN_PERFMAP").is_some_and(|value| value == "1") {
+            // `perf report` then names plugin functions (/tmp/perf-<pid>.map).
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config).map_err(|err| PluginError::Engine(format!("{err:#}")))?;
         spawn_epoch_ticker(&engine);
         Ok(PluginRuntime { engine })
