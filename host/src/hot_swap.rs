@@ -220,3 +220,78 @@ impl HotSwap {
         self.observer.swapped(&SwapEvent::RolledBack { digest: trial.digest, restored: processor.digest().to_string(), reason });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::{Event, ProcessError, Rejection};
+    use crate::state_store::MemoryStore;
+
+    struct Named(&'static str);
+
+    impl Processor for Named {
+        fn process(&mut self, _events: &[Event], _txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
+            Ok(Vec::new())
+        }
+        fn digest(&self) -> &str {
+            self.0
+        }
+    }
+
+    #[derive(Default)]
+    struct Events(Mutex<Vec<SwapEvent>>);
+
+    impl JobObserver for Events {
+        fn swapped(&self, event: &SwapEvent) {
+            self.0.lock().unwrap().push(event.clone());
+        }
+    }
+
+    /// A hot swap with `new` on trial, `old` to go back to.
+    fn on_trial(events: Arc<Events>) -> (HotSwap, Box<dyn Processor>, Transaction) {
+        let mut swap = HotSwap::new(PluginSlot::new(), Limits::default(), SwapPolicy { max_reject_share: 0.5 }, events);
+        swap.trial = Some(Trial { digest: "sha256:new".into(), previous: Box::new(Named("sha256:old")), events: 0, rejected: 0 });
+        let txn = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), Limits::default());
+        (swap, Box::new(Named("sha256:new")), txn)
+    }
+
+    fn rejecting(rejected: u64) -> BatchOutcome {
+        BatchOutcome { dead_lettered: rejected, ..BatchOutcome::default() }
+    }
+
+    #[test]
+    fn rejecting_more_than_the_share_rolls_back_to_the_previous_version() {
+        let events = Arc::new(Events::default());
+        let (mut swap, mut processor, mut txn) = on_trial(events.clone());
+        assert_eq!(swap.judge_batch(100, &rejecting(30)), None, "rejections alone are judged on the whole transaction");
+        assert_eq!(swap.judge_batch(100, &rejecting(90)), None);
+        let reason = swap.judge_transaction().expect("120 of 200 rejected is over half");
+        assert!(reason.contains("120 of the 200") && reason.contains("max_reject_share = 0.5"), "{reason}");
+        swap.roll_back(&mut processor, &mut txn, reason);
+        assert_eq!(processor.digest(), "sha256:old");
+        assert_eq!(txn.plugin_digest, "sha256:old");
+        assert!(!swap.on_trial());
+        assert!(matches!(&events.0.lock().unwrap()[..], [SwapEvent::RolledBack { digest, restored, .. }] if digest == "sha256:new" && restored == "sha256:old"));
+    }
+
+    #[test]
+    fn a_trap_fails_the_trial_at_once_and_a_clean_commit_passes_it() {
+        let events = Arc::new(Events::default());
+        let (mut swap, _, _) = on_trial(events.clone());
+        let trapped = BatchOutcome { traps: 1, first_failure: Some("plugin trapped: unreachable".into()), ..BatchOutcome::default() };
+        assert!(swap.judge_batch(10, &trapped).unwrap().contains("unreachable"));
+
+        let (mut swap, _, _) = on_trial(events.clone());
+        swap.committed();
+        assert!(swap.on_trial(), "a commit without events of the new version proves nothing");
+        swap.judge_batch(10, &rejecting(1));
+        swap.aborted();
+        swap.committed();
+        assert!(swap.on_trial(), "an aborted transaction's events do not count");
+        swap.judge_batch(10, &rejecting(1));
+        assert_eq!(swap.judge_transaction(), None);
+        swap.committed();
+        assert!(!swap.on_trial());
+        assert!(matches!(events.0.lock().unwrap().last(), Some(SwapEvent::Activated { digest }) if digest == "sha256:new"));
+    }
+}
