@@ -147,10 +147,21 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
         assert!(message.contains(expected_text), "{what}: the message should say {expected_text:?}: {message}");
     }
     assert_eq!(acme.list().unwrap().as_array().unwrap().len(), 1, "no job was added");
+
     assert_eq!(acme.history("billing").unwrap(), history_before, "no plugin version was recorded");
     assert_eq!(tree(&host.dir.join("data/jobs")), data_before, "nothing was written to the data directory");
     assert_eq!(acme.status("billing").unwrap()["plugin"], digest_of(plugins::USAGE_BILLING));
     check_local_totals(&host, "acme", "billing", &lines);
+    // A tenant's job quota.
+    write_input(&host, "globex", "usage.ndjson", &lines[..10]);
+    let globex = host.client(GLOBEX);
+    for name in ["g1", "g2", "g3"] {
+        globex.deploy(&local_job(name, &["usage.ndjson"], ""), &billing).unwrap();
+    }
+    let (status, message) = refused(globex.deploy(&local_job("g4", &["usage.ndjson"], ""), &billing));
+    assert_eq!(status, 409, "{message}");
+    assert!(message.contains("max_jobs"), "{message}");
+    assert_eq!(globex.list().unwrap().as_array().unwrap().len(), 3);
 }
 
 /// Every file under `dir` but the job's state and outputs (which a running

@@ -12,7 +12,7 @@ use crate::tally_binary;
 
 /// Tenant `acme`'s token.
 pub const ACME: &str = "acme-token-0123456789";
-/// Tenant `globex`'s token.
+/// Tenant `globex`'s token (globex may have at most 3 jobs).
 pub const GLOBEX: &str = "globex-token-9876543210";
 /// The token that may read `/metrics`.
 pub const METRICS: &str = "metrics-token-5555555555";
@@ -37,7 +37,7 @@ impl ServeHost {
             "listen = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\nmax_upload_bytes = {max_upload_bytes}\nmetrics_token = {METRICS:?}\n\
              kafka_brokers = {brokers:?}\n\
              [tenants.acme]\ntoken = {ACME:?}\ninput_dir = \"inputs/acme\"\n\
-             [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\n",
+             [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\nmax_jobs = 3\n",
             brokers = crate::kafka::bootstrap(),
         );
         std::fs::write(dir.join("host.toml"), config).unwrap();

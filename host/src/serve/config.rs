@@ -13,6 +13,7 @@
 //! [tenants.acme]
 //! token = "a-long-random-secret"
 //! input_dir = "inputs/acme"     # local jobs of this tenant read only here
+//! max_jobs = 16                 # the most jobs the tenant may have
 //! ```
 
 use std::collections::BTreeMap;
@@ -66,6 +67,13 @@ pub struct TenantConfig {
     /// jobs are refused for a tenant without one.
     #[serde(default)]
     pub input_dir: Option<PathBuf>,
+    /// The most jobs the tenant may have at once.
+    #[serde(default = "default_max_jobs")]
+    pub max_jobs: usize,
+}
+
+fn default_max_jobs() -> usize {
+    16
 }
 
 fn default_listen() -> SocketAddr {

@@ -138,7 +138,7 @@ mod tests {
     use super::*;
 
     fn tenant(input_dir: Option<&Path>) -> TenantConfig {
-        TenantConfig { token: "0123456789abcdef".into(), input_dir: input_dir.map(Path::to_path_buf) }
+        TenantConfig { token: "0123456789abcdef".into(), input_dir: input_dir.map(Path::to_path_buf), max_jobs: 16 }
     }
 
     fn host() -> HostConfig {

@@ -197,6 +197,13 @@ impl Host {
         {
             let jobs = self.jobs.lock().expect("jobs lock");
             let mut deploying = self.deploying.lock().expect("deploying lock");
+            let owned = jobs.keys().chain(deploying.iter()).filter(|(owner, _)| owner == tenant).count();
+            if owned >= tenant_config.max_jobs && !jobs.contains_key(&key) {
+                return Err(ApiError::new(
+                    409,
+                    format!("tenant `{tenant}` already has {owned} jobs, its limit (max_jobs in the host file); delete one first"),
+                ));
+            }
             if jobs.contains_key(&key) || !deploying.insert(key.clone()) {
                 return Err(ApiError::new(
                     409,
