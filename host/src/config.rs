@@ -188,6 +188,10 @@ pub struct LocalConfig {
     pub output_dir: PathBuf,
     /// Directory of the job's state (RocksDB) and its lock.
     pub state_dir: PathBuf,
+    /// Set by `tally serve`: every input file opened must be a regular file
+    /// inside this directory (the tenant's `input_dir`).
+    #[serde(skip)]
+    pub confine_to: Option<PathBuf>,
 }
 
 /// What one plugin instance may use. There is no "unlimited".

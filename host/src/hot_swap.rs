@@ -89,10 +89,20 @@ impl PluginSlot {
         Arc::new(PluginSlot { pending: Mutex::new(None) })
     }
 
-    /// Offers `plugin` to the job; it replaces a version pushed earlier
-    /// that the job has not taken yet.
-    pub fn push(&self, plugin: LoadedPlugin) {
-        *self.pending.lock().expect("plugin slot lock") = Some((plugin, Instant::now()));
+    /// Offers `plugin` to the job; returns the version pushed earlier that
+    /// the job had not taken yet, which it now never will.
+    pub fn push(&self, plugin: LoadedPlugin) -> Option<LoadedPlugin> {
+        let displaced = self.pending.lock().expect("plugin slot lock").replace((plugin, Instant::now()));
+        displaced.map(|(plugin, _)| plugin)
+    }
+
+    /// Takes the waiting version back if it is `digest`.
+    pub fn take_if(&self, digest: &str) -> Option<LoadedPlugin> {
+        let mut pending = self.pending.lock().expect("plugin slot lock");
+        if pending.as_ref().is_some_and(|(plugin, _)| plugin.digest() == digest) {
+            return pending.take().map(|(plugin, _)| plugin);
+        }
+        None
     }
 
     fn take(&self) -> Option<(LoadedPlugin, Instant)> {

@@ -299,6 +299,7 @@ fn run_job(args: RunArgs) -> anyhow::Result<()> {
                     inputs: args.inputs,
                     output_dir: args.output_dir.ok_or_else(|| missing("output-dir"))?,
                     state_dir: args.state_dir.ok_or_else(|| missing("state-dir"))?,
+                    confine_to: None,
                 }),
             };
             job.validate()?;

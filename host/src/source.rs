@@ -25,6 +25,9 @@ pub enum SourceError {
         path.display()
     )]
     Shrunk { path: PathBuf, len: u64, committed: u64 },
+    /// An input of a confined job is not a regular file inside its directory.
+    #[error("input `{}` is not a regular file inside the directory this job may read ({}); use a plain file there", path.display(), root.display())]
+    Outside { path: PathBuf, root: PathBuf },
     /// A followed input was replaced by another file (rotated away).
     #[error(
         "input `{}` was replaced by another file while the job followed it (log rotation?); \
@@ -82,12 +85,20 @@ pub struct LocalSource {
 impl LocalSource {
     /// Opens `paths`, each positioned at `positions[i]` (or the start).
     pub fn open(paths: &[PathBuf], positions: &[LocalPosition]) -> Result<LocalSource, SourceError> {
+        LocalSource::open_confined(paths, positions, None)
+    }
+
+    /// Like [`LocalSource::open`]; with `root`, every file actually opened
+    /// (after all links) must be a regular file inside `root`, or it is
+    /// refused: checked on the open file, so no link swapped in between a
+    /// check and the open can lead out.
+    pub fn open_confined(paths: &[PathBuf], positions: &[LocalPosition], root: Option<&Path>) -> Result<LocalSource, SourceError> {
         let partitions = paths
             .iter()
             .enumerate()
             .map(|(index, path)| {
                 let position = positions.get(index).copied().unwrap_or_default();
-                open_partition(path, position)
+                open_partition(path, position, root)
             })
             .collect::<Result<_, _>>()?;
         Ok(LocalSource { partitions, line: Vec::new(), next_start: 0, follow: false })
@@ -198,9 +209,12 @@ impl LocalSource {
     }
 }
 
-fn open_partition(path: &Path, position: LocalPosition) -> Result<Partition, SourceError> {
+fn open_partition(path: &Path, position: LocalPosition, root: Option<&Path>) -> Result<Partition, SourceError> {
     let read_error = |source| SourceError::Read { path: path.to_path_buf(), source };
-    let mut file = File::open(path).map_err(read_error)?;
+    let mut file = match root {
+        None => File::open(path).map_err(read_error)?,
+        Some(root) => open_inside(path, root)?,
+    };
     let len = file.metadata().map_err(read_error)?.len();
     if len < position.byte {
         return Err(SourceError::Shrunk { path: path.to_path_buf(), len, committed: position.byte });
@@ -223,6 +237,25 @@ fn open_partition(path: &Path, position: LocalPosition) -> Result<Partition, Sou
     })
 }
 
+/// Opens `path` (without blocking on a FIFO) and checks that what was
+/// opened is a regular file inside `root`.
+fn open_inside(path: &Path, root: &Path) -> Result<File, SourceError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let read_error = |source| SourceError::Read { path: path.to_path_buf(), source };
+    let outside = || SourceError::Outside { path: path.to_path_buf(), root: root.to_path_buf() };
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(read_error)?;
+    if !file.metadata().map_err(read_error)?.is_file() {
+        return Err(outside());
+    }
+    let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(read_error)?;
+    let root = root.canonicalize().map_err(|source| SourceError::Read { path: root.to_path_buf(), source })?;
+    if !opened.starts_with(&root) {
+        return Err(outside());
+    }
+    Ok(file)
+}
+
 fn trim_line_ending(line: &mut Vec<u8>) {
     if line.last() == Some(&b'\n') {
         line.pop();
@@ -235,6 +268,26 @@ fn trim_line_ending(line: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_confined_source_opens_only_regular_files_inside_its_root() {
+        let root = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let inside = write(root.path(), "in.ndjson", "{}\n");
+        let secret = write(elsewhere.path(), "secret.ndjson", "{}\n");
+        assert!(LocalSource::open_confined(&[inside.clone()], &[], Some(root.path())).is_ok());
+        let link = root.path().join("link.ndjson");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let err = LocalSource::open_confined(&[link.clone()], &[], Some(root.path())).err().unwrap();
+        assert!(matches!(err, SourceError::Outside { .. }), "{err}");
+        assert!(LocalSource::open(&[link], &[]).is_ok(), "unconfined (tally run) follows links as before");
+        let fifo = root.path().join("fifo.ndjson");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let err = LocalSource::open_confined(&[fifo], &[], Some(root.path())).err().unwrap();
+        assert!(matches!(err, SourceError::Outside { .. }), "a FIFO is refused without blocking: {err}");
+    }
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
         let path = dir.join(name);

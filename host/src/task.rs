@@ -192,7 +192,11 @@ pub fn process_batch_on_trial(
             ..BatchOutcome::default()
         }),
         Err(ProcessError::Plugin(reason)) => Ok(BatchOutcome { traps: 1, first_failure: Some(reason), ..BatchOutcome::default() }),
-        Err(other) => Err(other),
+        // A version on trial that emits to an undeclared output, or cannot
+        // even start again, fails its trial; the previous version goes on.
+        Err(ProcessError::Misconfigured(reason)) => Ok(BatchOutcome { first_failure: Some(reason), ..BatchOutcome::default() }),
+        Err(ProcessError::Instantiate(err)) => Ok(BatchOutcome { first_failure: Some(err.to_string()), ..BatchOutcome::default() }),
+        Err(host) => Err(host),
     }
 }
 
@@ -301,7 +305,10 @@ impl LocalTask {
         let local = config.local()?;
         // Refuse a missing input or a plugin that cannot start before
         // anything is created on disk.
-        LocalSource::check_readable(&local.inputs)?;
+        match &local.confine_to {
+            None => LocalSource::check_readable(&local.inputs)?,
+            Some(root) => drop(LocalSource::open_confined(&local.inputs, &[], Some(root))?),
+        }
         let processor = make_processor()?;
         let mut locks = vec![DirLock::acquire(&local.state_dir)?];
         if local.output_dir != local.state_dir {
@@ -315,7 +322,7 @@ impl LocalTask {
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
         let (committer, recovered) = LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
-        let source = LocalSource::open(&local.inputs, &recovered.positions)?;
+        let source = LocalSource::open_confined(&local.inputs, &recovered.positions, local.confine_to.as_deref())?;
         tracing::info!(job = %config.name, plugin = %processor.digest(), resumed_from = ?recovered.positions, "local job opened");
         Ok(LocalTask {
             config: config.clone(),
@@ -490,7 +497,7 @@ impl LocalTask {
         }
         let local = self.config.local()?;
         let follow = self.source.is_following();
-        self.source = LocalSource::open(&local.inputs, &self.committed_positions)?;
+        self.source = LocalSource::open_confined(&local.inputs, &self.committed_positions, local.confine_to.as_deref())?;
         self.source.set_follow(follow);
         *uncommitted = RunSummary::default();
         Ok(())

@@ -71,7 +71,7 @@ fn main() {
     let input = dir.path().join("usage.ndjson");
     std::fs::write(&input, "").unwrap();
     let mut config = job_config();
-    config.local = Some(LocalConfig { inputs: vec![input.clone()], output_dir: dir.path().join("out"), state_dir: dir.path().join("state") });
+    config.local = Some(LocalConfig { inputs: vec![input.clone()], output_dir: dir.path().join("out"), state_dir: dir.path().join("state"), confine_to: None });
     let feed = move |stop: &AtomicBool, lines: &[tally_tests::UsageLine]| {
         let mut file = std::fs::OpenOptions::new().append(true).open(&input).unwrap();
         for chunk in lines.chunks(2_000).cycle() {

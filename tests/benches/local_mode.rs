@@ -50,7 +50,7 @@ fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> JobConfig {
         commit_interval_ms: 100,
         batch_size: env_or("TALLY_BENCH_BATCH", DEFAULT_BATCH_SIZE),
         limits: Limits::default(),
-        local: Some(LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state") }),
+        local: Some(LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state"), confine_to: None }),
         kafka: None,
         hot_swap: Default::default(),
     }

@@ -462,6 +462,7 @@ impl KafkaJob {
                 return Ok(Some(reason));
             }
             summary.records += batch.len() as u64;
+            summary.outputs += outcome.outputs;
             summary.applied += outcome.applied;
             summary.dead_lettered += outcome.dead_lettered;
             for event in batch {
@@ -470,7 +471,6 @@ impl KafkaJob {
             }
         }
         pending.clear();
-        summary.outputs += self.txn.outputs.len() as u64;
         // Without a Kafka transaction, sent records are visible at once: a
         // version on trial keeps its outputs until the trial is judged.
         let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);

@@ -131,6 +131,11 @@ impl HostConfig {
             if !valid_name(name) {
                 return Err(format!("tenant name {name:?} must use only letters, digits and `-` (at most 64)"));
             }
+            if name.to_ascii_lowercase().starts_with("tally") {
+                // Tally's own Kafka names start with `tally-`: a tenant `tally-x`
+                // could otherwise claim topics such as `tally-x.job-state-changelog`.
+                return Err(format!("tenant name {name:?} may not start with `tally`"));
+            }
             if tenant.token.chars().count() < MIN_TOKEN_CHARS {
                 return Err(format!("tenant `{name}`: the token must have at least {MIN_TOKEN_CHARS} characters"));
             }

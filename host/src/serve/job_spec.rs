@@ -8,7 +8,10 @@
 
 use std::path::{Component, Path};
 
-use crate::config::JobConfig;
+use crate::config::{JobConfig, DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH};
+
+/// Most partitions a served job may have its topics created with.
+const MAX_CREATE_PARTITIONS: u32 = 256;
 
 use super::config::{HostConfig, TenantConfig};
 use super::registry::JobDir;
@@ -77,7 +80,7 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostCo
         let prefix = format!("{tenant_name}.");
         let topics = kafka.inputs.iter().chain(kafka.outputs.values()).chain([&kafka.dead_letter_topic]);
         for topic in topics {
-            if !topic.starts_with(&prefix) {
+            if !topic.starts_with(&prefix) || topic.starts_with("tally-") {
                 return Err(format!("topic `{topic}` is not one of tenant `{tenant_name}`'s: a job may only use topics named `{prefix}<name>`"));
             }
         }
@@ -89,11 +92,23 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostCo
             host.max_memory_bytes, host.max_cpu_budget_ms
         ));
     }
-    if let Some(local) = &config.local {
+    // What one batch may make the host buffer: no more than the defaults.
+    if limits.max_output_bytes_per_batch > DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH || limits.max_state_bytes_per_batch > DEFAULT_MAX_STATE_BYTES_PER_BATCH {
+        return Err(format!(
+            "limits.max_output_bytes_per_batch and limits.max_state_bytes_per_batch may be at most {DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH} and {DEFAULT_MAX_STATE_BYTES_PER_BATCH} on this host"
+        ));
+    }
+    if config.kafka.as_ref().is_some_and(|kafka| kafka.create_partitions > MAX_CREATE_PARTITIONS) {
+        return Err(format!("kafka.create_partitions may be at most {MAX_CREATE_PARTITIONS} on this host"));
+    }
+    let mut config = config;
+    if let Some(local) = &mut config.local {
         let input_dir = tenant.input_dir.as_deref().expect("checked above for local jobs");
         for input in &local.inputs {
             check_input(input_dir, input)?;
         }
+        // Checked again on every file the job opens, after it is open.
+        local.confine_to = Some(input_dir.to_path_buf());
     }
     Ok((name, config))
 }

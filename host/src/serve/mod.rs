@@ -274,6 +274,7 @@ impl Host {
         if !self.deploying.lock().expect("deploying lock").insert(key.clone()) {
             return Err(ApiError::new(409, format!("job `{name}` is being deployed or deleted right now; try again")));
         }
+        job.mark_deleted();
         job.end();
         let thread = self.threads.lock().expect("threads lock").remove(&key);
         if let Some(thread) = thread {

@@ -84,23 +84,35 @@ impl JobRecord {
         self.versions.iter().rev().find(|version| version.status == VersionStatus::Retired && version.digest != active.digest)
     }
 
-    /// Records a push; an older version the job has not taken yet is
-    /// superseded (one on trial is judged, or superseded by the job).
+    /// Records a push.
     pub fn pushed(&mut self, version: PluginVersion) {
-        for older in &mut self.versions {
-            if older.status == VersionStatus::Pending {
-                older.status = VersionStatus::Refused;
-                older.reason = Some(format!("superseded by {} before the job took it", version.digest));
-            }
-        }
         self.versions.push(version);
     }
 
-    /// The job took `digest` for its trial transaction.
-    pub fn on_trial(&mut self, digest: &str) {
-        if let Some(version) = self.latest_undecided(digest) {
-            version.status = VersionStatus::OnTrial;
+    /// `digest`, still waiting, was replaced by a newer push before the job
+    /// took it.
+    pub fn superseded(&mut self, digest: &str, by: &str) {
+        if let Some(version) = self.versions.iter_mut().rev().find(|version| version.digest == digest && version.status == VersionStatus::Pending) {
+            version.status = VersionStatus::Refused;
+            version.reason = Some(format!("superseded by {by} before the job took it"));
         }
+    }
+
+    /// The job took `digest` for its trial transaction: older versions
+    /// still waiting or on trial will never run.
+    pub fn on_trial(&mut self, digest: &str) {
+        let Some(index) = self.versions.iter().rposition(|version| {
+            version.digest == digest && matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial)
+        }) else {
+            return;
+        };
+        for older in &mut self.versions[..index] {
+            if matches!(older.status, VersionStatus::Pending | VersionStatus::OnTrial) {
+                older.status = VersionStatus::Refused;
+                older.reason = Some(format!("superseded by {digest} before it was judged"));
+            }
+        }
+        self.versions[index].status = VersionStatus::OnTrial;
     }
 
     /// `digest` passed its trial: it is active, the one before retired.
@@ -292,6 +304,14 @@ mod tests {
         record.activated("sha256:b");
         assert_eq!(record.active().unwrap().digest, "sha256:b");
         assert_eq!(record.pending().unwrap().digest, "sha256:c");
+        // d displaces c in the slot; then e goes on trial over a stale d.
+        record.pushed(PluginVersion::new("sha256:d", 1, VersionStatus::Pending));
+        record.superseded("sha256:c", "sha256:d");
+        record.pushed(PluginVersion::new("sha256:e", 1, VersionStatus::Pending));
+        record.on_trial("sha256:e");
+        let statuses: Vec<VersionStatus> = record.versions.iter().map(|version| version.status).collect();
+        use VersionStatus::*;
+        assert_eq!(statuses, [Retired, Active, Refused, Refused, OnTrial]);
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub struct JobRuntime {
     pub metrics: JobMetrics,
     /// Set to make the current run commit and return.
     stop: AtomicBool,
+    /// Set (under the record lock) once a delete began: nothing more is written.
+    deleted: AtomicBool,
     control: Mutex<Control>,
     wake: Condvar,
     status: Mutex<StatusInner>,
@@ -107,6 +109,47 @@ pub struct JobRuntime {
 struct Control {
     paused: bool,
     ended: bool,
+    /// Failed in a way retrying cannot fix; waits for a resume.
+    halted: bool,
+}
+
+/// Why a job's run ended with an error.
+struct Failure {
+    message: String,
+    /// Whether reopening may help (Kafka or disk trouble), or only a person
+    /// can (a replaced input, an offset rewind, a bad configuration).
+    retry: bool,
+}
+
+impl Failure {
+    fn retry(message: String) -> Failure {
+        Failure { message, retry: true }
+    }
+}
+
+impl From<crate::task::TaskError> for Failure {
+    fn from(err: crate::task::TaskError) -> Failure {
+        use crate::source::SourceError;
+        use crate::task::TaskError;
+        let retry = !matches!(
+            err,
+            TaskError::Source(SourceError::Shrunk { .. } | SourceError::Changed { .. } | SourceError::Replaced { .. } | SourceError::Outside { .. })
+                | TaskError::Misconfigured { .. }
+                | TaskError::Config(_)
+        );
+        Failure { message: err.to_string(), retry }
+    }
+}
+
+impl From<crate::kafka::KafkaJobError> for Failure {
+    fn from(err: crate::kafka::KafkaJobError) -> Failure {
+        use crate::kafka::KafkaJobError;
+        match err {
+            KafkaJobError::Task(task) => task.into(),
+            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } => Failure { message: err.to_string(), retry: false },
+            other => Failure::retry(other.to_string()),
+        }
+    }
 }
 
 struct StatusInner {
@@ -144,7 +187,8 @@ impl JobRuntime {
             slot: PluginSlot::new(),
             metrics,
             stop: AtomicBool::new(paused),
-            control: Mutex::new(Control { paused, ended: false }),
+            deleted: AtomicBool::new(false),
+            control: Mutex::new(Control { paused, ..Control::default() }),
             wake: Condvar::new(),
             status: Mutex::new(StatusInner {
                 state: if paused { JobState::Paused } else { JobState::Starting },
@@ -217,32 +261,58 @@ impl JobRuntime {
     /// Offers a compiled, checked version to the job; it is swapped in at
     /// the next transaction boundary and judged on its first transaction.
     pub fn push(&self, plugin: LoadedPlugin, version: super::registry::PluginVersion) -> Result<(), String> {
+        // Under the record lock, so the record and the slot agree.
         let mut record = self.record.lock().expect("record lock");
+        if self.deleted.load(Ordering::SeqCst) {
+            return Err(format!("job `{}` is being deleted", self.name));
+        }
+        let displaced = self.offer(plugin.clone());
         let mut updated = record.clone();
         updated.pushed(version);
-        self.dir.write_record(&updated)?;
+        if let Some(displaced) = &displaced {
+            updated.superseded(displaced.digest(), plugin.digest());
+        }
+        if let Err(err) = self.dir.write_record(&updated) {
+            // Not recorded, so not offered either.
+            let _ = self.slot.take_if(plugin.digest());
+            if let Some(displaced) = displaced {
+                self.slot.push(displaced);
+            }
+            return Err(err);
+        }
         *record = updated;
-        // Under the record lock: the slot and the record agree on the newest push.
-        self.offer(plugin);
         Ok(())
     }
 
-    /// Makes `plugin` known to the job and puts it in the slot.
-    pub fn offer(&self, plugin: LoadedPlugin) {
+    /// Makes `plugin` known to the job and puts it in the slot; returns the
+    /// version it displaced there.
+    pub fn offer(&self, plugin: LoadedPlugin) -> Option<LoadedPlugin> {
         self.plugins.lock().expect("plugins lock").insert(plugin.digest().to_string(), plugin.clone());
-        self.slot.push(plugin);
+        self.slot.push(plugin)
+    }
+
+    /// Refuses every change from now on: the job is being deleted.
+    pub fn mark_deleted(&self) {
+        let _record = self.record.lock().expect("record lock");
+        self.deleted.store(true, Ordering::SeqCst);
     }
 
     /// Pauses (`true`) or resumes the job, and remembers it across restarts.
     pub fn set_paused(&self, paused: bool) -> Result<(), String> {
         {
             let mut record = self.record.lock().expect("record lock");
+            if self.deleted.load(Ordering::SeqCst) {
+                return Err(format!("job `{}` is being deleted", self.name));
+            }
             let updated = JobRecord { paused, ..record.clone() };
             self.dir.write_record(&updated)?;
             *record = updated;
         }
         let mut control = self.control.lock().expect("control lock");
         control.paused = paused;
+        if !paused {
+            control.halted = false;
+        }
         // A job being ended stays stopped whatever a resume says.
         self.stop.store(paused || control.ended, Ordering::SeqCst);
         drop(control);
@@ -269,10 +339,12 @@ impl JobRuntime {
             if control.ended {
                 return false;
             }
-            if !control.paused {
+            if !control.paused && !control.halted {
                 return true;
             }
-            self.set_state(JobState::Paused);
+            if !control.halted {
+                self.set_state(JobState::Paused);
+            }
             control = self.wake.wait(control).expect("control lock");
         }
     }
@@ -295,7 +367,14 @@ impl JobRuntime {
             *self.store.lock().expect("store lock") = None;
             match result {
                 Ok(()) => backoff = Duration::from_secs(1),
-                Err(message) => {
+                Err(Failure { message, retry: false }) => {
+                    tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job stopped: retrying cannot fix this; resume it once fixed");
+                    self.status.lock().expect("status lock").last_error =
+                        Some(format!("{message} (the job waits: fix this, then `tally jobs resume {}`)", self.name));
+                    self.set_state(JobState::Failed);
+                    self.control.lock().expect("control lock").halted = true;
+                }
+                Err(Failure { message, .. }) => {
                     tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job failed; reopening it from its last commit");
                     self.status.lock().expect("status lock").last_error = Some(message);
                     self.set_state(JobState::Failed);
@@ -320,7 +399,8 @@ impl JobRuntime {
         if let Some(pending) = record.pending() {
             let plugin = self.plugins.lock().expect("plugins lock").get(&pending.digest).cloned();
             if let Some(plugin) = plugin {
-                self.slot.push(plugin);
+                // The newest undecided version; older ones are refused when it goes on trial.
+                let _ = self.slot.push(plugin);
             }
         }
     }
@@ -335,29 +415,31 @@ impl JobRuntime {
         Arc::new(Observer { runtime: self.clone() })
     }
 
-    fn run_local(self: &Arc<Self>) -> Result<(), String> {
+    fn run_local(self: &Arc<Self>) -> Result<(), Failure> {
         if let (Some(input_dir), Some(local)) = (&self.input_dir, &self.config.local) {
             for input in &local.inputs {
-                super::job_spec::check_input(input_dir, input)?;
+                super::job_spec::check_input(input_dir, input).map_err(|message| Failure { message, retry: false })?;
             }
         }
-        let mut task = LocalTask::open(&self.config, &self.active_plugin()?).map_err(|err| err.to_string())?;
+        let plugin = self.active_plugin().map_err(|message| Failure { message, retry: false })?;
+        let mut task = LocalTask::open(&self.config, &plugin)?;
         task.attach(self.slot.clone(), self.config.hot_swap, self.observer());
         *self.store.lock().expect("store lock") = Some((task.store(), 0));
         while self.wait_while_paused() {
             self.set_state(JobState::Running);
-            task.run_following(&self.stop).map_err(|err| err.to_string())?;
+            task.run_following(&self.stop)?;
         }
         Ok(())
     }
 
-    fn run_kafka(self: &Arc<Self>) -> Result<(), String> {
-        let mut job = KafkaJob::open(&self.config, &self.active_plugin()?).map_err(|err| err.to_string())?;
+    fn run_kafka(self: &Arc<Self>) -> Result<(), Failure> {
+        let plugin = self.active_plugin().map_err(|message| Failure { message, retry: false })?;
+        let mut job = KafkaJob::open(&self.config, &plugin)?;
         job.attach(self.slot.clone(), self.config.hot_swap, self.observer());
         *self.store.lock().expect("store lock") = Some((job.store(), job.partitions()));
         while self.wait_while_paused() {
             self.set_state(JobState::Running);
-            job.run_until(&self.stop, KafkaRunOptions::default()).map_err(|err| err.to_string())?;
+            job.run_until(&self.stop, KafkaRunOptions::default())?;
         }
         Ok(())
     }
@@ -397,7 +479,9 @@ impl JobObserver for Observer {
         let mut record = runtime.record.lock().expect("record lock");
         let mut status = runtime.status.lock().expect("status lock");
         let previous = status.plugin.clone();
-        status.on_trial = None;
+        if status.on_trial.as_deref() == Some(event_digest(event)) {
+            status.on_trial = None;
+        }
         match event {
             SwapEvent::OnTrial { digest } => {
                 record.on_trial(digest);
@@ -420,9 +504,19 @@ impl JobObserver for Observer {
         if let SwapEvent::Activated { digest } = event {
             runtime.metrics.set_plugin_info(&previous, digest);
         }
+        if runtime.deleted.load(Ordering::SeqCst) {
+            return;
+        }
         if let Err(err) = runtime.dir.write_record(&record) {
             tracing::error!(tenant = %runtime.tenant, job = %runtime.name, error = %err, "cannot save the plugin history");
             status.last_error = Some(err);
         }
+    }
+}
+
+fn event_digest(event: &SwapEvent) -> &str {
+    match event {
+        SwapEvent::OnTrial { digest } | SwapEvent::Activated { digest } => digest,
+        SwapEvent::RolledBack { digest, .. } | SwapEvent::Refused { digest, .. } => digest,
     }
 }
