@@ -32,13 +32,13 @@ fn digest_of(path: &str) -> String {
     tally_host::plugin::digest(&std::fs::read(path).unwrap())
 }
 
-/// Produces `lines` in small chunks until `stop` is set (or the lines run
-/// out); returns what was produced and where it landed.
+/// Produces `lines` in small chunks (from the start again when they run
+/// out) until `stop` is set; returns what was produced and where it landed.
 fn feed(topic: String, lines: Vec<UsageLine>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<UsageLine>, Vec<Placed>)> {
     std::thread::spawn(move || {
         let mut placed = Vec::new();
         let mut produced = Vec::new();
-        for chunk in lines.chunks(400) {
+        for chunk in lines.chunks(400).cycle() {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -63,7 +63,7 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
-    let feeder = feed(job.input.clone(), usage_lines(51, 400_000, 3), stop.clone());
+    let feeder = feed(job.input.clone(), usage_lines(51, 40_000, 3), stop.clone());
     let builds = [(plugins::BILLING_VARIANT, digest_of(plugins::BILLING_VARIANT)), (plugins::USAGE_BILLING, digest_of(plugins::USAGE_BILLING))];
     let trap = digest_of(plugins::BILLING_TRAP);
     for push in 0..20 {
