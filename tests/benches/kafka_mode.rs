@@ -171,6 +171,7 @@ fn run_tally(dir: &Path, input: &str, guarantee: &str, events: usize) -> (Durati
         dead_letters: format!("{name}-dead-letters"),
         name,
         partitions: PARTITIONS,
+        owns_input: false,
     };
     create_topic(&job.totals, PARTITIONS);
     create_topic(&job.dead_letters, 1);

@@ -267,12 +267,18 @@ pub struct KafkaBillingJob {
     pub totals: String,
     pub dead_letters: String,
     pub partitions: i32,
+    /// Whether the input topic is this job's to delete (a benchmark's
+    /// jobs share one input).
+    pub owns_input: bool,
 }
 
 impl Drop for KafkaBillingJob {
     fn drop(&mut self) {
         let changelog = format!("tally-{}-state-changelog", self.name);
-        delete_topics(&[&self.input, &self.totals, &self.dead_letters, &changelog]);
+        delete_topics(&[&self.totals, &self.dead_letters, &changelog]);
+        if self.owns_input {
+            delete_topics(&[&self.input]);
+        }
     }
 }
 
@@ -286,6 +292,7 @@ impl KafkaBillingJob {
             dead_letters: format!("{name}-dead-letters"),
             name,
             partitions,
+            owns_input: true,
         };
         create_topic(&job.input, partitions);
         create_topic(&job.totals, partitions);
