@@ -127,6 +127,12 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
             400,
             "not one of tenant `acme`'s",
         ),
+        (
+            "missing topics",
+            acme.deploy("name = \"k\"\noutputs = [\"totals\"]\n[kafka]\ninputs = [\"acme.nothing-here\"]\noutputs = { totals = \"acme.nothing-here-totals\" }\ndead_letter_topic = \"acme.nothing-here-dead\"\n", &billing),
+            400,
+            "do not exist",
+        ),
         ("a name Kafka would confuse", acme.deploy(&local_job("my_job", &["usage.ndjson"], ""), &billing), 400, "only letters, digits and `-`"),
         ("not a component", acme.deploy(&good_job, b"\0asm\x01\0\0\0"), 422, "not a component"),
         ("import not allowed", acme.deploy(&good_job, &plugin(plugins::IMPORTS_SOCKETS)), 422, "wasi:sockets"),

@@ -218,6 +218,10 @@ impl Host {
 
     fn create(&self, tenant: &str, name: &str, config: crate::config::JobConfig, text: &str, bytes: &[u8]) -> Result<JobStatus, ApiError> {
         let plugin = self.compile(name, bytes)?;
+        if let Some(kafka) = &config.kafka {
+            // Missing topics are a bad deploy, said now, not a job failing later.
+            crate::kafka::topics::prepare(&config, kafka).map_err(|err| ApiError::bad_request(err.to_string()))?;
+        }
         let dir = JobDir::new(&self.config.data_dir, tenant, name);
         if dir.exists() {
             return Err(ApiError::new(409, format!("job `{name}` still has files in the data directory ({}); delete the job first", dir.path().display())));
