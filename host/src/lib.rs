@@ -19,6 +19,7 @@
 pub mod client;
 pub mod committer;
 pub mod config;
+pub mod files;
 pub mod hot_swap;
 pub mod kafka;
 pub mod lock;

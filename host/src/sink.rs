@@ -65,26 +65,24 @@ impl Lineage {
     /// Lineage of `job` over `partitions`, run by the plugin with `digest`
     /// (`sha256:<hex>`, shortened on lines).
     pub fn new(job: &str, partitions: Vec<String>, digest: &str) -> Lineage {
-        Lineage { job: job.to_string(), partitions, plugin_digest: short_digest(digest) }
+        Lineage { job: job.to_string(), partitions, plugin_digest: short_digest(digest).to_string() }
     }
 
-    /// Records that a new plugin version (with `digest`) now runs.
+    /// Records that the plugin version with `digest` runs (a no-op, without
+    /// allocating, when it already did).
     pub fn set_plugin_digest(&mut self, digest: &str) {
         let short = short_digest(digest);
         if short != self.plugin_digest {
-            self.plugin_digest = short;
+            self.plugin_digest = short.to_string();
         }
     }
 }
 
-/// `sha256:<hex>` shortened to the digits written on lines.
-fn short_digest(digest: &str) -> String {
+/// `sha256:<hex>` shortened to the digits written on lines: a prefix.
+fn short_digest(digest: &str) -> &str {
     match digest.split_once(':') {
-        Some((algorithm, hex)) => match hex.get(..LINE_DIGEST_HEX) {
-            Some(short) => format!("{algorithm}:{short}"),
-            None => digest.to_string(),
-        },
-        None => digest.to_string(),
+        Some((algorithm, hex)) if hex.len() > LINE_DIGEST_HEX => digest.get(..algorithm.len() + 1 + LINE_DIGEST_HEX).unwrap_or(digest),
+        _ => digest,
     }
 }
 

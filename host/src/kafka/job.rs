@@ -635,14 +635,7 @@ fn instance_id(state_dir: &Path) -> Result<String, String> {
     let id: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
     // Written whole or not at all: a torn file would give several processes
     // the same (empty) transactional id.
-    let temporary = state_dir.join("instance-id.tmp");
-    std::fs::File::create(&temporary)
-        .and_then(|mut file| {
-            std::io::Write::write_all(&mut file, id.as_bytes())?;
-            file.sync_all()
-        })
-        .and_then(|()| std::fs::rename(&temporary, &path))
-        .map_err(|err| format!("cannot write `{}`: {err}", path.display()))?;
+    crate::files::write_atomically(&path, id.as_bytes()).map_err(|err| format!("cannot write `{}`: {err}", path.display()))?;
     Ok(id)
 }
 

@@ -128,7 +128,6 @@ fn route(host: &Host, request: &mut Request) -> Result<Reply, ApiError> {
     }
     let tenant = tenant(host, request)?;
     let ok = |body: serde_json::Value| Ok(Reply::Json(200, body));
-    let json = |value: &dyn erased::Serialize| value.to_json();
     match (method, segments.as_slice()) {
         (Method::Get, ["v1", "jobs"]) => ok(json(&host.list(&tenant))),
         (Method::Post, ["v1", "jobs"]) => {
@@ -165,16 +164,10 @@ fn route(host: &Host, request: &mut Request) -> Result<Reply, ApiError> {
     }
 }
 
-/// Serialising replies without naming each type.
-mod erased {
-    pub trait Serialize {
-        fn to_json(&self) -> serde_json::Value;
-    }
-    impl<T: serde::Serialize> Serialize for T {
-        fn to_json(&self) -> serde_json::Value {
-            serde_json::to_value(self).expect("replies serialize")
-        }
-    }
+/// A reply body as JSON (the reply types have string keys and no maps
+/// with other keys, so this cannot fail).
+fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or_else(|err| serde_json::json!({ "error": format!("reply not serializable: {err}") }))
 }
 
 /// The bearer token of the request.

@@ -8,6 +8,7 @@
 
 use std::path::{Component, Path};
 
+use crate::source::{LocalSource, SourceError};
 use crate::config::{JobConfig, DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH};
 
 /// Most partitions a served job may have its topics created with.
@@ -103,28 +104,29 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostCo
     }
     let mut config = config;
     if let Some(local) = &mut config.local {
-        let input_dir = tenant.input_dir.as_deref().expect("checked above for local jobs");
-        for input in &local.inputs {
-            check_input(input_dir, input)?;
-        }
+        let Some(input_dir) = tenant.input_dir.as_deref() else {
+            return Err(format!("tenant `{tenant_name}` has no input_dir in the host configuration, so it cannot run local jobs"));
+        };
+        check_inputs(input_dir, &local.inputs)?;
         // Checked again on every file the job opens, after it is open.
         local.confine_to = Some(input_dir.to_path_buf());
     }
     Ok((name, config))
 }
 
-/// Checks that `input` is a regular file inside `input_dir` once every
-/// symbolic link is followed. Done at deploy and again each time the job
-/// opens its inputs, so a link swapped in later cannot lead out.
-pub fn check_input(input_dir: &Path, input: &Path) -> Result<(), String> {
-    let shown = input.strip_prefix(input_dir).unwrap_or(input).display().to_string();
-    let real = input.canonicalize().map_err(|err| format!("input `{shown}` cannot be opened: {err}"))?;
-    let root = input_dir.canonicalize().map_err(|err| format!("the tenant's input directory cannot be opened: {err}"))?;
-    if !real.starts_with(&root) {
-        return Err(format!("input `{shown}` leads outside the tenant's input directory"));
-    }
-    if !real.metadata().is_ok_and(|meta| meta.is_file()) {
-        return Err(format!("input `{shown}` is not a regular file"));
+/// Opens each input the way the job will ([`LocalSource::open_confined`]):
+/// a regular file inside `input_dir` once every link is followed. Said at
+/// deploy in the tenant's terms; the job checks again on every open.
+fn check_inputs(input_dir: &Path, inputs: &[std::path::PathBuf]) -> Result<(), String> {
+    for input in inputs {
+        let shown = input.strip_prefix(input_dir).unwrap_or(input).display();
+        match LocalSource::open_confined(std::slice::from_ref(input), &[], Some(input_dir)) {
+            Ok(_) => {}
+            Err(SourceError::Outside { .. }) => {
+                return Err(format!("input `{shown}` leads outside the tenant's input directory, or is not a regular file"));
+            }
+            Err(err) => return Err(format!("input `{shown}` cannot be opened: {err}")),
+        }
     }
     Ok(())
 }

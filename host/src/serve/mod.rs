@@ -138,8 +138,7 @@ impl Host {
                 }
             }
         }
-        let input_dir = tenant_config.input_dir.clone();
-        let runtime = JobRuntime::new(tenant, name, config, dir, input_dir, record, plugin, self.metrics.job(tenant, name));
+        let runtime = JobRuntime::new(tenant, name, config, dir, record, plugin, self.metrics.job(tenant, name));
         runtime.metrics.set_plugin_info("", &active.digest);
         if let Some(plugin) = pending {
             runtime.offer(plugin);
@@ -242,8 +241,7 @@ impl Host {
             let _ = std::fs::remove_dir_all(dir.path());
             return Err(ApiError::internal(err));
         }
-        let input_dir = self.config.tenants.get(tenant).and_then(|tenant| tenant.input_dir.clone());
-        let runtime = JobRuntime::new(tenant, name, config, dir, input_dir, record, plugin.clone(), self.metrics.job(tenant, name));
+        let runtime = JobRuntime::new(tenant, name, config, dir, record, plugin.clone(), self.metrics.job(tenant, name));
         runtime.metrics.set_plugin_info("", plugin.digest());
         let status = runtime.status();
         self.start(tenant, name, runtime);

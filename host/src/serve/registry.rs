@@ -10,7 +10,6 @@
 //!     out/                 a local job's output files
 //! ```
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -228,18 +227,9 @@ impl JobDir {
     }
 }
 
-/// Writes `bytes` to a temporary file, syncs it, and renames it over `path`.
+/// [`crate::files::write_atomically`], with the path in the error.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let parent = path.parent().expect("job files live in a directory");
-    let temporary = path.with_extension("tmp");
-    let result = std::fs::File::create(&temporary)
-        .and_then(|mut file| {
-            file.write_all(bytes)?;
-            file.sync_all()
-        })
-        .and_then(|()| std::fs::rename(&temporary, path))
-        .and_then(|()| std::fs::File::open(parent)?.sync_all());
-    result.map_err(|err| format!("cannot write `{}`: {err}", path.display()))
+    crate::files::write_atomically(path, bytes).map_err(|err| format!("cannot write `{}`: {err}", path.display()))
 }
 
 /// Every job directory under `data_dir`: `(tenant, job name, directory)`.

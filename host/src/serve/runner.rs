@@ -83,9 +83,6 @@ pub struct JobRuntime {
     pub config: JobConfig,
     /// Where its files are.
     pub dir: JobDir,
-    /// The tenant's input directory (local jobs' inputs are re-checked
-    /// against it every time the job opens them).
-    input_dir: Option<std::path::PathBuf>,
     /// Where pushed versions wait for the job.
     pub slot: Arc<PluginSlot>,
     /// Its metrics.
@@ -166,13 +163,11 @@ struct StatusInner {
 
 impl JobRuntime {
     /// A job that will run `plugin` (its active version).
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         tenant: &str,
         name: &str,
         config: JobConfig,
         dir: JobDir,
-        input_dir: Option<std::path::PathBuf>,
         record: JobRecord,
         plugin: LoadedPlugin,
         metrics: JobMetrics,
@@ -183,7 +178,6 @@ impl JobRuntime {
             name: name.to_string(),
             config,
             dir,
-            input_dir,
             slot: PluginSlot::new(),
             metrics,
             stop: AtomicBool::new(paused),
@@ -416,11 +410,6 @@ impl JobRuntime {
     }
 
     fn run_local(self: &Arc<Self>) -> Result<(), Failure> {
-        if let (Some(input_dir), Some(local)) = (&self.input_dir, &self.config.local) {
-            for input in &local.inputs {
-                super::job_spec::check_input(input_dir, input).map_err(|message| Failure { message, retry: false })?;
-            }
-        }
         let plugin = self.active_plugin().map_err(|message| Failure { message, retry: false })?;
         let mut task = LocalTask::open(&self.config, &plugin)?;
         task.attach(self.slot.clone(), self.config.hot_swap, self.observer());
