@@ -6,6 +6,7 @@
 //! the previous version. No transaction ever mixes two versions, so the
 //! plugin digest in the output lineage changes exactly at a commit.
 
+use crate::sync::lock;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -92,13 +93,13 @@ impl PluginSlot {
     /// Offers `plugin` to the job; returns the version pushed earlier that
     /// the job had not taken yet, which it now never will.
     pub fn push(&self, plugin: LoadedPlugin) -> Option<LoadedPlugin> {
-        let displaced = self.pending.lock().expect("plugin slot lock").replace((plugin, Instant::now()));
+        let displaced = lock(&self.pending).replace((plugin, Instant::now()));
         displaced.map(|(plugin, _)| plugin)
     }
 
     /// Takes the waiting version back if it is `digest`.
     pub fn take_if(&self, digest: &str) -> Option<LoadedPlugin> {
-        let mut pending = self.pending.lock().expect("plugin slot lock");
+        let mut pending = lock(&self.pending);
         if pending.as_ref().is_some_and(|(plugin, _)| plugin.digest() == digest) {
             return pending.take().map(|(plugin, _)| plugin);
         }
@@ -106,7 +107,7 @@ impl PluginSlot {
     }
 
     fn take(&self) -> Option<(LoadedPlugin, Instant)> {
-        self.pending.lock().expect("plugin slot lock").take()
+        lock(&self.pending).take()
     }
 }
 

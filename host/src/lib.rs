@@ -30,6 +30,7 @@ pub mod serve;
 pub mod sink;
 pub mod source;
 pub mod state_store;
+pub mod sync;
 pub mod task;
 pub mod testing;
 pub mod transaction;

@@ -2,6 +2,7 @@
 //! `tally serve`. Counts are of committed work: a transaction that is
 //! aborted (and redone) is counted once, when its redo commits.
 
+use crate::sync::lock;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -191,7 +192,7 @@ impl JobMetrics {
     /// A batch ran in the open transaction.
     pub fn batch(&self, events: usize, outcome: &BatchOutcome) {
         self.traps.inc_by(outcome.traps);
-        let mut pending = self.pending.lock().expect("metrics lock");
+        let mut pending = lock(&self.pending);
         pending.records += events as u64;
         pending.outputs += outcome.outputs;
         pending.dead_letters += outcome.dead_lettered;
@@ -199,7 +200,7 @@ impl JobMetrics {
 
     /// The open transaction committed; returns the records it held.
     pub fn committed(&self, commit: &CommitReport, kafka: bool) -> u64 {
-        let mut pending = self.pending.lock().expect("metrics lock");
+        let mut pending = lock(&self.pending);
         let records = std::mem::take(&mut pending.records);
         self.records_in.inc_by(records);
         self.records_out.inc_by(std::mem::take(&mut pending.outputs));
@@ -224,7 +225,7 @@ impl JobMetrics {
 
     /// The open transaction was aborted: its counts are dropped (its redo counts).
     pub fn aborted(&self) {
-        let mut pending = self.pending.lock().expect("metrics lock");
+        let mut pending = lock(&self.pending);
         if pending.records == 0 {
             return; // nothing was open
         }

@@ -12,6 +12,7 @@ pub mod job_spec;
 pub mod registry;
 pub mod runner;
 
+use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -86,7 +87,7 @@ impl Host {
     pub fn open(config: HostConfig) -> Result<Arc<Host>, String> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|err| format!("cannot create the data directory `{}`: {err}", config.data_dir.display()))?;
-        let lock = DirLock::acquire(&config.data_dir).map_err(|err| err.to_string())?;
+        let data_lock = DirLock::acquire(&config.data_dir).map_err(|err| err.to_string())?;
         let plugins = PluginRuntime::new().map_err(|err| err.to_string())?;
         let host = Arc::new(Host {
             config,
@@ -96,14 +97,14 @@ impl Host {
             deploying: Mutex::default(),
             broken: Mutex::default(),
             threads: Mutex::default(),
-            _lock: lock,
+            _lock: data_lock,
         });
         for (tenant, name, dir) in registry::list_jobs(&host.config.data_dir)? {
             match host.resume_job(&tenant, &name, dir) {
                 Ok(()) => tracing::info!(%tenant, job = %name, "job resumed"),
                 Err(err) => {
                     tracing::error!(%tenant, job = %name, error = %err, "cannot resume job; fix the cause and restart the host");
-                    host.broken.lock().expect("broken lock").insert((tenant, name), err);
+                    lock(&host.broken).insert((tenant, name), err);
                 }
             }
         }
@@ -159,17 +160,17 @@ impl Host {
     fn start(&self, tenant: &str, name: &str, runtime: Arc<JobRuntime>) {
         let key = (tenant.to_string(), name.to_string());
         let thread = runtime.spawn();
-        self.jobs.lock().expect("jobs lock").insert(key.clone(), runtime);
-        self.threads.lock().expect("threads lock").insert(key, thread);
+        lock(&self.jobs).insert(key.clone(), runtime);
+        lock(&self.threads).insert(key, thread);
     }
 
     /// `tenant`'s job `name`; another tenant's job is reported as missing.
     pub fn job(&self, tenant: &str, name: &str) -> Result<Arc<JobRuntime>, ApiError> {
         let key = (tenant.to_string(), name.to_string());
-        if let Some(job) = self.jobs.lock().expect("jobs lock").get(&key) {
+        if let Some(job) = lock(&self.jobs).get(&key) {
             return Ok(job.clone());
         }
-        match self.broken.lock().expect("broken lock").get(&key) {
+        match lock(&self.broken).get(&key) {
             Some(reason) => Err(ApiError::new(
                 409,
                 format!("job `{name}` could not be resumed when the host started: {reason}; fix that and restart the host, or delete the job"),
@@ -180,7 +181,7 @@ impl Host {
 
     /// The statuses of `tenant`'s jobs.
     pub fn list(&self, tenant: &str) -> Vec<JobStatus> {
-        let jobs = self.jobs.lock().expect("jobs lock");
+        let jobs = lock(&self.jobs);
         jobs.iter().filter(|((owner, _), _)| owner == tenant).map(|(_, job)| job.status()).collect()
     }
 
@@ -190,12 +191,12 @@ impl Host {
         let tenant_config = self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
         let (name, config) = job_spec::parse(text, tenant, tenant_config, &self.config).map_err(ApiError::bad_request)?;
         let key = (tenant.to_string(), name.clone());
-        if let Some(reason) = self.broken.lock().expect("broken lock").get(&key) {
+        if let Some(reason) = lock(&self.broken).get(&key) {
             return Err(ApiError::new(409, format!("job `{name}` exists on disk but could not be resumed: {reason}; delete it first")));
         }
         {
-            let jobs = self.jobs.lock().expect("jobs lock");
-            let mut deploying = self.deploying.lock().expect("deploying lock");
+            let jobs = lock(&self.jobs);
+            let mut deploying = lock(&self.deploying);
             let owned = jobs.keys().chain(deploying.iter()).filter(|(owner, _)| owner == tenant).count();
             if owned >= tenant_config.max_jobs && !jobs.contains_key(&key) {
                 return Err(ApiError::new(
@@ -211,7 +212,7 @@ impl Host {
             }
         }
         let result = self.create(tenant, &name, config, text, plugin);
-        self.deploying.lock().expect("deploying lock").remove(&key);
+        lock(&self.deploying).remove(&key);
         result
     }
 
@@ -266,26 +267,26 @@ impl Host {
     /// job's topics and consumer group stay on the brokers.
     pub fn delete(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
         let key = (tenant.to_string(), name.to_string());
-        if self.broken.lock().expect("broken lock").contains_key(&key) {
+        if lock(&self.broken).contains_key(&key) {
             JobDir::new(&self.config.data_dir, tenant, name).remove().map_err(ApiError::internal)?;
-            self.broken.lock().expect("broken lock").remove(&key);
+            lock(&self.broken).remove(&key);
             return Ok(());
         }
         let job = self.job(tenant, name)?;
         // Held until the files are gone: no deploy of the name meanwhile.
-        if !self.deploying.lock().expect("deploying lock").insert(key.clone()) {
+        if !lock(&self.deploying).insert(key.clone()) {
             return Err(ApiError::new(409, format!("job `{name}` is being deployed or deleted right now; try again")));
         }
         job.mark_deleted();
         job.end();
-        let thread = self.threads.lock().expect("threads lock").remove(&key);
+        let thread = lock(&self.threads).remove(&key);
         if let Some(thread) = thread {
             let _ = thread.join();
         }
         let removed = job.dir.remove();
-        self.jobs.lock().expect("jobs lock").remove(&key);
+        lock(&self.jobs).remove(&key);
         self.metrics.remove(&job.metrics.labels, &job.status().plugin);
-        self.deploying.lock().expect("deploying lock").remove(&key);
+        lock(&self.deploying).remove(&key);
         removed.map_err(|err| ApiError::internal(format!("job stopped, but its files could not all be removed: {err}")))?;
         tracing::info!(%tenant, job = %name, "job deleted");
         Ok(())
@@ -352,11 +353,11 @@ impl Host {
 
     /// Stops every job, each committing what it processed.
     pub fn shutdown(&self) {
-        let jobs: Vec<Arc<JobRuntime>> = self.jobs.lock().expect("jobs lock").values().cloned().collect();
+        let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs).values().cloned().collect();
         for job in &jobs {
             job.end();
         }
-        let threads: Vec<JoinHandle<()>> = self.threads.lock().expect("threads lock").drain().map(|(_, thread)| thread).collect();
+        let threads: Vec<JoinHandle<()>> = lock(&self.threads).drain().map(|(_, thread)| thread).collect();
         for thread in threads {
             let _ = thread.join();
         }

@@ -2,6 +2,7 @@
 //! stop), its status, and the observer that turns commits and swaps into
 //! status, metrics and plugin history.
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -217,8 +218,8 @@ impl JobRuntime {
     /// The job's status now.
     pub fn status(&self) -> JobStatus {
         // Never holds both locks: the observer takes record, then status.
-        let pending_plugin = self.record.lock().expect("record lock").pending().map(|version| version.digest.clone());
-        let status = self.status.lock().expect("status lock");
+        let pending_plugin = lock(&self.record).pending().map(|version| version.digest.clone());
+        let status = lock(&self.status);
         JobStatus {
             name: self.name.clone(),
             mode: if self.is_kafka() { "kafka" } else { "local" },
@@ -243,20 +244,20 @@ impl JobRuntime {
 
     /// The job's record (plugin history).
     pub fn record(&self) -> JobRecord {
-        self.record.lock().expect("record lock").clone()
+        lock(&self.record).clone()
     }
 
     /// The committed state and the number of state namespaces (Kafka
     /// partitions; 0 for a local job), while the job is open.
     pub fn store(&self) -> Option<(Arc<dyn StateStore>, i32)> {
-        self.store.lock().expect("store lock").clone()
+        lock(&self.store).clone()
     }
 
     /// Offers a compiled, checked version to the job; it is swapped in at
     /// the next transaction boundary and judged on its first transaction.
     pub fn push(&self, plugin: LoadedPlugin, version: super::registry::PluginVersion) -> Result<(), String> {
         // Under the record lock, so the record and the slot agree.
-        let mut record = self.record.lock().expect("record lock");
+        let mut record = lock(&self.record);
         if self.deleted.load(Ordering::SeqCst) {
             return Err(format!("job `{}` is being deleted", self.name));
         }
@@ -281,20 +282,20 @@ impl JobRuntime {
     /// Makes `plugin` known to the job and puts it in the slot; returns the
     /// version it displaced there.
     pub fn offer(&self, plugin: LoadedPlugin) -> Option<LoadedPlugin> {
-        self.plugins.lock().expect("plugins lock").insert(plugin.digest().to_string(), plugin.clone());
+        lock(&self.plugins).insert(plugin.digest().to_string(), plugin.clone());
         self.slot.push(plugin)
     }
 
     /// Refuses every change from now on: the job is being deleted.
     pub fn mark_deleted(&self) {
-        let _record = self.record.lock().expect("record lock");
+        let _record = lock(&self.record);
         self.deleted.store(true, Ordering::SeqCst);
     }
 
     /// Pauses (`true`) or resumes the job, and remembers it across restarts.
     pub fn set_paused(&self, paused: bool) -> Result<(), String> {
         {
-            let mut record = self.record.lock().expect("record lock");
+            let mut record = lock(&self.record);
             if self.deleted.load(Ordering::SeqCst) {
                 return Err(format!("job `{}` is being deleted", self.name));
             }
@@ -302,7 +303,7 @@ impl JobRuntime {
             self.dir.write_record(&updated)?;
             *record = updated;
         }
-        let mut control = self.control.lock().expect("control lock");
+        let mut control = lock(&self.control);
         control.paused = paused;
         if !paused {
             control.halted = false;
@@ -316,19 +317,19 @@ impl JobRuntime {
 
     /// Makes the job commit what it processed and its thread return.
     pub fn end(&self) {
-        self.control.lock().expect("control lock").ended = true;
+        lock(&self.control).ended = true;
         self.stop.store(true, Ordering::SeqCst);
         self.wake.notify_all();
     }
 
     fn set_state(&self, state: JobState) {
-        self.status.lock().expect("status lock").state = state;
+        lock(&self.status).state = state;
         self.metrics.set_running(state == JobState::Running);
     }
 
     /// Waits while paused; `false` once the job is to end.
     fn wait_while_paused(&self) -> bool {
-        let mut control = self.control.lock().expect("control lock");
+        let mut control = lock(&self.control);
         loop {
             if control.ended {
                 return false;
@@ -345,7 +346,7 @@ impl JobRuntime {
 
     /// Sleeps `pause` unless the job is ended or paused meanwhile.
     fn sleep_unless_stopped(&self, pause: Duration) {
-        let control = self.control.lock().expect("control lock");
+        let control = lock(&self.control);
         let _ = self.wake.wait_timeout_while(control, pause, |control| !control.ended && !control.paused);
     }
 
@@ -358,19 +359,19 @@ impl JobRuntime {
             self.prepare_to_open();
             let opened_at = Instant::now();
             let result = if self.is_kafka() { self.run_kafka() } else { self.run_local() };
-            *self.store.lock().expect("store lock") = None;
+            *lock(&self.store) = None;
             match result {
                 Ok(()) => backoff = Duration::from_secs(1),
                 Err(Failure { message, retry: false }) => {
                     tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job stopped: retrying cannot fix this; resume it once fixed");
-                    self.status.lock().expect("status lock").last_error =
+                    lock(&self.status).last_error =
                         Some(format!("{message} (the job waits: fix this, then `tally jobs resume {}`)", self.name));
                     self.set_state(JobState::Failed);
-                    self.control.lock().expect("control lock").halted = true;
+                    lock(&self.control).halted = true;
                 }
                 Err(Failure { message, .. }) => {
                     tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job failed; reopening it from its last commit");
-                    self.status.lock().expect("status lock").last_error = Some(message);
+                    lock(&self.status).last_error = Some(message);
                     self.set_state(JobState::Failed);
                     if opened_at.elapsed() > Duration::from_secs(60) {
                         backoff = Duration::from_secs(1);
@@ -388,10 +389,10 @@ impl JobRuntime {
     /// offered again (it was never judged).
     fn prepare_to_open(&self) {
         self.metrics.aborted();
-        self.status.lock().expect("status lock").on_trial = None;
-        let record = self.record.lock().expect("record lock");
+        lock(&self.status).on_trial = None;
+        let record = lock(&self.record);
         if let Some(pending) = record.pending() {
-            let plugin = self.plugins.lock().expect("plugins lock").get(&pending.digest).cloned();
+            let plugin = lock(&self.plugins).get(&pending.digest).cloned();
             if let Some(plugin) = plugin {
                 // The newest undecided version; older ones are refused when it goes on trial.
                 let _ = self.slot.push(plugin);
@@ -400,8 +401,8 @@ impl JobRuntime {
     }
 
     fn active_plugin(&self) -> Result<LoadedPlugin, String> {
-        let digest = self.status.lock().expect("status lock").plugin.clone();
-        let plugin = self.plugins.lock().expect("plugins lock").get(&digest).cloned();
+        let digest = lock(&self.status).plugin.clone();
+        let plugin = lock(&self.plugins).get(&digest).cloned();
         plugin.ok_or_else(|| format!("plugin version {digest} is not loaded in this host; restart the host to load it from the data directory"))
     }
 
@@ -413,7 +414,7 @@ impl JobRuntime {
         let plugin = self.active_plugin().map_err(|message| Failure { message, retry: false })?;
         let mut task = LocalTask::open(&self.config, &plugin)?;
         task.attach(self.slot.clone(), self.config.hot_swap, self.observer());
-        *self.store.lock().expect("store lock") = Some((task.store(), 0));
+        *lock(&self.store) = Some((task.store(), 0));
         while self.wait_while_paused() {
             self.set_state(JobState::Running);
             task.run_following(&self.stop)?;
@@ -425,7 +426,7 @@ impl JobRuntime {
         let plugin = self.active_plugin().map_err(|message| Failure { message, retry: false })?;
         let mut job = KafkaJob::open(&self.config, &plugin)?;
         job.attach(self.slot.clone(), self.config.hot_swap, self.observer());
-        *self.store.lock().expect("store lock") = Some((job.store(), job.partitions()));
+        *lock(&self.store) = Some((job.store(), job.partitions()));
         while self.wait_while_paused() {
             self.set_state(JobState::Running);
             job.run_until(&self.stop, KafkaRunOptions::default())?;
@@ -443,7 +444,7 @@ impl JobObserver for Observer {
     fn committed(&self, commit: &CommitReport) {
         let runtime = &self.runtime;
         let records = runtime.metrics.committed(commit, runtime.is_kafka());
-        let mut status = runtime.status.lock().expect("status lock");
+        let mut status = lock(&runtime.status);
         status.records += records;
         status.lag = commit.lag;
         if let Some(last) = status.last_commit {
@@ -465,8 +466,8 @@ impl JobObserver for Observer {
     fn swapped(&self, event: &SwapEvent) {
         let runtime = &self.runtime;
         runtime.metrics.swapped(event);
-        let mut record = runtime.record.lock().expect("record lock");
-        let mut status = runtime.status.lock().expect("status lock");
+        let mut record = lock(&runtime.record);
+        let mut status = lock(&runtime.status);
         let previous = status.plugin.clone();
         if status.on_trial.as_deref() == Some(event_digest(event)) {
             status.on_trial = None;
