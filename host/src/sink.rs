@@ -19,6 +19,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use rustc_hash::FxHashSet;
 use serde::de::IgnoredAny;
 
 use crate::transaction::{DeadLetter, PendingOutput, SourcePosition};
@@ -54,6 +55,8 @@ pub struct Lineage {
     pub job: String,
     /// Partition names (input file names), by index.
     pub partitions: Vec<String>,
+    /// The same names as JSON strings, quoted once rather than on every line.
+    quoted_partitions: Vec<String>,
     /// Digest of the plugin that produced the records, as written on lines.
     pub plugin_digest: String,
 }
@@ -65,7 +68,8 @@ impl Lineage {
     /// Lineage of `job` over `partitions`, run by the plugin with `digest`
     /// (`sha256:<hex>`, shortened on lines).
     pub fn new(job: &str, partitions: Vec<String>, digest: &str) -> Lineage {
-        Lineage { job: job.to_string(), partitions, plugin_digest: short_digest(digest).to_string() }
+        let quoted_partitions = partitions.iter().map(|name| serde_json::to_string(name).expect("a string serializes")).collect();
+        Lineage { job: job.to_string(), partitions, quoted_partitions, plugin_digest: short_digest(digest).to_string() }
     }
 
     /// Records that the plugin version with `digest` runs (a no-op, without
@@ -96,6 +100,38 @@ struct OutputFile {
 /// The output files of a local job; the last one is the dead-letter output.
 pub struct LocalSink {
     files: Vec<OutputFile>,
+    known_keys: KnownJsonKeys,
+}
+
+/// Output keys already found to be one-line JSON. An aggregation's keys
+/// repeat (billing has one per customer, metric and month), and checking
+/// every output's key again cost ~7% of a local billing job's CPU.
+#[derive(Default)]
+struct KnownJsonKeys(FxHashSet<Box<[u8]>>);
+
+impl KnownJsonKeys {
+    /// Keys remembered at most; then the set starts over.
+    const CAPACITY: usize = 4096;
+    /// Longest key remembered.
+    const MAX_KEY_BYTES: usize = 512;
+
+    /// Writes `key` as [`write_json_or_text`] does, checking it only if it
+    /// is not known.
+    fn write(&mut self, line: &mut Vec<u8>, key: &[u8]) {
+        if self.0.contains(key) {
+            line.extend_from_slice(key);
+        } else if is_one_line_json(key) {
+            line.extend_from_slice(key);
+            if key.len() <= Self::MAX_KEY_BYTES {
+                if self.0.len() >= Self::CAPACITY {
+                    self.0.clear();
+                }
+                self.0.insert(key.into());
+            }
+        } else {
+            write_json_string(line, &String::from_utf8_lossy(key));
+        }
+    }
 }
 
 impl LocalSink {
@@ -129,7 +165,7 @@ impl LocalSink {
                 Ok(OutputFile { path, file, len: committed, pending: Vec::new() })
             })
             .collect::<Result<_, _>>()?;
-        Ok(LocalSink { files })
+        Ok(LocalSink { files, known_keys: KnownJsonKeys::default() })
     }
 
     /// Path of output `index`.
@@ -143,7 +179,7 @@ impl LocalSink {
             let line = &mut self.files[record.output].pending;
             line.extend_from_slice(b"{\"key\":");
             match &record.key {
-                Some(key) => write_json_or_text(line, key),
+                Some(key) => self.known_keys.write(line, key),
                 None => line.extend_from_slice(b"null"),
             }
             line.extend_from_slice(b",\"value\":");
@@ -185,7 +221,7 @@ impl LocalSink {
 fn write_lineage(line: &mut Vec<u8>, source: SourcePosition, sequence: u32, lineage: &Lineage) {
     let mut number = itoa::Buffer::new();
     line.extend_from_slice(b",\"source\":{\"partition\":");
-    write_json_string(line, &lineage.partitions[source.partition as usize]);
+    line.extend_from_slice(lineage.quoted_partitions[source.partition as usize].as_bytes());
     line.extend_from_slice(b",\"offset\":");
     line.extend_from_slice(number.format(source.offset).as_bytes());
     line.extend_from_slice(b"},\"plugin\":\"");
@@ -202,13 +238,16 @@ fn write_lineage(line: &mut Vec<u8>, source: SourcePosition, sequence: u32, line
 /// Embeds `bytes` as is when they are UTF-8 JSON on one line, else as a
 /// JSON string.
 fn write_json_or_text(line: &mut Vec<u8>, bytes: &[u8]) {
-    let embeddable = std::str::from_utf8(bytes).is_ok_and(|text| !text.contains(['\n', '\r']))
-        && serde_json::from_slice::<IgnoredAny>(bytes).is_ok();
-    if embeddable {
+    if is_one_line_json(bytes) {
         line.extend_from_slice(bytes);
     } else {
         write_json_string(line, &String::from_utf8_lossy(bytes));
     }
+}
+
+/// Whether `bytes` are one JSON value, in UTF-8, on one line.
+fn is_one_line_json(bytes: &[u8]) -> bool {
+    std::str::from_utf8(bytes).is_ok_and(|text| !text.contains(['\n', '\r'])) && serde_json::from_slice::<IgnoredAny>(bytes).is_ok()
 }
 
 fn write_json_string(line: &mut Vec<u8>, text: &str) {
@@ -276,6 +315,25 @@ mod tests {
             write_json_or_text(&mut line, value);
             assert_eq!(String::from_utf8_lossy(&line), String::from_utf8_lossy(written));
         }
+    }
+
+    #[test]
+    fn a_remembered_key_is_written_as_a_new_one_is() {
+        let mut known = KnownJsonKeys::default();
+        for key in [&b"{\"customer\":\"acme\"}"[..], b"not json", b"{\"a\":\n1}"] {
+            let mut expected = Vec::new();
+            write_json_or_text(&mut expected, key);
+            for _ in 0..2 {
+                let mut line = Vec::new();
+                known.write(&mut line, key);
+                assert_eq!(String::from_utf8_lossy(&line), String::from_utf8_lossy(&expected));
+            }
+        }
+        assert_eq!(known.0.len(), 1, "only the JSON key is remembered");
+        for n in 0..KnownJsonKeys::CAPACITY + 1 {
+            known.write(&mut Vec::new(), n.to_string().as_bytes());
+        }
+        assert!(known.0.len() <= KnownJsonKeys::CAPACITY, "the set is bounded");
     }
 
     #[test]
