@@ -15,6 +15,12 @@
 //! which is what the pipe's clock covers too). Each round prints its ratios;
 //! the end prints the medians.
 //!
+//! Each contender's CPU time is measured too, split into the client (this
+//! process for the pipe, the `tally` child for Tally) and the broker (its
+//! JVM, from /proc): the CPU each event costs, and the rate that cost
+//! allows at best on this machine's cores, show how far a ratio can go
+//! before the cores, not the code, are the limit.
+//!
 //! `cargo bench -p tally-tests --bench kafka_mode` (scripts/bench-kafka starts
 //! the broker and builds `tally` first); TALLY_BENCH_EVENTS and
 //! TALLY_BENCH_ROUNDS change the size.
@@ -36,6 +42,58 @@ use tally_tests::{tally_binary, usage_lines};
 #[allow(dead_code)] // the benchmark uses only the billing plugin
 mod plugins {
     include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
+}
+
+/// CPU seconds used so far by this process, by its waited-for children, and
+/// by the broker (`None` when its pid file cannot be read).
+#[derive(Clone, Copy)]
+struct CpuSample {
+    own: f64,
+    children: f64,
+    broker: Option<f64>,
+}
+
+/// CPU a contender used: its client and the broker.
+#[derive(Clone, Copy, Default)]
+struct CpuUse {
+    client: f64,
+    broker: f64,
+}
+
+impl CpuSample {
+    fn now() -> CpuSample {
+        let rusage = |who| {
+            // SAFETY: getrusage only writes the struct it is given.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            assert_eq!(unsafe { libc::getrusage(who, &mut usage) }, 0, "getrusage failed");
+            let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+            seconds(usage.ru_utime) + seconds(usage.ru_stime)
+        };
+        CpuSample { own: rusage(libc::RUSAGE_SELF), children: rusage(libc::RUSAGE_CHILDREN), broker: broker_cpu_seconds() }
+    }
+
+    /// CPU used since `self`, with the client being this process or a child.
+    fn since(self, later: CpuSample, client_is_child: bool) -> CpuUse {
+        let client = if client_is_child { later.children - self.children } else { later.own - self.own };
+        CpuUse { client, broker: later.broker.zip(self.broker).map_or(f64::NAN, |(after, before)| after - before) }
+    }
+}
+
+/// The broker's CPU seconds, from the pid file `scripts/kafka` keeps.
+fn broker_cpu_seconds() -> Option<f64> {
+    let home = std::env::var("TALLY_KAFKA_HOME").unwrap_or_else(|_| "/var/cache/tally/kafka".into());
+    let pid = std::fs::read_to_string(Path::new(&home).join("kafka.pid")).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok()?;
+    // utime and stime are the 14th and 15th fields, counted from after the command name.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    Some(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
+/// Cores this process may run on.
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
 }
 
 /// Partitions of the input and of every output topic.
@@ -66,10 +124,12 @@ impl ProducerContext for DeliveryCounter {
 }
 
 /// Copies all of `input` to a fresh output topic, record by record, and
-/// returns the time from creating the clients to the producer's flush.
-fn run_pipe(input: &str, events: usize) -> Duration {
+/// returns the time from creating the clients to the producer's flush, and
+/// the CPU used meanwhile.
+fn run_pipe(input: &str, events: usize) -> (Duration, CpuUse) {
     let output = unique("bench-pipe-out");
     create_topic(&output, PARTITIONS);
+    let cpu = CpuSample::now();
     let started = Instant::now();
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -81,7 +141,7 @@ fn run_pipe(input: &str, events: usize) -> Duration {
         // The consumer settings Tally uses (librdkafka's defaults starve a
         // fast consumer); a ceiling should be the best a plain pipe can do.
         .set("fetch.queue.backoff.ms", "10")
-        .set("queued.min.messages", "1000000")
+        .set("queued.min.messages", "20000")
         .create()
         .expect("creating the pipe's consumer");
     let producer: ThreadedProducer<DeliveryCounter> = ClientConfig::new()
@@ -124,13 +184,14 @@ fn run_pipe(input: &str, events: usize) -> Duration {
     }
     producer.flush(Duration::from_secs(60)).expect("flushing the pipe's producer");
     let elapsed = started.elapsed();
+    let cpu = cpu.since(CpuSample::now(), false);
     consumer.commit_consumer_state(CommitMode::Sync).expect("committing the pipe's offsets");
 
     let counter = producer.context();
     let (delivered, failed) = (counter.delivered.load(Ordering::Relaxed), counter.failed.load(Ordering::Relaxed));
     assert_eq!(copied, events, "the pipe consumed {copied} records of {events}");
     assert_eq!((delivered, failed), (events as u64, 0), "the pipe's producer delivered {delivered} and failed {failed} of {events}");
-    elapsed
+    (elapsed, cpu)
 }
 
 /// What the `tally` binary printed about its run.
@@ -162,8 +223,9 @@ fn parse_job_line(stdout: &str) -> Option<JobReport> {
 }
 
 /// Runs the billing job over `input` with the `tally` binary until it has
-/// caught up; returns the wall time around the process and its own report.
-fn run_tally(dir: &Path, input: &str, guarantee: &str, events: usize) -> (Duration, JobReport) {
+/// caught up; returns the wall time around the process, its own report and
+/// the CPU it and the broker used.
+fn run_tally(dir: &Path, input: &str, guarantee: &str, events: usize) -> (Duration, JobReport, CpuUse) {
     let name = unique(&format!("bench-{}", guarantee.replace('_', "-")));
     let job = KafkaBillingJob {
         input: input.to_string(),
@@ -185,6 +247,7 @@ fn run_tally(dir: &Path, input: &str, guarantee: &str, events: usize) -> (Durati
         "",
     );
 
+    let cpu = CpuSample::now();
     let started = Instant::now();
     let output = Command::new(tally_binary())
         .args(["run", "--until-caught-up"])
@@ -192,6 +255,7 @@ fn run_tally(dir: &Path, input: &str, guarantee: &str, events: usize) -> (Durati
         .output()
         .unwrap_or_else(|err| panic!("starting `tally run` for {guarantee}: {err}"));
     let elapsed = started.elapsed();
+    let cpu = cpu.since(CpuSample::now(), true);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "`tally run` ({guarantee}) failed with {}:\n{stdout}{stderr}", output.status);
@@ -206,7 +270,7 @@ fn run_tally(dir: &Path, input: &str, guarantee: &str, events: usize) -> (Durati
         report.outputs
     );
     std::fs::remove_dir_all(&state_dir).ok();
-    (elapsed, report)
+    (elapsed, report, cpu)
 }
 
 fn median(rates: &[f64]) -> f64 {
@@ -222,6 +286,21 @@ struct Round {
     alos_job: f64,
     eos_wall: f64,
     eos_job: f64,
+    /// CPU microseconds per event: pipe, at-least-once, exactly-once.
+    cpu: [CpuUse; 3],
+}
+
+/// `client + broker = total µs/event (best rate the cores allow)`.
+fn cpu_line(cpu: CpuUse, events: usize) -> String {
+    let per_event = |seconds: f64| seconds / events as f64 * 1e6;
+    let total = per_event(cpu.client + cpu.broker);
+    format!(
+        "CPU {:.2} client + {:.2} broker = {total:.2} µs/event (at most {:.0} events/s on {} cores)",
+        per_event(cpu.client),
+        per_event(cpu.broker),
+        cores() / total * 1e6,
+        cores()
+    )
 }
 
 fn main() {
@@ -248,29 +327,30 @@ fn main() {
 
     let mut results = Vec::new();
     for round in 0..rounds {
-        let pipe = run_pipe(&input, events);
+        let (pipe, pipe_cpu) = run_pipe(&input, events);
         let pipe = events as f64 / pipe.as_secs_f64();
-        println!("round {round}  pipe          {pipe:>9.0}");
+        println!("round {round}  pipe          {pipe:>9.0}                        {}", cpu_line(pipe_cpu, events));
         let tally = |guarantee: &str, label: &str| {
-            let (wall, report) = run_tally(dir.path(), &input, guarantee, events);
+            let (wall, report, cpu) = run_tally(dir.path(), &input, guarantee, events);
             let wall = events as f64 / wall.as_secs_f64();
             println!(
-                "round {round}  {label:<13} {wall:>9.0} / {:>9.0}  ({:.2} / {:.2} of pipe, {} commits)",
+                "round {round}  {label:<13} {wall:>9.0} / {:>9.0}  ({:.2} / {:.2} of pipe, {} commits)  {}",
                 report.rate,
                 wall / pipe,
                 report.rate / pipe,
-                report.commits
+                report.commits,
+                cpu_line(cpu, events)
             );
-            (wall, report.rate)
+            (wall, report.rate, cpu)
         };
-        let (alos_wall, alos_job) = tally("at_least_once", "at-least-once");
-        let (eos_wall, eos_job) = tally("exactly_once", "exactly-once");
+        let (alos_wall, alos_job, alos_cpu) = tally("at_least_once", "at-least-once");
+        let (eos_wall, eos_job, eos_cpu) = tally("exactly_once", "exactly-once");
         println!(
             "round {round}  exactly-once/at-least-once {:.2} / {:.2}",
             eos_wall / alos_wall,
             eos_job / alos_job
         );
-        results.push(Round { pipe, alos_wall, alos_job, eos_wall, eos_job });
+        results.push(Round { pipe, alos_wall, alos_job, eos_wall, eos_job, cpu: [pipe_cpu, alos_cpu, eos_cpu] });
     }
 
     let of = |field: fn(&Round) -> f64| median(&results.iter().map(field).collect::<Vec<_>>());
@@ -288,6 +368,19 @@ fn main() {
         of(|r| r.alos_job / r.pipe),
         of(|r| r.eos_wall / r.alos_wall),
         of(|r| r.eos_job / r.alos_job)
+    );
+    let cpu_of = |index: usize| CpuUse {
+        client: median(&results.iter().map(|r| r.cpu[index].client).collect::<Vec<_>>()),
+        broker: median(&results.iter().map(|r| r.cpu[index].broker).collect::<Vec<_>>()),
+    };
+    for (index, label) in ["pipe", "at-least-once", "exactly-once"].into_iter().enumerate() {
+        println!("median   {label:<13} {}", cpu_line(cpu_of(index), events));
+    }
+    let total = |cpu: CpuUse| cpu.client + cpu.broker;
+    println!(
+        "CPU per event, exactly-once/pipe: {:.2}x; with every core busy, exactly-once could reach at most {:.2} of the pipe's measured rate",
+        total(cpu_of(2)) / total(cpu_of(0)),
+        cores() / (total(cpu_of(2)) / events as f64) / pipe
     );
     println!("targets: exactly-once >= 0.80 of pipe, and >= 0.90 of at-least-once");
 }

@@ -75,9 +75,12 @@ pub fn consumer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> 
 /// Consumer settings a job's `client` table may change. librdkafka's
 /// defaults stop fetching a partition for a whole second once 100,000 of
 /// its records wait in the client; a job loop that keeps up then starves
-/// (measured: 100k events/s with the defaults, 210k with these).
+/// (measured: 100k events/s with the defaults, 210k with a 10 ms backoff).
+/// With the short backoff, 20,000 records queued per partition keep the
+/// loop fed as well as 1,000,000 did, in a third of the memory (a 1M-event
+/// backlog took 470 MB resident with 1,000,000, 170–210 MB with 20,000).
 pub const CONSUMER_DEFAULTS: &[(&str, &str)] =
-    &[("auto.offset.reset", "earliest"), ("fetch.queue.backoff.ms", "10"), ("queued.min.messages", "1000000")];
+    &[("auto.offset.reset", "earliest"), ("fetch.queue.backoff.ms", "10"), ("queued.min.messages", "20000")];
 
 /// The consumer that restores changelogs and reads the group's committed
 /// offsets; it never joins the group.
