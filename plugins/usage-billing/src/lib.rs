@@ -5,18 +5,24 @@
 //! Every accepted event emits the key's new total to the `totals` output:
 //! the record key is the [`BillingKey`], the value the total.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 use tally_sdk::{Aggregate, Reject};
 use time::{format_description::well_known::Rfc3339, OffsetDateTime, UtcOffset};
 
-/// One metered usage event.
+/// One metered usage event. Its strings borrow from the record unless they
+/// hold escapes: copying them was a tenth of the plugin's time.
 #[derive(Deserialize)]
-pub struct Usage {
-    customer: String,
-    metric: String,
+pub struct Usage<'a> {
+    #[serde(borrow)]
+    customer: Cow<'a, str>,
+    #[serde(borrow)]
+    metric: Cow<'a, str>,
     quantity: Number,
-    ts: String,
+    #[serde(borrow)]
+    ts: Cow<'a, str>,
 }
 
 /// What is billed together: one customer, one metric, one month (`2026-11`).
@@ -32,21 +38,21 @@ pub struct BillingKey {
 pub struct UsageBilling;
 
 impl Aggregate for UsageBilling {
-    type Event = Usage;
+    type Event<'a> = Usage<'a>;
     type Key = BillingKey;
     type State = u64;
     type Output = u64;
     const OUTPUT: &'static str = "totals";
 
-    fn key(&self, usage: &Usage) -> Result<BillingKey, Reject> {
+    fn key(&self, usage: &Usage<'_>) -> Result<BillingKey, Reject> {
         let ts = OffsetDateTime::parse(&usage.ts, &Rfc3339)
             .map_err(|err| Reject(format!("ts must be an RFC 3339 timestamp like 2026-11-03T10:00:00Z, got {:?}: {err}", usage.ts)))?
             .to_offset(UtcOffset::UTC);
         let period = billing_period(ts.year(), u8::from(ts.month()));
-        Ok(BillingKey { customer: usage.customer.clone(), metric: usage.metric.clone(), period })
+        Ok(BillingKey { customer: usage.customer.to_string(), metric: usage.metric.to_string(), period })
     }
 
-    fn apply(&self, _key: &BillingKey, total: &u64, usage: Usage) -> Result<u64, Reject> {
+    fn apply(&self, _key: &BillingKey, total: &u64, usage: Usage<'_>) -> Result<u64, Reject> {
         let quantity = usage.quantity.as_u64().ok_or_else(|| {
             Reject(format!("quantity must be a non-negative integer, got {}", usage.quantity))
         })?;

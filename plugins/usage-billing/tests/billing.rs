@@ -112,3 +112,18 @@ fn each_kind_of_bad_input_is_rejected_with_a_reason_and_changes_nothing() {
     assert_eq!(plugin.state::<u64>(&key("acme", "api_calls", "2026-11")), Some(7));
     assert_eq!(plugin.all_state().len(), 1);
 }
+
+#[test]
+fn escaped_strings_decode_to_the_same_key_as_plain_ones() {
+    // Plain strings are borrowed from the record, escaped ones decoded into
+    // a copy: both must land on the same key.
+    let mut plugin = plugin();
+    let sent = plugin.send([
+        usage("acme", "api_calls", "3", "2026-11-03T10:00:00Z"),
+        usage(r"ac\u006de", r"api_\u0063alls", "4", r"2026-11-04T10:00:00\u005a"),
+        usage(r#"say \"hi\""#, "api_calls", "5", "2026-11-04T10:00:00Z"),
+    ]);
+    assert!(sent.dead_letters.is_empty(), "{:?}", sent.dead_letters);
+    assert_eq!(plugin.state::<u64>(&key("acme", "api_calls", "2026-11")), Some(7));
+    assert_eq!(plugin.state::<u64>(&key("say \"hi\"", "api_calls", "2026-11")), Some(5));
+}

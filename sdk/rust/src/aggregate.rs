@@ -5,7 +5,7 @@ use std::hash::Hash;
 
 use rustc_hash::FxHashMap;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::types::{Event, Host, OutputRecord, Plugin, Rejection};
 
@@ -34,8 +34,11 @@ impl fmt::Display for Reject {
 /// rejected event cannot leave a half-applied change behind. A key that has
 /// never been written starts from `State::default()`.
 pub trait Aggregate {
-    /// The input event, decoded from each record's JSON value.
-    type Event: DeserializeOwned;
+    /// The input event, decoded from each record's JSON value. It may
+    /// borrow from the record (`&'a str`, or `Cow<'a, str>` with
+    /// `#[serde(borrow)]`), which saves copying its strings; an owned type
+    /// ignores the lifetime: `type Event<'a> = Click;`.
+    type Event<'a>: Deserialize<'a>;
     /// The state key (stored as JSON).
     type Key: Serialize + Eq + Hash;
     /// The state per key (stored as JSON).
@@ -46,10 +49,10 @@ pub trait Aggregate {
     const OUTPUT: &'static str;
 
     /// The key an event belongs to, or why the event is refused.
-    fn key(&self, event: &Self::Event) -> Result<Self::Key, Reject>;
+    fn key(&self, event: &Self::Event<'_>) -> Result<Self::Key, Reject>;
 
     /// The key's next state after `event`, or why the event is refused.
-    fn apply(&self, key: &Self::Key, state: &Self::State, event: Self::Event) -> Result<Self::State, Reject>;
+    fn apply(&self, key: &Self::Key, state: &Self::State, event: Self::Event<'_>) -> Result<Self::State, Reject>;
 
     /// What to emit after an update; nothing by default.
     fn emit(&self, _key: &Self::Key, _state: &Self::State) -> Option<Self::Output> {
@@ -81,11 +84,11 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
     // SipHash costs more than the rest of a billing update.
     let mut slot_of_key: FxHashMap<A::Key, usize> = FxHashMap::default();
     let mut slots: Vec<Slot<A::State>> = Vec::new();
-    let mut accepted: Vec<(u32, usize, A::Event)> = Vec::with_capacity(events.len());
+    let mut accepted: Vec<(u32, usize, A::Event<'_>)> = Vec::with_capacity(events.len());
 
-    for (index, event) in events.into_iter().enumerate() {
+    for (index, event) in events.iter().enumerate() {
         let index = index as u32;
-        let decoded = match serde_json::from_slice::<A::Event>(&event.value) {
+        let decoded = match serde_json::from_slice::<A::Event<'_>>(&event.value) {
             Ok(decoded) => decoded,
             Err(err) => {
                 rejections.push(Rejection { index, reason: format!("event is not valid JSON for this plugin: {err}") });
@@ -213,7 +216,7 @@ mod tests {
     struct Sum;
 
     impl Aggregate for Sum {
-        type Event = Add;
+        type Event<'a> = Add;
         type Key = String;
         type State = i64;
         type Output = i64;

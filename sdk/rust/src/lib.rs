@@ -21,7 +21,7 @@
 //! struct ClicksPerPage;
 //!
 //! impl Aggregate for ClicksPerPage {
-//!     type Event = Click;
+//!     type Event<'a> = Click;
 //!     type Key = String;
 //!     type State = u64;
 //!     type Output = PageCount;

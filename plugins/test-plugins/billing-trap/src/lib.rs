@@ -14,7 +14,7 @@ pub struct Anything {}
 pub struct BrokenBilling;
 
 impl Aggregate for BrokenBilling {
-    type Event = Anything;
+    type Event<'a> = Anything;
     type Key = String;
     type State = u64;
     type Output = u64;

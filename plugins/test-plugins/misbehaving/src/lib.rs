@@ -18,7 +18,7 @@ pub struct Command {
 pub struct Misbehaving;
 
 impl Aggregate for Misbehaving {
-    type Event = Command;
+    type Event<'a> = Command;
     type Key = String;
     type State = u64;
     type Output = u64;
