@@ -33,7 +33,10 @@ impl DirectHost<'_> {
 }
 
 impl Host for DirectHost<'_> {
-    fn get_many(&mut self, keys: Vec<Vec<u8>>) -> Vec<Option<Vec<u8>>> {
+    // Each call copies what the transaction keeps, as the Wasm path's
+    // lifting of the same arguments does.
+    fn get_many(&mut self, keys: &[&[u8]]) -> Vec<Option<Vec<u8>>> {
+        let keys: Vec<Vec<u8>> = keys.iter().map(|key| key.to_vec()).collect();
         match self.txn.get_many(&keys) {
             Ok(values) => values,
             Err(err) => {
@@ -44,20 +47,21 @@ impl Host for DirectHost<'_> {
         }
     }
 
-    fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>) {
+    fn put_many(&mut self, entries: &[(&[u8], &[u8])]) {
+        let entries = entries.iter().map(|(key, value)| (key.to_vec(), value.to_vec())).collect();
         if let Err(err) = self.txn.put_many(entries) {
             self.fail(err.into());
         }
     }
 
-    fn delete_many(&mut self, keys: Vec<Vec<u8>>) {
-        if let Err(err) = self.txn.delete_many(keys) {
+    fn delete_many(&mut self, keys: &[&[u8]]) {
+        if let Err(err) = self.txn.delete_many(keys.iter().map(|key| key.to_vec()).collect()) {
             self.fail(err.into());
         }
     }
 
-    fn emit_many(&mut self, output: &str, records: Vec<OutputRecord>) {
-        let records = records.into_iter().map(|record| (record.event, record.key, record.value));
+    fn emit_many(&mut self, output: &str, records: &[OutputRecord<'_>]) {
+        let records = records.iter().map(|record| (record.event, record.key.map(<[u8]>::to_vec), record.value.to_vec()));
         if let Err(err) = self.txn.emit_many(output, records) {
             self.fail(err);
         }

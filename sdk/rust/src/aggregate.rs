@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::ops::Range;
 
 use rustc_hash::FxHashMap;
 use serde::de::DeserializeOwned;
@@ -117,8 +118,9 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
         return rejections;
     }
 
-    let keys: Vec<Vec<u8>> = slots.iter().map(|slot| slot.encoded_key.clone()).collect();
-    for (slot, stored) in slots.iter_mut().zip(host.get_many(keys)) {
+    let keys: Vec<&[u8]> = slots.iter().map(|slot| slot.encoded_key.as_slice()).collect();
+    let stored = host.get_many(&keys);
+    for (slot, stored) in slots.iter_mut().zip(stored) {
         if let Some(bytes) = stored {
             slot.state = serde_json::from_slice(&bytes).unwrap_or_else(|err| {
                 panic!("stored state does not decode as this plugin's state type ({err}); a plugin upgrade must keep the state format")
@@ -133,7 +135,10 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
         }
         keys.into_iter().map(|key| key.expect("every slot has a key")).collect()
     };
-    let mut outputs = Vec::new();
+    // Output values and new states are written into one buffer each, and
+    // handed to the host as slices of it: no allocation per record.
+    let mut values = Vec::new();
+    let mut emitted: Vec<(u32, usize, Range<usize>)> = Vec::with_capacity(accepted.len());
     for (index, slot_index, event) in accepted {
         let key = key_of_slot[slot_index];
         let slot = &mut slots[slot_index];
@@ -142,30 +147,33 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
                 slot.state = next;
                 slot.dirty = true;
                 if let Some(output) = agg.emit(key, &slot.state) {
-                    outputs.push(OutputRecord {
-                        event: index,
-                        key: Some(slot.encoded_key.clone()),
-                        value: serde_json::to_vec(&output).expect("an output must serialize to JSON"),
-                    });
+                    let start = values.len();
+                    serde_json::to_writer(&mut values, &output).expect("an output must serialize to JSON");
+                    emitted.push((index, slot_index, start..values.len()));
                 }
             }
             Err(reject) => rejections.push(Rejection { index, reason: reject.0 }),
         }
     }
 
-    let writes: Vec<(Vec<u8>, Vec<u8>)> = slots
-        .into_iter()
-        .filter(|slot| slot.dirty)
-        .map(|slot| {
-            let value = serde_json::to_vec(&slot.state).expect("state must serialize to JSON");
-            (slot.encoded_key, value)
-        })
-        .collect();
-    if !writes.is_empty() {
-        host.put_many(writes);
+    let mut states = Vec::new();
+    let mut written: Vec<(usize, Range<usize>)> = Vec::new();
+    for (slot_index, slot) in slots.iter().enumerate().filter(|(_, slot)| slot.dirty) {
+        let start = states.len();
+        serde_json::to_writer(&mut states, &slot.state).expect("state must serialize to JSON");
+        written.push((slot_index, start..states.len()));
     }
-    if !outputs.is_empty() {
-        host.emit_many(A::OUTPUT, outputs);
+    if !written.is_empty() {
+        let entries: Vec<(&[u8], &[u8])> =
+            written.into_iter().map(|(slot, range)| (slots[slot].encoded_key.as_slice(), &states[range])).collect();
+        host.put_many(&entries);
+    }
+    if !emitted.is_empty() {
+        let records: Vec<OutputRecord<'_>> = emitted
+            .into_iter()
+            .map(|(event, slot, range)| OutputRecord { event, key: Some(slots[slot].encoded_key.as_slice()), value: &values[range] })
+            .collect();
+        host.emit_many(A::OUTPUT, &records);
     }
     rejections.sort_by_key(|rejection| rejection.index);
     rejections
@@ -180,28 +188,29 @@ mod tests {
     #[derive(Default)]
     struct MemoryHost {
         state: BTreeMap<Vec<u8>, Vec<u8>>,
-        outputs: Vec<(String, OutputRecord)>,
+        /// (output, event index, value) of each emitted record.
+        outputs: Vec<(String, u32, Vec<u8>)>,
         calls: usize,
     }
 
     impl Host for MemoryHost {
-        fn get_many(&mut self, keys: Vec<Vec<u8>>) -> Vec<Option<Vec<u8>>> {
+        fn get_many(&mut self, keys: &[&[u8]]) -> Vec<Option<Vec<u8>>> {
             self.calls += 1;
-            keys.iter().map(|key| self.state.get(key).cloned()).collect()
+            keys.iter().map(|key| self.state.get(*key).cloned()).collect()
         }
-        fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>) {
+        fn put_many(&mut self, entries: &[(&[u8], &[u8])]) {
             self.calls += 1;
-            self.state.extend(entries);
+            self.state.extend(entries.iter().map(|(key, value)| (key.to_vec(), value.to_vec())));
         }
-        fn delete_many(&mut self, keys: Vec<Vec<u8>>) {
+        fn delete_many(&mut self, keys: &[&[u8]]) {
             self.calls += 1;
             for key in keys {
-                self.state.remove(&key);
+                self.state.remove(*key);
             }
         }
-        fn emit_many(&mut self, output: &str, records: Vec<OutputRecord>) {
+        fn emit_many(&mut self, output: &str, records: &[OutputRecord<'_>]) {
             self.calls += 1;
-            self.outputs.extend(records.into_iter().map(|record| (output.to_string(), record)));
+            self.outputs.extend(records.iter().map(|record| (output.to_string(), record.event, record.value.to_vec())));
         }
         fn log(&mut self, _level: crate::Level, _message: &str) {}
     }
@@ -259,8 +268,8 @@ mod tests {
         assert_eq!(host.state[b"\"a\"".as_slice()], b"14");
         assert_eq!(host.state[b"\"b\"".as_slice()], b"2");
         let emitted: Vec<(u32, String)> =
-            host.outputs.iter().map(|(_, o)| (o.event, String::from_utf8(o.value.clone()).unwrap())).collect();
-        assert!(host.outputs.iter().all(|(output, _)| output == "sums"));
+            host.outputs.iter().map(|(_, event, value)| (*event, String::from_utf8(value.clone()).unwrap())).collect();
+        assert!(host.outputs.iter().all(|(output, _, _)| output == "sums"));
         assert_eq!(emitted, vec![(0, "11".into()), (1, "2".into()), (4, "14".into())]);
     }
 

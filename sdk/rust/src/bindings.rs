@@ -11,6 +11,9 @@ pub mod generated {
         pub_export_macro: true,
         export_macro_name: "export_plugin",
         default_bindings_module: "tally_sdk::bindings::generated",
+        // Imports take borrowed lists: a batch's keys and outputs go to the
+        // host straight from the plugin's buffers, without copies.
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
 
@@ -24,21 +27,21 @@ use generated::tally::plugin::{log, output, state, types};
 struct ComponentHost;
 
 impl Host for ComponentHost {
-    fn get_many(&mut self, keys: Vec<Vec<u8>>) -> Vec<Option<Vec<u8>>> {
-        state::get_many(&keys)
+    fn get_many(&mut self, keys: &[&[u8]]) -> Vec<Option<Vec<u8>>> {
+        state::get_many(keys)
     }
 
-    fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>) {
-        state::put_many(&entries)
+    fn put_many(&mut self, entries: &[(&[u8], &[u8])]) {
+        state::put_many(entries)
     }
 
-    fn delete_many(&mut self, keys: Vec<Vec<u8>>) {
-        state::delete_many(&keys)
+    fn delete_many(&mut self, keys: &[&[u8]]) {
+        state::delete_many(keys)
     }
 
-    fn emit_many(&mut self, name: &str, records: Vec<OutputRecord>) {
-        let records: Vec<types::OutputRecord> = records
-            .into_iter()
+    fn emit_many(&mut self, name: &str, records: &[OutputRecord<'_>]) {
+        let records: Vec<types::OutputRecord<'_>> = records
+            .iter()
             .map(|record| types::OutputRecord { event: record.event, key: record.key, value: record.value })
             .collect();
         output::emit_many(name, &records)

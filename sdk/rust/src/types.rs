@@ -15,15 +15,16 @@ pub struct Event {
     pub value: Vec<u8>,
 }
 
-/// A record for one of the job's outputs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutputRecord {
+/// A record for one of the job's outputs. It borrows its bytes: the host
+/// copies them out, so a batch's records can share the plugin's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputRecord<'a> {
     /// Index (within the batch) of the event that caused this record.
     pub event: u32,
     /// Record key.
-    pub key: Option<Vec<u8>>,
+    pub key: Option<&'a [u8]>,
     /// Record payload.
-    pub value: Vec<u8>,
+    pub value: &'a [u8],
 }
 
 /// An event the plugin refuses; it goes to the dead-letter output.
@@ -53,16 +54,17 @@ pub enum Level {
 /// What a plugin can ask of the host: keyed state, outputs and logging.
 ///
 /// Inside a component these are the `tally:plugin` imports; a host that
-/// links a plugin natively (benchmarks) implements it directly.
+/// links a plugin natively (benchmarks) implements it directly. Arguments
+/// are borrowed: the host copies what it keeps.
 pub trait Host {
     /// Reads many keys; one result per key, in order.
-    fn get_many(&mut self, keys: Vec<Vec<u8>>) -> Vec<Option<Vec<u8>>>;
+    fn get_many(&mut self, keys: &[&[u8]]) -> Vec<Option<Vec<u8>>>;
     /// Writes many keys, in order.
-    fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>);
+    fn put_many(&mut self, entries: &[(&[u8], &[u8])]);
     /// Deletes many keys.
-    fn delete_many(&mut self, keys: Vec<Vec<u8>>);
+    fn delete_many(&mut self, keys: &[&[u8]]);
     /// Emits many records to `output` (a name the job declares), in order.
-    fn emit_many(&mut self, output: &str, records: Vec<OutputRecord>);
+    fn emit_many(&mut self, output: &str, records: &[OutputRecord<'_>]);
     /// Writes a line to the host's log.
     fn log(&mut self, level: Level, message: &str);
 }
