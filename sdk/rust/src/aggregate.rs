@@ -89,7 +89,12 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
 
     for (index, event) in events.iter().enumerate() {
         let index = index as u32;
-        let decoded = match serde_json::from_slice::<A::Event<'_>>(&event.value) {
+        // UTF-8 is checked once for the whole record, not string by string.
+        let decoded = match std::str::from_utf8(&event.value) {
+            Ok(text) => serde_json::from_str::<A::Event<'_>>(text),
+            Err(err) => Err(serde::de::Error::custom(format_args!("the record is not UTF-8 ({err})"))),
+        };
+        let decoded = match decoded {
             Ok(decoded) => decoded,
             Err(err) => {
                 rejections.push(Rejection { index, reason: format!("event is not valid JSON for this plugin: {err}") });
@@ -271,6 +276,16 @@ mod tests {
             host.outputs.iter().map(|(_, event, value)| (*event, String::from_utf8(value.clone()).unwrap())).collect();
         assert!(host.outputs.iter().all(|(output, _, _)| output == "sums"));
         assert_eq!(emitted, vec![(0, "11".into()), (1, "2".into()), (4, "14".into())]);
+    }
+
+    #[test]
+    fn a_record_that_is_not_utf8_is_rejected_with_a_reason() {
+        let mut host = MemoryHost::default();
+        let bad = Event { value: b"{\"who\":\"\xff\",\"n\":1}".to_vec(), ..event(0, "") };
+        let rejections = Sum.process(vec![bad, event(1, r#"{"who":"a","n":1}"#)], &mut host);
+        assert_eq!(rejections.len(), 1, "{rejections:?}");
+        assert!(rejections[0].reason.contains("not UTF-8"), "{}", rejections[0].reason);
+        assert_eq!(host.state[b"\"a\"".as_slice()], b"1");
     }
 
     #[test]
