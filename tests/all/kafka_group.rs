@@ -3,7 +3,7 @@
 //! broker restart. Each ends with the independent checker.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use tally_tests::kafka::*;
@@ -26,11 +26,12 @@ impl Instance {
     fn start(dir: &Path, job: &KafkaBillingJob, name: &str) -> Instance {
         let job_file = job.write_job_file(dir, USAGE_BILLING, &dir.join(name), "", CLIENT);
         let log = dir.join(format!("{name}.log"));
+        let log_file = std::fs::File::create(&log).unwrap();
         let child = Command::new(tally_binary())
             .arg("run")
             .arg(&job_file)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
             .env("RUST_LOG", "info")
             .spawn()
             .unwrap();
@@ -67,6 +68,16 @@ impl Drop for Instance {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The records an instance's closing summary line says it committed
+/// (`job `name`: N records (...`).
+fn summary_records(log: &str) -> u64 {
+    let line = log.lines().find(|line| line.starts_with("job `") && line.contains(" records (")).unwrap_or_else(|| {
+        panic!("the instance printed no summary line: {}", tail(log));
+    });
+    let after_name = &line[line.find("`: ").expect("a job name") + 3..];
+    after_name[..after_name.find(' ').expect("a count")].parse().expect("a record count")
 }
 
 fn tail(log: &str) -> String {
@@ -155,7 +166,7 @@ fn partitions_and_their_state_move_when_instances_join_and_leave() {
     wait_for("both to make progress", Duration::from_secs(60), || {
         committed_progress(&group, &job.input, PARTITIONS) > at_join + 1_000
     });
-    a.stop();
+    let a_log = a.stop();
 
     let placed = producing.finish();
     wait_for("all input to be committed", Duration::from_secs(120), || {
@@ -165,6 +176,9 @@ fn partitions_and_their_state_move_when_instances_join_and_leave() {
     let b_log = b.stop();
     let restores = b_log.lines().filter(|line| line.contains("restored state from the changelog")).count();
     assert!(restores >= 2, "b should restore when it joins and again when a leaves: {}", tail(&b_log));
+    // What a revocation aborted was redone by the new owner; each instance
+    // counts only what it committed, so together they count every record once.
+    assert_eq!(summary_records(&a_log) + summary_records(&b_log), lines.len() as u64, "records the two instances report");
     check_exactly_once(&job, &lines, &placed);
 }
 
