@@ -124,12 +124,34 @@ impl LocalCommitter {
     }
 }
 
-impl Committer for LocalCommitter {
-    fn commit(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError> {
+impl LocalCommitter {
+    /// Formats the open transaction's outputs so far (taking them from
+    /// `txn`) and writes them ahead of its commit once enough wait.
+    pub fn stage(&mut self, txn: &mut Transaction) -> Result<(), CommitError> {
+        self.format(txn);
+        self.sink.stage()?;
+        Ok(())
+    }
+
+    /// Drops what [`LocalCommitter::stage`] wrote of an aborted transaction.
+    pub fn discard(&mut self) -> Result<(), CommitError> {
+        self.sink.discard()?;
+        Ok(())
+    }
+
+    fn format(&mut self, txn: &mut Transaction) {
         if !txn.plugin_digest.is_empty() {
             self.lineage.set_plugin_digest(&txn.plugin_digest);
         }
         self.sink.format(&txn.outputs, &txn.dead_letters, &self.lineage);
+        txn.outputs.clear();
+        txn.dead_letters.clear();
+    }
+}
+
+impl Committer for LocalCommitter {
+    fn commit(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError> {
+        self.format(txn);
         let lengths = self.sink.sync()?;
         let mut meta = Vec::with_capacity(positions.len() + lengths.len());
         for (index, position) in positions.iter().enumerate() {

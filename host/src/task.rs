@@ -393,6 +393,8 @@ impl LocalTask {
         if let Err(err) = &result {
             self.failed = true;
             self.txn.abort();
+            // Best effort: reopening the task cuts the files back anyway.
+            let _ = self.committer.discard();
             self.observer.aborted(&err.to_string());
         }
         result
@@ -445,6 +447,7 @@ impl LocalTask {
             uncommitted.applied += outcome.applied;
             uncommitted.dead_lettered += outcome.dead_lettered;
             uncommitted.outputs += (self.txn.outputs.len() - outputs_before) as u64;
+            self.committer.stage(&mut self.txn)?;
             if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
                 if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
                     self.at_boundary();
@@ -491,6 +494,7 @@ impl LocalTask {
     /// reads the inputs again from the last commit.
     fn roll_back(&mut self, reason: String, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
         self.txn.abort();
+        self.committer.discard()?;
         self.observer.aborted(&reason);
         if let Some(swap) = &mut self.hot_swap {
             swap.roll_back(&mut self.processor, &mut self.txn, reason);
