@@ -68,11 +68,10 @@ impl Aggregate for UsageBilling {
 /// formatting machinery of `format!` cost more than the rest of `key`.
 fn billing_period(year: i32, month: u8) -> String {
     let year = year.clamp(0, 9999) as u32; // RFC 3339 years have four digits
-    let digit = |value: u32| char::from(b'0' + value as u8);
     let month = u32::from(month);
-    [digit(year / 1000), digit(year / 100 % 10), digit(year / 10 % 10), digit(year % 10), '-', digit(month / 10), digit(month % 10)]
-        .into_iter()
-        .collect()
+    let digit = |value: u32| b'0' + value as u8;
+    let text = [digit(year / 1000), digit(year / 100 % 10), digit(year / 10 % 10), digit(year % 10), b'-', digit(month / 10), digit(month % 10)];
+    String::from_utf8(text.to_vec()).expect("digits and a dash are UTF-8")
 }
 
 tally_sdk::export!(UsageBilling);
