@@ -255,7 +255,7 @@ impl KafkaJob {
         self.at_boundary();
         loop {
             if stop.load(Ordering::Relaxed) {
-                if self.process_or_roll_back(consumer, committer, &mut progress, summary)?
+                if self.process_or_roll_back(consumer, committer, &mut progress)?
                     && self.commit(consumer, committer, &mut progress, summary)?
                 {
                     return Ok(SessionEnd::Stopped);
@@ -289,7 +289,9 @@ impl KafkaJob {
             }
             match polled {
                 Some(Ok((topic, event))) => {
-                    progress.at_end.remove(&(topic, split_source_id(event.partition).1));
+                    if !progress.at_end.is_empty() {
+                        progress.at_end.remove(&(topic, split_source_id(event.partition).1));
+                    }
                     progress.first.entry(event.partition).or_insert(event.offset as i64);
                     progress.pending.push(event);
                     if progress.pending.len() < batch_size {
@@ -314,7 +316,7 @@ impl KafkaJob {
                 }
                 None => {}
             }
-            if !self.process_or_roll_back(consumer, committer, &mut progress, summary)? {
+            if !self.process_or_roll_back(consumer, committer, &mut progress)? {
                 continue;
             }
             if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
@@ -341,7 +343,12 @@ impl KafkaJob {
 
     /// A consumed record as a plugin event, with its input topic's index.
     fn event(&self, record: &rdkafka::message::BorrowedMessage<'_>) -> (usize, Event) {
-        let topic = self.kafka.inputs.iter().position(|input| input == record.topic()).unwrap_or(0);
+        // Naming the topic costs a C string conversion per record: skip it
+        // when there is only one.
+        let topic = match self.kafka.inputs.len() {
+            1 => 0,
+            _ => self.kafka.inputs.iter().position(|input| input == record.topic()).unwrap_or(0),
+        };
         let timestamp_ms = match record.timestamp() {
             Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => Some(ms),
             Timestamp::NotAvailable => None,
@@ -370,9 +377,8 @@ impl KafkaJob {
         consumer: &BaseConsumer<Rebalancer>,
         committer: &KafkaCommitter,
         progress: &mut Progress,
-        summary: &mut RunSummary,
     ) -> Result<bool, SessionError> {
-        match self.process(progress, committer, summary)? {
+        match self.process(progress, committer)? {
             None => Ok(true),
             Some(reason) => {
                 self.roll_back(consumer, committer, progress, reason)?;
@@ -424,7 +430,6 @@ impl KafkaJob {
         &mut self,
         progress: &mut Progress,
         committer: &KafkaCommitter,
-        summary: &mut RunSummary,
     ) -> Result<Option<String>, SessionError> {
         if progress.pending.is_empty() {
             return Ok(None);
@@ -433,16 +438,19 @@ impl KafkaJob {
         pending.sort_by_key(|event| split_source_id(event.partition).1);
         for batch in pending.chunk_by(|a, b| split_source_id(a.partition).1 == split_source_id(b.partition).1) {
             if self.kafka.guarantee == Guarantee::ExactlyOnce {
-                for event in batch {
-                    let included = progress.included.get(&event.partition).copied().unwrap_or(0);
-                    if (event.offset as i64) < included {
-                        let (topic, partition) = split_source_id(event.partition);
+                // Runs of one source (a batch holds one partition number of
+                // every input topic): one lookup per run, not per record.
+                for run in batch.chunk_by(|a, b| a.partition == b.partition) {
+                    let included = progress.included.get(&run[0].partition).copied().unwrap_or(0);
+                    let lowest = run.iter().map(|event| event.offset).min().unwrap_or(0) as i64;
+                    if lowest < included {
+                        let (topic, partition) = split_source_id(run[0].partition);
                         return Err(SessionError::Fatal(KafkaJobError::Rewind(format!(
-                            "Kafka job `{}` stopped: it was handed offset {} of `{}` partition {partition}, but its state already \
-                             includes that partition up to offset {included}; the consumer was moved back (an offset reset, or a \
-                             truncated log), and going on would count those records twice. To reprocess history, replay into a \
-                             new output version: run the job under a new name writing to new output topics",
-                            self.config.name, event.offset, self.kafka.inputs[topic]
+                            "Kafka job `{}` stopped: it was handed offset {lowest} of `{}` partition {partition}, but its state \
+                             already includes that partition up to offset {included}; the consumer was moved back (an offset \
+                             reset, or a truncated log), and going on would count those records twice. To reprocess history, \
+                             replay into a new output version: run the job under a new name writing to new output topics",
+                            self.config.name, self.kafka.inputs[topic]
                         ))));
                     }
                 }
@@ -461,13 +469,15 @@ impl KafkaJob {
             if let Some(reason) = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(batch.len(), &outcome)) {
                 return Ok(Some(reason));
             }
-            summary.records += batch.len() as u64;
-            summary.outputs += outcome.outputs;
-            summary.applied += outcome.applied;
-            summary.dead_lettered += outcome.dead_lettered;
-            for event in batch {
-                let next = progress.positions.entry(event.partition).or_insert(0);
-                *next = (*next).max(event.offset as i64 + 1);
+            let counted = &mut progress.uncommitted;
+            counted.records += batch.len() as u64;
+            counted.outputs += outcome.outputs;
+            counted.applied += outcome.applied;
+            counted.dead_lettered += outcome.dead_lettered;
+            for run in batch.chunk_by(|a, b| a.partition == b.partition) {
+                let highest = run.iter().map(|event| event.offset).max().unwrap_or(0) as i64;
+                let next = progress.positions.entry(run[0].partition).or_insert(0);
+                *next = (*next).max(highest + 1);
             }
         }
         pending.clear();
@@ -497,6 +507,7 @@ impl KafkaJob {
         match committer.commit(&mut self.txn, &progress.positions, consumer) {
             Ok(()) => {
                 let took = started.elapsed();
+                summary.absorb(&std::mem::take(&mut progress.uncommitted));
                 if !progress.positions.is_empty() {
                     summary.commits += 1;
                     self.observer.committed(&CommitReport {
@@ -545,6 +556,9 @@ struct Progress {
     included: HashMap<u32, i64>,
     /// Input partitions read to their end (for `until_caught_up`).
     at_end: BTreeSet<(usize, i32)>,
+    /// What the open transaction processed: added to the run's summary when
+    /// it commits, so records redone after an abort count once.
+    uncommitted: RunSummary,
 }
 
 impl Progress {
@@ -554,6 +568,7 @@ impl Progress {
         self.positions.clear();
         self.first.clear();
         self.at_end.clear();
+        self.uncommitted = RunSummary::default();
     }
 }
 
