@@ -36,7 +36,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext};
-use tally_tests::kafka::{bootstrap, create_topic, produce_usage, unique, KafkaBillingJob};
+use tally_tests::kafka::{bootstrap, create_topic, delete_topics, produce_usage, unique, KafkaBillingJob};
 use tally_tests::{tally_binary, usage_lines};
 
 #[allow(dead_code)] // the benchmark uses only the billing plugin
@@ -191,6 +191,7 @@ fn run_pipe(input: &str, events: usize) -> (Duration, CpuUse) {
     let (delivered, failed) = (counter.delivered.load(Ordering::Relaxed), counter.failed.load(Ordering::Relaxed));
     assert_eq!(copied, events, "the pipe consumed {copied} records of {events}");
     assert_eq!((delivered, failed), (events as u64, 0), "the pipe's producer delivered {delivered} and failed {failed} of {events}");
+    delete_topics(&[&output]);
     (elapsed, cpu)
 }
 
@@ -383,4 +384,6 @@ fn main() {
         cores() / (total(cpu_of(2)) / events as f64) / pipe
     );
     println!("targets: exactly-once >= 0.80 of pipe, and >= 0.90 of at-least-once");
+    // Every run leaves a million records otherwise: the broker's disk fills.
+    delete_topics(&[&input]);
 }
