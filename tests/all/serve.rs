@@ -293,6 +293,41 @@ fn a_killed_host_resumes_every_job_where_it_committed() {
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
 }
 
+#[test]
+fn a_job_that_cannot_be_resumed_is_listed_as_broken_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = ServeHost::start(dir.path(), 32 << 20);
+    let lines = usage_lines(47, 2_000, 0);
+    write_input(&host, "acme", "usage.ndjson", &lines);
+    let acme = host.client(ACME);
+    for name in ["billing", "doomed"] {
+        acme.deploy(&local_job(name, &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING)).unwrap();
+    }
+    assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
+    // Someone removes a job's plugin file while the host is down.
+    let plugins_dir = dir.path().join("data/jobs/acme/doomed/plugins");
+    for entry in std::fs::read_dir(&plugins_dir).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+
+    host.launch();
+    let acme = host.client(ACME);
+    let listed = acme.list().unwrap();
+    let jobs = listed.as_array().unwrap();
+    let states: Vec<(&str, &str)> = jobs.iter().map(|job| (job["name"].as_str().unwrap(), job["state"].as_str().unwrap())).collect();
+    assert!(states.contains(&("doomed", "broken")), "{listed}");
+    assert!(!states.contains(&("billing", "broken")), "{listed}");
+    let doomed = jobs.iter().find(|job| job["name"] == "doomed").unwrap();
+    assert!(doomed["last_error"].as_str().unwrap().contains("plugin"), "the reason names what is wrong: {doomed}");
+    assert_eq!(acme.status("doomed").err().and_then(|err| err.status()), Some(409));
+    assert!(host.client(GLOBEX).list().unwrap().as_array().unwrap().is_empty(), "another tenant does not see it");
+
+    acme.delete("doomed").unwrap();
+    let names: Vec<String> = acme.list().unwrap().as_array().unwrap().iter().map(|job| job["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["billing"]);
+    assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
+}
+
 /// Runs the `tally` CLI against `host` as `token`; returns (success, stdout + stderr).
 fn cli(host: &ServeHost, token: &str, args: &[&str]) -> (bool, String) {
     let output = std::process::Command::new(tally_tests::tally_binary())

@@ -179,10 +179,15 @@ impl Host {
         }
     }
 
-    /// The statuses of `tenant`'s jobs.
+    /// The statuses of `tenant`'s jobs, with those that could not be
+    /// resumed when the host started (state `broken`).
     pub fn list(&self, tenant: &str) -> Vec<JobStatus> {
-        let jobs = lock(&self.jobs);
-        jobs.iter().filter(|((owner, _), _)| owner == tenant).map(|(_, job)| job.status()).collect()
+        let mut statuses: Vec<JobStatus> =
+            lock(&self.jobs).iter().filter(|((owner, _), _)| owner == tenant).map(|(_, job)| job.status()).collect();
+        let broken = lock(&self.broken);
+        statuses.extend(broken.iter().filter(|((owner, _), _)| owner == tenant).map(|((_, name), reason)| JobStatus::broken(name, reason)));
+        statuses.sort_by(|a, b| a.name.cmp(&b.name));
+        statuses
     }
 
     /// Deploys job file `text` with `plugin` for `tenant`. Checks everything

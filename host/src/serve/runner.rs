@@ -38,6 +38,9 @@ pub enum JobState {
     Failed,
     /// Stopped for good (host shutting down, or the job deleted).
     Stopped,
+    /// Could not be resumed when the host started (see `last_error`): fix
+    /// the cause and restart the host, or delete the job.
+    Broken,
 }
 
 /// What `status` shows about a job.
@@ -72,6 +75,29 @@ pub struct JobStatus {
     pub last_error: Option<String>,
     /// What the last push led to.
     pub last_swap: Option<String>,
+}
+
+impl JobStatus {
+    /// A job whose files are on disk but which could not be resumed when
+    /// the host started, and why.
+    pub fn broken(name: &str, reason: &str) -> JobStatus {
+        JobStatus {
+            name: name.to_string(),
+            mode: "unknown",
+            state: JobState::Broken,
+            plugin: String::new(),
+            pending_plugin: None,
+            on_trial: None,
+            records: 0,
+            throughput: 0.0,
+            lag: None,
+            lag_unit: "",
+            commits: 0,
+            rollbacks: 0,
+            last_error: Some(reason.to_string()),
+            last_swap: None,
+        }
+    }
 }
 
 /// Controls and status shared by a job's thread and the admin API.
