@@ -309,7 +309,7 @@ fn main() {
         return; // `cargo test --benches` asks benches to list their tests
     }
     let events = env_or("TALLY_BENCH_EVENTS", 1_000_000);
-    let rounds = env_or("TALLY_BENCH_ROUNDS", 3).max(1);
+    let rounds = env_or("TALLY_BENCH_ROUNDS", 5).max(1);
     let dir = tempfile::tempdir_in(std::env::var("TALLY_BENCH_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()))
         .expect("creating the bench directory");
 
