@@ -253,11 +253,17 @@ fn a_killed_host_resumes_every_job_where_it_committed() {
     let mut host = ServeHost::start(dir.path(), 32 << 20);
     let acme_lines = usage_lines(44, 300_000, 2);
     let globex_lines = usage_lines(45, 300_000, 2);
-    for index in 0..2 {
-        let part = |lines: &[UsageLine]| lines.iter().skip(index).step_by(2).cloned().collect::<Vec<_>>();
-        write_input(&host, "acme", &format!("usage-{index}.ndjson"), &part(&acme_lines));
-        write_input(&host, "globex", &format!("usage-{index}.ndjson"), &part(&globex_lines));
-    }
+    // Two thirds of each input now, the rest once the host is killed: the
+    // kill lands before the jobs can have read everything, however fast.
+    let held_back = 200_000;
+    let write_parts = |host: &ServeHost, acme: &[UsageLine], globex: &[UsageLine]| {
+        for index in 0..2 {
+            let part = |lines: &[UsageLine]| lines.iter().skip(index).step_by(2).cloned().collect::<Vec<_>>();
+            write_input(host, "acme", &format!("usage-{index}.ndjson"), &part(acme));
+            write_input(host, "globex", &format!("usage-{index}.ndjson"), &part(globex));
+        }
+    };
+    write_parts(&host, &acme_lines[..held_back], &globex_lines[..held_back]);
     let inputs = ["usage-0.ndjson", "usage-1.ndjson"];
     let (acme, globex) = (host.client(ACME), host.client(GLOBEX));
     acme.deploy(&local_job("billing", &inputs, "commit_interval_ms = 20"), &plugin(plugins::USAGE_BILLING)).unwrap();
@@ -270,6 +276,7 @@ fn a_killed_host_resumes_every_job_where_it_committed() {
     let before = number(&acme.status("billing").unwrap(), "records");
     host.kill();
     assert!(before < acme_lines.len() as u64, "the kill must land mid-run (committed {before} of {})", acme_lines.len());
+    write_parts(&host, &acme_lines[held_back..], &globex_lines[held_back..]);
 
     host.launch();
     let (acme, globex) = (host.client(ACME), host.client(GLOBEX));
