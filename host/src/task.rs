@@ -431,7 +431,6 @@ impl LocalTask {
             }
             uncommitted.records += records.len() as u64;
             to_events(&mut records, &mut events);
-            let outputs_before = self.txn.outputs.len();
             let processed = process_batch_with(self.hot_swap.as_ref(), &mut *self.processor, &mut self.txn, &events);
             let outcome = processed.map_err(|err| match err {
                 ProcessError::Host(state) => TaskError::State(state),
@@ -446,7 +445,7 @@ impl LocalTask {
             }
             uncommitted.applied += outcome.applied;
             uncommitted.dead_lettered += outcome.dead_lettered;
-            uncommitted.outputs += (self.txn.outputs.len() - outputs_before) as u64;
+            uncommitted.outputs += outcome.outputs;
             self.committer.stage(&mut self.txn)?;
             if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
                 if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {

@@ -24,6 +24,11 @@ fn write_input(host: &ServeHost, tenant: &str, file: &str, lines: &[UsageLine]) 
     append_lines(&host.inputs(tenant).join(file), lines);
 }
 
+/// The names of the jobs `client`'s tenant sees, as listed.
+fn job_names(client: &AdminClient) -> Vec<String> {
+    client.list().unwrap().as_array().unwrap().iter().map(|job| job["name"].as_str().unwrap().to_string()).collect()
+}
+
 /// Waits until the job's committed records reach `records` and nothing is left to read.
 fn wait_caught_up(client: &AdminClient, job: &str, records: u64, host: &ServeHost) {
     wait_for(&format!("job `{job}` to commit {records} records"), Duration::from_secs(120), || {
@@ -280,8 +285,7 @@ fn a_killed_host_resumes_every_job_where_it_committed() {
 
     host.launch();
     let (acme, globex) = (host.client(ACME), host.client(GLOBEX));
-    let listed: Vec<String> = acme.list().unwrap().as_array().unwrap().iter().map(|job| job["name"].as_str().unwrap().to_string()).collect();
-    assert_eq!(listed, ["billing", "paused"]);
+    assert_eq!(job_names(&acme), ["billing", "paused"]);
     assert_eq!(acme.status("paused").unwrap()["state"], "paused", "a paused job stays paused across a restart");
     assert_eq!(globex.status("billing").unwrap()["plugin"], digest_of(plugins::BILLING_VARIANT), "each job keeps its plugin version");
     // After the restart, the status counts only what the new host committed.
@@ -330,8 +334,7 @@ fn a_job_that_cannot_be_resumed_is_listed_as_broken_with_the_reason() {
     assert!(host.client(GLOBEX).list().unwrap().as_array().unwrap().is_empty(), "another tenant does not see it");
 
     acme.delete("doomed").unwrap();
-    let names: Vec<String> = acme.list().unwrap().as_array().unwrap().iter().map(|job| job["name"].as_str().unwrap().to_string()).collect();
-    assert_eq!(names, ["billing"]);
+    assert_eq!(job_names(&acme), ["billing"]);
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
 }
 
