@@ -73,6 +73,14 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
+    /// Counts a batch of `records` input records that the plugin processed.
+    pub fn count_batch(&mut self, records: usize, outcome: &BatchOutcome) {
+        self.records += records as u64;
+        self.applied += outcome.applied;
+        self.dead_lettered += outcome.dead_lettered;
+        self.outputs += outcome.outputs;
+    }
+
     /// Adds the counts of a later part of the same run.
     pub fn absorb(&mut self, later: &RunSummary) {
         self.records += later.records;
@@ -429,7 +437,6 @@ impl LocalTask {
                 self.source.look_again()?;
                 continue;
             }
-            uncommitted.records += records.len() as u64;
             to_events(&mut records, &mut events);
             let processed = process_batch_with(self.hot_swap.as_ref(), &mut *self.processor, &mut self.txn, &events);
             let outcome = processed.map_err(|err| match err {
@@ -443,9 +450,7 @@ impl LocalTask {
                 self.roll_back(reason, &mut uncommitted)?;
                 continue;
             }
-            uncommitted.applied += outcome.applied;
-            uncommitted.dead_lettered += outcome.dead_lettered;
-            uncommitted.outputs += outcome.outputs;
+            uncommitted.count_batch(events.len(), &outcome);
             self.committer.stage(&mut self.txn)?;
             if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
                 if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {

@@ -469,11 +469,7 @@ impl KafkaJob {
             if let Some(reason) = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(batch.len(), &outcome)) {
                 return Ok(Some(reason));
             }
-            let counted = &mut progress.uncommitted;
-            counted.records += batch.len() as u64;
-            counted.outputs += outcome.outputs;
-            counted.applied += outcome.applied;
-            counted.dead_lettered += outcome.dead_lettered;
+            progress.uncommitted.count_batch(batch.len(), &outcome);
             for run in batch.chunk_by(|a, b| a.partition == b.partition) {
                 let highest = run.iter().map(|event| event.offset).max().unwrap_or(0) as i64;
                 let next = progress.positions.entry(run[0].partition).or_insert(0);
