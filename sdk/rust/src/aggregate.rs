@@ -152,9 +152,7 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
                 slot.state = next;
                 slot.dirty = true;
                 if let Some(output) = agg.emit(key, &slot.state) {
-                    let start = values.len();
-                    serde_json::to_writer(&mut values, &output).expect("an output must serialize to JSON");
-                    emitted.push((index, slot_index, start..values.len()));
+                    emitted.push((index, slot_index, append_json(&mut values, &output, "an output")));
                 }
             }
             Err(reject) => rejections.push(Rejection { index, reason: reject.0 }),
@@ -162,12 +160,12 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
     }
 
     let mut states = Vec::new();
-    let mut written: Vec<(usize, Range<usize>)> = Vec::new();
-    for (slot_index, slot) in slots.iter().enumerate().filter(|(_, slot)| slot.dirty) {
-        let start = states.len();
-        serde_json::to_writer(&mut states, &slot.state).expect("state must serialize to JSON");
-        written.push((slot_index, start..states.len()));
-    }
+    let written: Vec<(usize, Range<usize>)> = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, slot)| slot.dirty)
+        .map(|(slot_index, slot)| (slot_index, append_json(&mut states, &slot.state, "a state")))
+        .collect();
     if !written.is_empty() {
         let entries: Vec<(&[u8], &[u8])> =
             written.into_iter().map(|(slot, range)| (slots[slot].encoded_key.as_slice(), &states[range])).collect();
@@ -182,6 +180,13 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
     }
     rejections.sort_by_key(|rejection| rejection.index);
     rejections
+}
+
+/// Appends `value` to `buffer` as JSON; returns where it landed.
+fn append_json(buffer: &mut Vec<u8>, value: &impl Serialize, what: &str) -> Range<usize> {
+    let start = buffer.len();
+    serde_json::to_writer(&mut *buffer, value).unwrap_or_else(|err| panic!("{what} must serialize to JSON: {err}"));
+    start..buffer.len()
 }
 
 #[cfg(test)]
