@@ -93,6 +93,25 @@ pub struct JobConfig {
     /// How a new plugin version pushed into the running job is judged.
     #[serde(default)]
     pub hot_swap: crate::hot_swap::SwapPolicy,
+    /// Which of the plugin's output records a commit writes.
+    #[serde(default)]
+    pub emit: Emit,
+}
+
+/// Which of the plugin's output records a commit writes.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Emit {
+    /// Every record the plugin emits.
+    #[default]
+    EveryUpdate,
+    /// Of the records a transaction emits with the same output and key, only
+    /// the last (records without a key are all written): a running total's
+    /// latest value per commit, as Kafka Streams' record cache forwards it.
+    /// Each record written is one the plugin emitted, with its own lineage
+    /// and idempotency key; which intermediate ones are skipped depends on
+    /// where commits fall.
+    LatestPerKey,
 }
 
 /// Which guarantee a Kafka job gives.
@@ -441,6 +460,7 @@ mod tests {
         assert_eq!(job.commit_interval(), DEFAULT_COMMIT_INTERVAL);
         assert_eq!(job.dead_letter_output, "dead-letters");
         assert_eq!(job.limits, Limits::default());
+        assert_eq!(job.emit, Emit::EveryUpdate);
         assert_eq!(job.plugin, dir.path().join("billing.wasm"));
         let local = job.local().unwrap();
         assert_eq!(local.inputs, vec![dir.path().join("in/p0.ndjson")]);
@@ -452,6 +472,15 @@ mod tests {
         let (_dir, path) = write_job(&JOB.replace("outputs", "commit_intervall = 5\noutputs"));
         let err = JobConfig::from_file(&path).unwrap_err().to_string();
         assert!(err.contains("unknown field `commit_intervall`"), "{err}");
+    }
+
+    #[test]
+    fn emit_names_its_choices() {
+        let (_dir, path) = write_job(&JOB.replace("outputs", "emit = \"latest_per_key\"\noutputs"));
+        assert_eq!(JobConfig::from_file(&path).unwrap().emit, Emit::LatestPerKey);
+        let (_dir, path) = write_job(&JOB.replace("outputs", "emit = \"latest\"\noutputs"));
+        let err = JobConfig::from_file(&path).unwrap_err().to_string();
+        assert!(err.contains("unknown variant `latest`, expected `every_update` or `latest_per_key`"), "{err}");
     }
 
     #[test]

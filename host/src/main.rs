@@ -298,6 +298,7 @@ fn run_job(args: RunArgs) -> anyhow::Result<()> {
                 limits: Limits::default(),
                 kafka: None,
                 hot_swap: Default::default(),
+                emit: Default::default(),
                 local: Some(LocalConfig {
                     inputs: args.inputs,
                     output_dir: args.output_dir.ok_or_else(|| missing("output-dir"))?,

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use crate::config::Limits;
+use rustc_hash::FxHashMap;
+
+use crate::config::{Emit, Limits};
 use crate::overlay::Overlay;
 use crate::state_store::{StateError, StateStore};
 
@@ -93,6 +95,10 @@ pub struct Transaction {
     budget: BatchBudget,
     pending_bytes: u64,
     namespace: Vec<u8>,
+    emit: Emit,
+    /// Under [`Emit::LatestPerKey`]: per output index, where each key's
+    /// record sits in `outputs`.
+    latest: Vec<FxHashMap<Vec<u8>, usize>>,
 }
 
 /// Bytes a batch has emitted and written so far, its retries included.
@@ -120,7 +126,22 @@ impl Transaction {
             budget: BatchBudget::default(),
             pending_bytes: 0,
             namespace: Vec::new(),
+            emit: Emit::EveryUpdate,
+            latest: Vec::new(),
         }
+    }
+
+    /// The transaction keeps the records `emit` says a commit writes.
+    pub fn with_emit(mut self, emit: Emit) -> Transaction {
+        self.emit = emit;
+        self
+    }
+
+    /// Whether outputs may leave before the commit. Under
+    /// [`Emit::LatestPerKey`] a later record can still replace one, so they
+    /// wait for it.
+    pub fn sends_outputs_early(&self) -> bool {
+        self.emit == Emit::EveryUpdate
     }
 
     /// The outputs the plugin may emit to, by index.
@@ -190,6 +211,34 @@ impl Transaction {
     /// The batch succeeded: keep its state changes and outputs.
     pub fn keep_batch(&mut self) {
         self.overlay.keep_batch();
+        if self.emit == Emit::LatestPerKey {
+            self.keep_latest_per_key();
+        }
+    }
+
+    /// Replaces each earlier record of the same output and key by this
+    /// batch's last one, in place; keyless records are all kept.
+    fn keep_latest_per_key(&mut self) {
+        if self.latest.len() < self.output_names.len() {
+            self.latest.resize_with(self.output_names.len(), FxHashMap::default);
+        }
+        let batch = self.outputs.split_off(self.batch_outputs_start);
+        for record in batch {
+            let Some(key) = &record.key else {
+                self.outputs.push(record);
+                continue;
+            };
+            match self.latest[record.output].get(key.as_slice()) {
+                Some(&slot) => {
+                    let replaced = std::mem::replace(&mut self.outputs[slot], record);
+                    self.pending_bytes = self.pending_bytes.saturating_sub(record_bytes(&replaced));
+                }
+                None => {
+                    self.latest[record.output].insert(key.clone(), self.outputs.len());
+                    self.outputs.push(record);
+                }
+            }
+        }
     }
 
     /// The batch failed: forget its state changes and outputs.
@@ -208,16 +257,19 @@ impl Transaction {
     /// Drops everything uncommitted.
     pub fn abort(&mut self) {
         self.overlay.abort();
-        self.outputs.clear();
-        self.dead_letters.clear();
-        self.pending_bytes = 0;
+        self.clear_outputs();
     }
 
     /// The transaction was committed: its buffers are empty again.
     pub fn committed(&mut self) {
         self.overlay.committed();
+        self.clear_outputs();
+    }
+
+    fn clear_outputs(&mut self) {
         self.outputs.clear();
         self.dead_letters.clear();
+        self.latest.iter_mut().for_each(FxHashMap::clear);
         self.pending_bytes = 0;
     }
 
@@ -317,7 +369,9 @@ impl Transaction {
                 self.limits.max_value_bytes
             )));
         }
-        let bytes = (value.len() + key.as_ref().map_or(0, Vec::len)) as u64;
+        let sequence = &mut self.batch_sequences[event as usize];
+        let record = PendingOutput { output, key, value, source, sequence: *sequence };
+        let bytes = record_bytes(&record);
         self.budget.output_bytes += bytes;
         self.pending_bytes += bytes;
         if self.budget.output_bytes > self.limits.max_output_bytes_per_batch {
@@ -326,8 +380,7 @@ impl Transaction {
                 self.limits.max_output_bytes_per_batch
             )));
         }
-        let sequence = &mut self.batch_sequences[event as usize];
-        self.outputs.push(PendingOutput { output, key, value, source, sequence: *sequence });
+        self.outputs.push(record);
         *sequence += 1;
         Ok(())
     }
@@ -346,6 +399,11 @@ impl Transaction {
             self.last_plugin_error = Some(message.to_string());
         }
     }
+}
+
+/// Bytes an output record counts for: its key and value.
+fn record_bytes(record: &PendingOutput) -> u64 {
+    (record.value.len() + record.key.as_ref().map_or(0, Vec::len)) as u64
 }
 
 #[cfg(test)]
@@ -400,6 +458,53 @@ mod tests {
         assert_eq!(txn.outputs.len(), 1);
         assert_eq!(txn.outputs[0].value, b"kept");
         assert!(txn.overlay.is_empty());
+    }
+
+    fn emitted(txn: &Transaction) -> Vec<(Option<&[u8]>, &[u8], u64)> {
+        txn.outputs.iter().map(|o| (o.key.as_deref(), o.value.as_slice(), o.source.offset)).collect()
+    }
+
+    #[test]
+    fn latest_per_key_keeps_each_keys_last_record_where_its_first_stood() {
+        let mut txn = transaction(Limits::default()).with_emit(Emit::LatestPerKey);
+        assert!(!txn.sends_outputs_early());
+        txn.begin_batch(positions(3));
+        let key = |k: &[u8]| Some(k.to_vec());
+        txn.emit_many("totals", [(0, key(b"a"), b"1".to_vec()), (1, key(b"b"), b"2".to_vec()), (2, key(b"a"), b"3".to_vec())]).unwrap();
+        txn.keep_batch();
+        txn.begin_batch(positions(2));
+        txn.emit_many("totals", [(0, None, b"keyless".to_vec()), (1, key(b"b"), b"4".to_vec())]).unwrap();
+        txn.keep_batch();
+        assert_eq!(emitted(&txn), vec![(Some(&b"a"[..]), &b"3"[..], 2), (Some(&b"b"[..]), &b"4"[..], 1), (None, &b"keyless"[..], 0)]);
+        assert_eq!(txn.pending_bytes(), 2 + 2 + 7, "replaced records no longer count");
+
+        // A dropped batch, or a rejected event, replaces nothing.
+        txn.begin_batch(positions(1));
+        txn.emit_many("totals", [(0, key(b"a"), b"dropped".to_vec())]).unwrap();
+        txn.drop_batch();
+        txn.begin_batch(positions(2));
+        txn.emit_many("totals", [(0, key(b"b"), b"rejected".to_vec()), (1, key(b"c"), b"5".to_vec())]).unwrap();
+        txn.drop_outputs_of(&[0]);
+        txn.keep_batch();
+        let values: Vec<&[u8]> = txn.outputs.iter().map(|o| o.value.as_slice()).collect();
+        assert_eq!(values, vec![&b"3"[..], b"4", b"keyless", b"5"]);
+
+        // After the commit, keys start over.
+        txn.committed();
+        txn.begin_batch(positions(1));
+        txn.emit_many("totals", [(0, key(b"a"), b"6".to_vec())]).unwrap();
+        txn.keep_batch();
+        assert_eq!(emitted(&txn), vec![(Some(&b"a"[..]), &b"6"[..], 0)]);
+    }
+
+    #[test]
+    fn every_update_keeps_every_record() {
+        let mut txn = transaction(Limits::default());
+        assert!(txn.sends_outputs_early());
+        txn.begin_batch(positions(2));
+        txn.emit_many("totals", [(0, Some(b"a".to_vec()), b"1".to_vec()), (1, Some(b"a".to_vec()), b"2".to_vec())]).unwrap();
+        txn.keep_batch();
+        assert_eq!(txn.outputs.len(), 2);
     }
 
     #[test]

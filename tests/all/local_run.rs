@@ -216,3 +216,37 @@ fn an_output_the_job_does_not_declare_stops_the_job_instead_of_dead_lettering_ev
     assert!(read_dead_letters(&dir.path().join("out/dead-letters.ndjson")).is_empty(), "nothing may be dead-lettered");
     assert_eq!(std::fs::metadata(dir.path().join("out/total.ndjson")).unwrap().len(), 0);
 }
+
+#[test]
+fn a_local_run_writing_latest_totals_writes_each_keys_running_total_once_per_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = usage_lines(17, 20_000, 20);
+    // One input file: each line's running total is known independently.
+    let (inputs, _) = write_partitions(dir.path(), &lines, 1);
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "emit = \"latest_per_key\"");
+    let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(run.status.success(), "tally run failed: {}", String::from_utf8_lossy(&run.stderr));
+    let report = String::from_utf8_lossy(&run.stdout);
+    let commits: usize = report.split(" commits").next().and_then(|head| head.rsplit(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+
+    let mut running = std::collections::BTreeMap::new();
+    let total_after: Vec<Option<u64>> = lines
+        .iter()
+        .map(|line| {
+            line.effect.as_ref().map(|(key, quantity)| {
+                let total = running.entry(key.clone()).or_insert(0);
+                *total += quantity;
+                *total
+            })
+        })
+        .collect();
+    let totals = read_totals(&dir.path().join("out/totals.ndjson"));
+    for line in &totals {
+        assert_eq!(Some(line.total), total_after[line.source.1 as usize], "the total from line {} is not its running total", line.source.1);
+    }
+    assert_eq!(final_totals(&totals), expected_totals(&lines));
+    let keys = expected_totals(&lines).len();
+    assert!(totals.len() <= keys * commits, "{} totals over {commits} commits of {keys} keys", totals.len());
+    let sources: BTreeSet<&(String, u64)> = totals.iter().map(|t| &t.source).collect();
+    assert_eq!(sources.len(), totals.len(), "no input line writes two totals");
+}

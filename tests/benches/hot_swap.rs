@@ -56,6 +56,7 @@ fn job_config() -> JobConfig {
         local: None,
         kafka: None,
         hot_swap: SwapPolicy::default(),
+        emit: Default::default(),
     }
 }
 

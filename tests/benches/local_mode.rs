@@ -53,6 +53,7 @@ fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> JobConfig {
         local: Some(LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state"), confine_to: None }),
         kafka: None,
         hot_swap: Default::default(),
+        emit: Default::default(),
     }
 }
 

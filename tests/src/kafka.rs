@@ -250,6 +250,45 @@ pub fn check(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: 
     Verdict { missing, doubled, totals: final_totals }
 }
 
+/// Checks the `totals` of a job that writes each key's latest total per
+/// commit (`emit = "latest_per_key"`), read `read_committed` in offset
+/// order: each record's total is its key's running total right after its
+/// source input (the input replayed in partition order), no input offset
+/// shows up twice, and each key's records follow its input in order. Returns
+/// the last total of each key.
+pub fn check_latest(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: &[OutputRecord]) -> BTreeMap<BillingKey, u64> {
+    let mut in_order: Vec<(Placed, &UsageLine)> = placed.iter().copied().zip(lines).collect();
+    in_order.sort_by_key(|(placed, _)| (placed.partition, placed.offset));
+    let mut running: HashMap<BillingKey, u64> = HashMap::new();
+    let mut total_after: HashMap<Placed, (BillingKey, u64)> = HashMap::new();
+    for (placed, line) in in_order {
+        if let Some((key, quantity)) = &line.effect {
+            let total = running.entry(key.clone()).or_insert(0);
+            *total += quantity;
+            total_after.insert(placed, (key.clone(), *total));
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut last: BTreeMap<BillingKey, (Placed, u64)> = BTreeMap::new();
+    for record in totals {
+        let (topic, partition, offset) = record.source();
+        assert_eq!(topic, input_topic);
+        let source = Placed { partition, offset };
+        assert!(seen.insert(source), "input {source:?} shows up in two committed totals");
+        let (expected_key, expected_total) =
+            total_after.get(&source).unwrap_or_else(|| panic!("output names input {source:?}, which produced no total"));
+        let key = billing_key(record);
+        let total: u64 = serde_json::from_slice(&record.value).unwrap();
+        assert_eq!(&key, expected_key, "output from {source:?} has the wrong key");
+        assert_eq!(total, *expected_total, "the total from {source:?} is not its key's running total after it");
+        if let Some((before, _)) = last.get(&key) {
+            assert!(before.offset < offset, "{key:?}: the total from {source:?} follows the one from {before:?}");
+        }
+        last.insert(key, (source, total));
+    }
+    last.into_iter().map(|(key, (_, total))| (key, total)).collect()
+}
+
 /// Deletes topics (best effort: a test's cleanup must not fail it).
 pub fn delete_topics(topics: &[&str]) {
     let Ok(admin) = client_config().create::<AdminClient<DefaultClientContext>>() else { return };

@@ -102,7 +102,7 @@ impl KafkaJob {
             Arc::new(RocksStore::open(&kafka.state_dir.join("db")).map_err(TaskError::from)?);
         let mut limits = config.limits;
         limits.max_value_bytes = limits.max_value_bytes.min(MAX_KAFKA_VALUE_BYTES);
-        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits);
+        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits).with_emit(config.emit);
         txn.plugin_digest = processor.digest().to_string();
         tracing::info!(job = %config.name, plugin = %processor.digest(), partitions = layout.partitions, instance = %instance, "Kafka job opened");
         Ok(KafkaJob {
@@ -480,7 +480,7 @@ impl KafkaJob {
         // Without a Kafka transaction, sent records are visible at once: a
         // version on trial keeps its outputs until the trial is judged.
         let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
-        if !(on_trial && self.kafka.guarantee == Guarantee::AtLeastOnce) {
+        if self.txn.sends_outputs_early() && !(on_trial && self.kafka.guarantee == Guarantee::AtLeastOnce) {
             committer.send_outputs(&mut self.txn).map_err(|err| SessionError::Restart(err.to_string()))?;
         }
         Ok(None)
