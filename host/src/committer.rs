@@ -250,12 +250,12 @@ mod tests {
         let (mut committer, recovered) = LocalCommitter::recover(store.clone(), dir.path(), &names, lineage()).unwrap();
         assert!(recovered.positions.is_empty());
 
-        let first = LocalPosition { next_line: 1, byte: 10 };
+        let first = LocalPosition { next_line: 1, byte: 10, last_line: None };
         committer.commit(&mut txn_with_one_output(store.clone(), 0), &[first]).unwrap();
         let committed_output = std::fs::read(dir.path().join("totals.ndjson")).unwrap();
 
         store.fail_commits.store(true, Ordering::Relaxed);
-        let second = LocalPosition { next_line: 2, byte: 20 };
+        let second = LocalPosition { next_line: 2, byte: 20, last_line: None };
         let err = committer.commit(&mut txn_with_one_output(store.clone(), 1), &[second]).unwrap_err();
         assert!(err.to_string().contains("injected failure"));
         // The output bytes of the failed commit reached the file...

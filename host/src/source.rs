@@ -43,6 +43,14 @@ pub enum SourceError {
         path.display()
     )]
     Changed { path: PathBuf, committed: u64 },
+    /// The line before the committed position is not the one committed.
+    #[error(
+        "input `{}` changed: the line that ends at byte {committed}, the last one processed and committed, \
+         now reads differently (was the file replaced or rewritten?); going on would skip or repeat records. \
+         Restore the original file, or start over with a new state directory and output directory",
+        path.display()
+    )]
+    Rewritten { path: PathBuf, committed: u64 },
 }
 
 /// How far a partition has been read: the next line and its byte position.
@@ -52,6 +60,20 @@ pub struct LocalPosition {
     pub next_line: u64,
     /// Byte position of the next record.
     pub byte: u64,
+    /// Fingerprint of the line that ends at `byte` (see [`line_fingerprint`]):
+    /// a resume checks that the file still holds that line there. Absent
+    /// at the start of a file, and in positions committed before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_line: Option<u64>,
+}
+
+/// A line's fingerprint, without its line ending: the first 8 bytes of its
+/// SHA-256, big-endian. Stable across versions: it is stored with every
+/// committed position.
+pub fn line_fingerprint(line: &[u8]) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(line);
+    u64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 has 32 bytes"))
 }
 
 /// One record read from an input.
@@ -153,6 +175,11 @@ impl LocalSource {
                 out.push(InputRecord { position, value });
                 taken += 1;
             }
+            // Once per partition and batch, not per line: the last line read.
+            if taken > 0 {
+                let last = out.last().expect("this partition just pushed a record");
+                partition.position.last_line = Some(line_fingerprint(&last.value));
+            }
         }
         Ok(())
     }
@@ -228,6 +255,13 @@ fn open_partition(path: &Path, position: LocalPosition, root: Option<&Path>) -> 
             return Err(SourceError::Changed { path: path.to_path_buf(), committed: position.byte });
         }
     }
+    if let Some(expected) = position.last_line {
+        let mut line = line_ending_at(&mut file, position.byte).map_err(read_error)?;
+        trim_line_ending(&mut line);
+        if line_fingerprint(&line) != expected {
+            return Err(SourceError::Rewritten { path: path.to_path_buf(), committed: position.byte });
+        }
+    }
     file.seek(SeekFrom::Start(position.byte)).map_err(read_error)?;
     Ok(Partition {
         path: path.to_path_buf(),
@@ -235,6 +269,34 @@ fn open_partition(path: &Path, position: LocalPosition, root: Option<&Path>) -> 
         position,
         exhausted: false,
     })
+}
+
+/// The line of `file` that ends at byte `end`, with its line ending: read
+/// backwards a block at a time to the newline before it (or the file start).
+fn line_ending_at(file: &mut File, end: u64) -> std::io::Result<Vec<u8>> {
+    const BLOCK: u64 = 64 << 10;
+    // Blocks read so far, nearest to `end` first.
+    let mut blocks: Vec<Vec<u8>> = Vec::new();
+    let mut start = end;
+    while start > 0 {
+        let from = start.saturating_sub(BLOCK);
+        let mut block = vec![0; (start - from) as usize];
+        file.seek(SeekFrom::Start(from))?;
+        file.read_exact(&mut block)?;
+        start = from;
+        // The line's own last byte (its newline, or the file's last byte)
+        // aside, the line starts after the last newline.
+        let searched = if blocks.is_empty() { &block[..block.len() - 1] } else { &block[..] };
+        let newline = searched.iter().rposition(|&byte| byte == b'\n');
+        blocks.push(match newline {
+            Some(newline) => block.split_off(newline + 1),
+            None => block,
+        });
+        if newline.is_some() {
+            break;
+        }
+    }
+    Ok(blocks.into_iter().rev().flatten().collect())
 }
 
 /// Opens `path` (without blocking on a FIFO) and checks that what was
@@ -312,7 +374,7 @@ mod tests {
         source.next_batch(4, &mut batch).unwrap();
         assert_eq!(values(&batch), vec![(0, 0, "a0".into()), (0, 1, "a1".into()), (1, 0, "b0".into())]);
         let resume = source.positions();
-        assert_eq!(resume[0], LocalPosition { next_line: 2, byte: 7 });
+        assert_eq!(resume[0], LocalPosition { next_line: 2, byte: 7, last_line: Some(line_fingerprint(b"a1")) });
 
         let mut source = LocalSource::open(&[a, b], &resume).unwrap();
         let mut batch = Vec::new();
@@ -327,7 +389,7 @@ mod tests {
     fn an_input_changed_under_the_committed_position_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let a = write(dir.path(), "a", "a0\na1\n");
-        let err = LocalSource::open(&[a], &[LocalPosition { next_line: 1, byte: 2 }]).err().unwrap().to_string();
+        let err = LocalSource::open(&[a], &[LocalPosition { next_line: 1, byte: 2, last_line: None }]).err().unwrap().to_string();
         assert!(err.contains("no longer starts a line"), "{err}");
     }
 
@@ -346,10 +408,38 @@ mod tests {
     }
 
     #[test]
+    fn an_input_rewritten_under_the_committed_position_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = write(dir.path(), "a", "acme 1\nacme 2\nacme 3\n");
+        let mut source = LocalSource::open(&[a.clone()], &[]).unwrap();
+        let mut batch = Vec::new();
+        source.next_batch(2, &mut batch).unwrap();
+        let resume = source.positions();
+        // The same file resumes; the same lengths with other bytes do not.
+        assert!(LocalSource::open(&[a.clone()], &resume).is_ok());
+        std::fs::write(&a, "acme 1\nhool 2\nacme 3\n").unwrap();
+        let err = LocalSource::open(&[a], &resume).err().unwrap().to_string();
+        assert!(err.contains("the line that ends at byte 14, the last one processed and committed, now reads differently"), "{err}");
+    }
+
+    #[test]
+    fn the_line_before_a_position_is_found_across_blocks_and_at_the_file_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = "x".repeat(150_000);
+        let text = format!("first\n{long}\nlast-without-newline");
+        let path = write(dir.path(), "a", &text);
+        let mut file = File::open(&path).unwrap();
+        assert_eq!(line_ending_at(&mut file, 6).unwrap(), b"first\n");
+        assert_eq!(line_ending_at(&mut file, 6 + 150_001).unwrap(), format!("{long}\n").into_bytes());
+        assert_eq!(line_ending_at(&mut file, text.len() as u64).unwrap(), b"last-without-newline");
+        assert_eq!(line_ending_at(&mut file, 0).unwrap(), b"");
+    }
+
+    #[test]
     fn a_shrunk_input_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let a = write(dir.path(), "a", "a0\n");
-        let err = LocalSource::open(&[a], &[LocalPosition { next_line: 5, byte: 100 }]).err().unwrap().to_string();
+        let err = LocalSource::open(&[a], &[LocalPosition { next_line: 5, byte: 100, last_line: None }]).err().unwrap().to_string();
         assert!(err.contains("has 3 bytes, but 100 bytes of it were already processed"), "{err}");
     }
 }

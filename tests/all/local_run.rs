@@ -202,6 +202,32 @@ fn reordered_inputs_are_refused_against_committed_state() {
 }
 
 #[test]
+fn an_input_replaced_by_another_file_of_the_same_layout_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inputs, _) = write_partitions(dir.path(), &usage_lines(5, 1_000, 0), 1);
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "");
+    assert!(Command::new(tally_binary()).arg("run").arg(&job).output().unwrap().status.success());
+    let before = std::fs::read(dir.path().join("out/totals.ndjson")).unwrap();
+
+    // A new file under the old name (a rotation, say): its last committed
+    // line has another quantity of the same width, so every newline sits
+    // where it was, and more lines follow.
+    let text = std::fs::read_to_string(&inputs[0]).unwrap();
+    let (head, last) = text.trim_end_matches('\n').rsplit_once('\n').unwrap();
+    let digit = last.find("\"quantity\":").unwrap() + "\"quantity\":".len();
+    let changed = (last.as_bytes()[digit] - b'0' + 1) % 10;
+    let last = format!("{}{changed}{}", &last[..digit], &last[digit + 1..]);
+    let more: String = usage_lines(6, 10, 0).iter().map(|line| format!("{}\n", line.line)).collect();
+    std::fs::write(&inputs[0], format!("{head}\n{last}\n{more}")).unwrap();
+
+    let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(!run.status.success(), "a replaced input must not be read on from the old position");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("the last one processed and committed, now reads differently"), "{stderr}");
+    assert_eq!(std::fs::read(dir.path().join("out/totals.ndjson")).unwrap(), before);
+}
+
+#[test]
 fn an_output_the_job_does_not_declare_stops_the_job_instead_of_dead_lettering_everything() {
     let dir = tempfile::tempdir().unwrap();
     let (inputs, _) = write_partitions(dir.path(), &usage_lines(8, 500, 0), 1);
