@@ -127,7 +127,8 @@ impl LocalCommitter {
 impl LocalCommitter {
     /// Formats the open transaction's outputs so far (taking them from
     /// `txn`) and writes them ahead of its commit once enough wait; not
-    /// when a later record may still replace them (`emit = "latest_per_key"`).
+    /// when a later record may still replace one (an output emitted
+    /// `latest_per_key`).
     pub fn stage(&mut self, txn: &mut Transaction) -> Result<(), CommitError> {
         if !txn.sends_outputs_early() {
             return Ok(());

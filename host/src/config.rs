@@ -93,20 +93,22 @@ pub struct JobConfig {
     /// How a new plugin version pushed into the running job is judged.
     #[serde(default)]
     pub hot_swap: crate::hot_swap::SwapPolicy,
-    /// Which of the plugin's output records a commit writes.
+    /// Which of the plugin's records a commit writes, per output
+    /// (`emit = { totals = "latest_per_key" }`); unnamed outputs get
+    /// every record.
     #[serde(default)]
-    pub emit: Emit,
+    pub emit: std::collections::BTreeMap<String, Emit>,
 }
 
-/// Which of the plugin's output records a commit writes.
+/// Which of the plugin's records for an output a commit writes.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Emit {
     /// Every record the plugin emits.
     #[default]
     EveryUpdate,
-    /// Of the records a transaction emits with the same output and key, only
-    /// the last (records without a key are all written): a running total's
+    /// Of the records a transaction emits with the same key, only the last
+    /// (records without a key are all written): a running total's
     /// latest value per commit, as Kafka Streams' record cache forwards it.
     /// Each record written is one the plugin emitted, with its own lineage
     /// and idempotency key; which intermediate ones are skipped depends on
@@ -304,6 +306,11 @@ impl JobConfig {
         })
     }
 
+    /// How each output (by index, as in `outputs`) is emitted.
+    pub fn emit_per_output(&self) -> Vec<Emit> {
+        self.outputs.iter().map(|name| self.emit.get(name).copied().unwrap_or_default()).collect()
+    }
+
     /// The commit interval as a duration.
     pub fn commit_interval(&self) -> Duration {
         Duration::from_millis(self.commit_interval_ms)
@@ -328,6 +335,12 @@ impl JobConfig {
         names.sort_unstable();
         if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
             return invalid(format!("output `{}` is declared twice (the dead-letter output counts too)", pair[0]));
+        }
+        if let Some(name) = self.emit.keys().find(|name| !self.outputs.contains(name)) {
+            return invalid(format!(
+                "emit names output `{name}`, which the job does not declare (declared: {}); dead letters are always all written",
+                self.outputs.join(", ")
+            ));
         }
         if self.commit_interval_ms == 0 {
             return invalid("commit_interval_ms must be at least 1".into());
@@ -460,7 +473,7 @@ mod tests {
         assert_eq!(job.commit_interval(), DEFAULT_COMMIT_INTERVAL);
         assert_eq!(job.dead_letter_output, "dead-letters");
         assert_eq!(job.limits, Limits::default());
-        assert_eq!(job.emit, Emit::EveryUpdate);
+        assert_eq!(job.emit_per_output(), vec![Emit::EveryUpdate]);
         assert_eq!(job.plugin, dir.path().join("billing.wasm"));
         let local = job.local().unwrap();
         assert_eq!(local.inputs, vec![dir.path().join("in/p0.ndjson")]);
@@ -475,12 +488,16 @@ mod tests {
     }
 
     #[test]
-    fn emit_names_its_choices() {
-        let (_dir, path) = write_job(&JOB.replace("outputs", "emit = \"latest_per_key\"\noutputs"));
-        assert_eq!(JobConfig::from_file(&path).unwrap().emit, Emit::LatestPerKey);
-        let (_dir, path) = write_job(&JOB.replace("outputs", "emit = \"latest\"\noutputs"));
+    fn emit_is_chosen_per_declared_output() {
+        let two_outputs = JOB.replace(r#"["totals"]"#, r#"["totals", "alerts"]"#);
+        let (_dir, path) = write_job(&two_outputs.replace("outputs =", "emit = { totals = \"latest_per_key\" }\noutputs ="));
+        assert_eq!(JobConfig::from_file(&path).unwrap().emit_per_output(), vec![Emit::LatestPerKey, Emit::EveryUpdate]);
+        let (_dir, path) = write_job(&JOB.replace("outputs =", "emit = { totals = \"latest\" }\noutputs ="));
         let err = JobConfig::from_file(&path).unwrap_err().to_string();
         assert!(err.contains("unknown variant `latest`, expected `every_update` or `latest_per_key`"), "{err}");
+        let (_dir, path) = write_job(&JOB.replace("outputs =", "emit = { dead-letters = \"latest_per_key\" }\noutputs ="));
+        let err = JobConfig::from_file(&path).unwrap_err().to_string();
+        assert!(err.contains("emit names output `dead-letters`, which the job does not declare (declared: totals)"), "{err}");
     }
 
     #[test]

@@ -325,7 +325,7 @@ impl LocalTask {
         let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&local.state_dir.join("db"))?);
         let mut output_names = config.outputs.clone();
         output_names.push(config.dead_letter_output.clone());
-        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits).with_emit(config.emit);
+        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits).with_emit(config.emit_per_output());
         txn.plugin_digest = processor.digest().to_string();
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());

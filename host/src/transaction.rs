@@ -95,8 +95,9 @@ pub struct Transaction {
     budget: BatchBudget,
     pending_bytes: u64,
     namespace: Vec<u8>,
-    emit: Emit,
-    /// Under [`Emit::LatestPerKey`]: per output index, where each key's
+    /// Per output index; empty: every record of every output.
+    emit: Vec<Emit>,
+    /// Per output index emitted [`Emit::LatestPerKey`], where each key's
     /// record sits in `outputs`.
     latest: Vec<FxHashMap<Vec<u8>, usize>>,
 }
@@ -126,22 +127,23 @@ impl Transaction {
             budget: BatchBudget::default(),
             pending_bytes: 0,
             namespace: Vec::new(),
-            emit: Emit::EveryUpdate,
+            emit: Vec::new(),
             latest: Vec::new(),
         }
     }
 
-    /// The transaction keeps the records `emit` says a commit writes.
-    pub fn with_emit(mut self, emit: Emit) -> Transaction {
+    /// The transaction keeps the records a commit writes: `emit` says how,
+    /// per output index.
+    pub fn with_emit(mut self, emit: Vec<Emit>) -> Transaction {
         self.emit = emit;
         self
     }
 
-    /// Whether outputs may leave before the commit. Under
-    /// [`Emit::LatestPerKey`] a later record can still replace one, so they
-    /// wait for it.
+    /// Whether outputs may leave before the commit. When an output is
+    /// emitted [`Emit::LatestPerKey`], a later record can still replace one
+    /// of its records, so all outputs wait for the commit.
     pub fn sends_outputs_early(&self) -> bool {
-        self.emit == Emit::EveryUpdate
+        self.emit.iter().all(|emit| *emit == Emit::EveryUpdate)
     }
 
     /// The outputs the plugin may emit to, by index.
@@ -211,20 +213,22 @@ impl Transaction {
     /// The batch succeeded: keep its state changes and outputs.
     pub fn keep_batch(&mut self) {
         self.overlay.keep_batch();
-        if self.emit == Emit::LatestPerKey {
+        if !self.sends_outputs_early() {
             self.keep_latest_per_key();
         }
     }
 
     /// Replaces each earlier record of the same output and key by this
-    /// batch's last one, in place; keyless records are all kept.
+    /// batch's last one, in place, for the outputs emitted
+    /// [`Emit::LatestPerKey`]; keyless records are all kept.
     fn keep_latest_per_key(&mut self) {
         if self.latest.len() < self.output_names.len() {
             self.latest.resize_with(self.output_names.len(), FxHashMap::default);
         }
         let batch = self.outputs.split_off(self.batch_outputs_start);
         for record in batch {
-            let Some(key) = &record.key else {
+            let folded = self.emit.get(record.output) == Some(&Emit::LatestPerKey);
+            let Some(key) = record.key.as_ref().filter(|_| folded) else {
                 self.outputs.push(record);
                 continue;
             };
@@ -466,7 +470,7 @@ mod tests {
 
     #[test]
     fn latest_per_key_keeps_each_keys_last_record_where_its_first_stood() {
-        let mut txn = transaction(Limits::default()).with_emit(Emit::LatestPerKey);
+        let mut txn = transaction(Limits::default()).with_emit(vec![Emit::LatestPerKey]);
         assert!(!txn.sends_outputs_early());
         txn.begin_batch(positions(3));
         let key = |k: &[u8]| Some(k.to_vec());
@@ -498,13 +502,23 @@ mod tests {
     }
 
     #[test]
-    fn every_update_keeps_every_record() {
-        let mut txn = transaction(Limits::default());
-        assert!(txn.sends_outputs_early());
-        txn.begin_batch(positions(2));
-        txn.emit_many("totals", [(0, Some(b"a".to_vec()), b"1".to_vec()), (1, Some(b"a".to_vec()), b"2".to_vec())]).unwrap();
-        txn.keep_batch();
-        assert_eq!(txn.outputs.len(), 2);
+    fn only_outputs_emitted_latest_per_key_are_folded() {
+        let names: Arc<[String]> = vec!["totals".to_string(), "alerts".to_string()].into();
+        let two = |emit| Transaction::new(Arc::new(MemoryStore::default()), names.clone(), Limits::default()).with_emit(emit);
+        let same_key_twice = |txn: &mut Transaction| {
+            txn.begin_batch(positions(2));
+            for output in ["totals", "alerts"] {
+                txn.emit_many(output, [(0, Some(b"a".to_vec()), b"1".to_vec()), (1, Some(b"a".to_vec()), b"2".to_vec())]).unwrap();
+            }
+            txn.keep_batch();
+            txn.outputs.iter().map(|o| (o.output, o.source.offset)).collect::<Vec<_>>()
+        };
+        let mut every = two(vec![Emit::EveryUpdate, Emit::EveryUpdate]);
+        assert!(every.sends_outputs_early());
+        assert_eq!(same_key_twice(&mut every), vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
+        let mut mixed = two(vec![Emit::LatestPerKey, Emit::EveryUpdate]);
+        assert!(!mixed.sends_outputs_early(), "nothing leaves early while any output may still be replaced");
+        assert_eq!(same_key_twice(&mut mixed), vec![(0, 1), (1, 0), (1, 1)]);
     }
 
     #[test]

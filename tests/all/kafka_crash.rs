@@ -111,7 +111,7 @@ fn killed_at_random_moments_a_job_writing_latest_totals_still_counts_every_event
         dir.path(),
         USAGE_BILLING,
         &dir.path().join("state"),
-        "emit = \"latest_per_key\"\ncommit_interval_ms = 20\nbatch_size = 8",
+        "emit = { totals = \"latest_per_key\" }\ncommit_interval_ms = 20\nbatch_size = 8",
         "",
     );
     let runs = run_with_kills(&job, &job_file, dir.path(), KILLS / 4, &mut rng);

@@ -249,7 +249,7 @@ fn a_local_run_writing_latest_totals_writes_each_keys_running_total_once_per_com
     let lines = usage_lines(17, 20_000, 20);
     // One input file: each line's running total is known independently.
     let (inputs, _) = write_partitions(dir.path(), &lines, 1);
-    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "emit = \"latest_per_key\"");
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "emit = { totals = \"latest_per_key\" }");
     let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
     assert!(run.status.success(), "tally run failed: {}", String::from_utf8_lossy(&run.stderr));
     let report = String::from_utf8_lossy(&run.stdout);

@@ -8,7 +8,7 @@
 //!    key and payload to an output topic through an idempotent producer;
 //! 2. `at-least-once`: the `tally` binary, `guarantee = "at_least_once"`;
 //! 3. `exactly-once`: the `tally` binary, transactions every 100 ms;
-//! 4. and 5. the same two with `emit = "latest_per_key"`: each commit writes
+//! 4. and 5. the same two with `emit = { totals = "latest_per_key" }`: each commit writes
 //!    each billing key's latest total, not every update.
 //!
 //! Two rates per Tally run: events per wall-clock second around the child
@@ -261,7 +261,7 @@ fn run_tally(dir: &Path, input: &str, contender: &Contender, events: usize) -> (
         dir,
         plugins::USAGE_BILLING,
         &state_dir,
-        &format!("commit_interval_ms = 100\nemit = {:?}", contender.emit),
+        &format!("commit_interval_ms = 100\nemit = {{ totals = {:?} }}", contender.emit),
         &format!("guarantee = {:?}", contender.guarantee),
         "",
     );
@@ -352,7 +352,7 @@ fn main() {
         producing.elapsed()
     );
     println!("rates in events/s; Tally: wall around the process / the job's own report");
-    println!("`latest`: emit = \"latest_per_key\" (each key's last total per commit); the others write every update");
+    println!("`latest`: emit = {{ totals = \"latest_per_key\" }} (each key's last total per commit); the others write every update");
 
     let mut results = Vec::new();
     for round in 0..rounds {

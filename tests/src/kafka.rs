@@ -251,7 +251,7 @@ pub fn check(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: 
 }
 
 /// Checks the `totals` of a job that writes each key's latest total per
-/// commit (`emit = "latest_per_key"`), read `read_committed` in offset
+/// commit (`emit = { totals = "latest_per_key" }`), read `read_committed` in offset
 /// order: each record's total is its key's running total right after its
 /// source input (the input replayed in partition order), no input offset
 /// shows up twice, and each key's records follow its input in order. Returns

@@ -102,7 +102,7 @@ impl KafkaJob {
             Arc::new(RocksStore::open(&kafka.state_dir.join("db")).map_err(TaskError::from)?);
         let mut limits = config.limits;
         limits.max_value_bytes = limits.max_value_bytes.min(MAX_KAFKA_VALUE_BYTES);
-        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits).with_emit(config.emit);
+        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits).with_emit(config.emit_per_output());
         txn.plugin_digest = processor.digest().to_string();
         tracing::info!(job = %config.name, plugin = %processor.digest(), partitions = layout.partitions, instance = %instance, "Kafka job opened");
         Ok(KafkaJob {
