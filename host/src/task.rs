@@ -253,7 +253,7 @@ fn run_once(processor: &mut dyn Processor, txn: &mut Transaction, events: &[Even
 
 fn dead_letter(txn: &mut Transaction, event: &Event, reason: String) {
     let source = SourcePosition { partition: event.partition, offset: event.offset };
-    txn.dead_letters.push(DeadLetter { source, reason, record: event.value.clone() });
+    txn.push_dead_letter(DeadLetter { source, reason, record: event.value.clone() });
 }
 
 /// Turns input records into plugin events, moving their bytes.

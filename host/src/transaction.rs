@@ -5,9 +5,8 @@
 //! Nothing here is durable; the committer makes a transaction durable in one
 //! step, or the task drops it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-
-use rustc_hash::FxHashMap;
 
 use crate::config::{Emit, Limits};
 use crate::overlay::Overlay;
@@ -97,9 +96,11 @@ pub struct Transaction {
     namespace: Vec<u8>,
     /// Per output index; empty: every record of every output.
     emit: Vec<Emit>,
-    /// Per output index emitted [`Emit::LatestPerKey`], where each key's
-    /// record sits in `outputs`.
-    latest: Vec<FxHashMap<Vec<u8>, usize>>,
+    /// Per output index emitted [`Emit::LatestPerKey`], where each
+    /// namespaced key's record sits in `outputs`. Keys come from the plugin:
+    /// a randomly seeded hash keeps crafted collisions from costing the
+    /// host CPU outside the plugin's budget.
+    latest: Vec<HashMap<Vec<u8>, usize>>,
 }
 
 /// Bytes a batch has emitted and written so far, its retries included.
@@ -185,8 +186,9 @@ impl Transaction {
         self.last_plugin_error = None;
     }
 
-    /// About how many bytes the transaction holds (outputs and state
-    /// writes); the task commits early when it grows too big.
+    /// About how many bytes the transaction holds (outputs, dead letters
+    /// and state writes, with what holding each record costs); the task
+    /// commits early when it grows too big.
     pub fn pending_bytes(&self) -> u64 {
         self.pending_bytes
     }
@@ -218,31 +220,43 @@ impl Transaction {
         }
     }
 
-    /// Replaces each earlier record of the same output and key by this
-    /// batch's last one, in place, for the outputs emitted
-    /// [`Emit::LatestPerKey`]; keyless records are all kept.
+    /// Replaces each earlier record of the same output, key and state
+    /// namespace by this batch's last one, in place, for the outputs emitted
+    /// [`Emit::LatestPerKey`]; keyless records are all kept. The namespace
+    /// counts because each Kafka partition keeps its own state: the same key
+    /// from two partitions is two running totals, each with its own latest.
     fn keep_latest_per_key(&mut self) {
         if self.latest.len() < self.output_names.len() {
-            self.latest.resize_with(self.output_names.len(), FxHashMap::default);
+            self.latest.resize_with(self.output_names.len(), HashMap::new);
         }
         let batch = self.outputs.split_off(self.batch_outputs_start);
+        let mut fold_key = Vec::new();
         for record in batch {
             let folded = self.emit.get(record.output) == Some(&Emit::LatestPerKey);
             let Some(key) = record.key.as_ref().filter(|_| folded) else {
                 self.outputs.push(record);
                 continue;
             };
-            match self.latest[record.output].get(key.as_slice()) {
+            fold_key.clear();
+            fold_key.extend_from_slice(&self.namespace);
+            fold_key.extend_from_slice(key);
+            match self.latest[record.output].get(&fold_key) {
                 Some(&slot) => {
                     let replaced = std::mem::replace(&mut self.outputs[slot], record);
-                    self.pending_bytes = self.pending_bytes.saturating_sub(record_bytes(&replaced));
+                    self.pending_bytes = self.pending_bytes.saturating_sub(record_bytes(&replaced) + HELD_RECORD_BYTES);
                 }
                 None => {
-                    self.latest[record.output].insert(key.clone(), self.outputs.len());
+                    self.latest[record.output].insert(fold_key.clone(), self.outputs.len());
                     self.outputs.push(record);
                 }
             }
         }
+    }
+
+    /// Adds a dead letter; its bytes count towards the transaction's size.
+    pub fn push_dead_letter(&mut self, dead: DeadLetter) {
+        self.pending_bytes += (dead.record.len() + dead.reason.len()) as u64 + HELD_RECORD_BYTES;
+        self.dead_letters.push(dead);
     }
 
     /// The batch failed: forget its state changes and outputs.
@@ -273,7 +287,7 @@ impl Transaction {
     fn clear_outputs(&mut self) {
         self.outputs.clear();
         self.dead_letters.clear();
-        self.latest.iter_mut().for_each(FxHashMap::clear);
+        self.latest.iter_mut().for_each(HashMap::clear);
         self.pending_bytes = 0;
     }
 
@@ -377,7 +391,7 @@ impl Transaction {
         let record = PendingOutput { output, key, value, source, sequence: *sequence };
         let bytes = record_bytes(&record);
         self.budget.output_bytes += bytes;
-        self.pending_bytes += bytes;
+        self.pending_bytes += bytes + HELD_RECORD_BYTES;
         if self.budget.output_bytes > self.limits.max_output_bytes_per_batch {
             return Err(Violation(format!(
                 "plugin emitted more than the job's limit of {} output bytes in one batch (limits.max_output_bytes_per_batch)",
@@ -404,6 +418,11 @@ impl Transaction {
         }
     }
 }
+
+/// What holding a record costs beyond its bytes (its struct and
+/// allocations), counted in [`Transaction::pending_bytes`] so that many tiny
+/// records held until the commit still bound the transaction's memory.
+const HELD_RECORD_BYTES: u64 = 128;
 
 /// Bytes an output record counts for: its key and value.
 fn record_bytes(record: &PendingOutput) -> u64 {
@@ -480,7 +499,7 @@ mod tests {
         txn.emit_many("totals", [(0, None, b"keyless".to_vec()), (1, key(b"b"), b"4".to_vec())]).unwrap();
         txn.keep_batch();
         assert_eq!(emitted(&txn), vec![(Some(&b"a"[..]), &b"3"[..], 2), (Some(&b"b"[..]), &b"4"[..], 1), (None, &b"keyless"[..], 0)]);
-        assert_eq!(txn.pending_bytes(), 2 + 2 + 7, "replaced records no longer count");
+        assert_eq!(txn.pending_bytes(), 2 + 2 + 7 + 3 * HELD_RECORD_BYTES, "replaced records no longer count");
 
         // A dropped batch, or a rejected event, replaces nothing.
         txn.begin_batch(positions(1));
@@ -499,6 +518,19 @@ mod tests {
         txn.emit_many("totals", [(0, key(b"a"), b"6".to_vec())]).unwrap();
         txn.keep_batch();
         assert_eq!(emitted(&txn), vec![(Some(&b"a"[..]), &b"6"[..], 0)]);
+    }
+
+    #[test]
+    fn latest_per_key_folds_within_a_state_namespace_only() {
+        let mut txn = transaction(Limits::default()).with_emit(vec![Emit::LatestPerKey]);
+        for (namespace, value) in [(b"p0/", b"1"), (b"p1/", b"2"), (b"p0/", b"3")] {
+            txn.set_namespace(namespace);
+            txn.begin_batch(positions(1));
+            txn.emit_many("totals", [(0, Some(b"k".to_vec()), value.to_vec())]).unwrap();
+            txn.keep_batch();
+        }
+        let values: Vec<&[u8]> = txn.outputs.iter().map(|o| o.value.as_slice()).collect();
+        assert_eq!(values, vec![&b"3"[..], b"2"], "each partition's running total keeps its latest");
     }
 
     #[test]
