@@ -13,9 +13,10 @@
 //!
 //! Two rates per Tally run: events per wall-clock second around the child
 //! process (process start, plugin compile and group join included) and the
-//! rate the job reports itself (from joining the group to its last commit,
-//! which is what the pipe's clock covers too). Each round prints its ratios;
-//! the end prints the medians.
+//! rate the job reports itself: its Kafka session, from creating its clients
+//! (and joining the group) to closing them after its last commit, as the
+//! pipe's clock covers creating its clients to its last delivery. Each round
+//! prints its ratios; the end prints the medians.
 //!
 //! Each contender's CPU time is measured too, split into the client (this
 //! process for the pipe, the `tally` child for Tally) and the broker (its
