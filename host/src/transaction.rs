@@ -229,28 +229,37 @@ impl Transaction {
         if self.latest.len() < self.output_names.len() {
             self.latest.resize_with(self.output_names.len(), HashMap::new);
         }
-        let batch = self.outputs.split_off(self.batch_outputs_start);
+        // Compacts the batch's records in place, as `drop_outputs_of` does:
+        // kept ones move down to `kept`, folded ones into their key's slot.
+        let mut kept = self.batch_outputs_start;
         let mut fold_key = Vec::new();
-        for record in batch {
+        for index in self.batch_outputs_start..self.outputs.len() {
+            let record = &self.outputs[index];
             let folded = self.emit.get(record.output) == Some(&Emit::LatestPerKey);
             let Some(key) = record.key.as_ref().filter(|_| folded) else {
-                self.outputs.push(record);
+                self.outputs.swap(kept, index);
+                kept += 1;
                 continue;
             };
             fold_key.clear();
             fold_key.extend_from_slice(&self.namespace);
             fold_key.extend_from_slice(key);
-            match self.latest[record.output].get(&fold_key) {
+            let slots = &mut self.latest[record.output];
+            match slots.get(&fold_key) {
                 Some(&slot) => {
-                    let replaced = std::mem::replace(&mut self.outputs[slot], record);
-                    self.pending_bytes = self.pending_bytes.saturating_sub(record_bytes(&replaced) + HELD_RECORD_BYTES);
+                    // The replaced record lands at `index`, past `kept`: cut below.
+                    self.outputs.swap(slot, index);
+                    let replaced = &self.outputs[index];
+                    self.pending_bytes = self.pending_bytes.saturating_sub(record_bytes(replaced) + HELD_RECORD_BYTES);
                 }
                 None => {
-                    self.latest[record.output].insert(fold_key.clone(), self.outputs.len());
-                    self.outputs.push(record);
+                    slots.insert(fold_key.clone(), kept);
+                    self.outputs.swap(kept, index);
+                    kept += 1;
                 }
             }
         }
+        self.outputs.truncate(kept);
     }
 
     /// Adds a dead letter; its bytes count towards the transaction's size.
