@@ -252,8 +252,7 @@ fn a_local_run_writing_latest_totals_writes_each_keys_running_total_once_per_com
     let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "emit = { totals = \"latest_per_key\" }");
     let run = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
     assert!(run.status.success(), "tally run failed: {}", String::from_utf8_lossy(&run.stderr));
-    let report = String::from_utf8_lossy(&run.stdout);
-    let commits: usize = report.split(" commits").next().and_then(|head| head.rsplit(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+    let commits = parse_job_report(&String::from_utf8_lossy(&run.stdout)).unwrap().commits as usize;
 
     let mut running = std::collections::BTreeMap::new();
     let total_after: Vec<Option<u64>> = lines

@@ -40,7 +40,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext};
 use tally_tests::kafka::{bootstrap, create_topic, delete_topics, produce_usage, unique, KafkaBillingJob};
-use tally_tests::{tally_binary, usage_lines};
+use tally_tests::{parse_job_report, tally_binary, usage_lines, JobReport};
 
 #[allow(dead_code)] // the benchmark uses only the billing plugin
 mod plugins {
@@ -198,34 +198,6 @@ fn run_pipe(input: &str, events: usize) -> (Duration, CpuUse) {
     (elapsed, cpu)
 }
 
-/// What the `tally` binary printed about its run.
-struct JobReport {
-    records: u64,
-    applied: u64,
-    outputs: u64,
-    commits: u64,
-    rate: f64,
-}
-
-/// Parses `job `name`: N records (A applied, D dead-lettered), O outputs, C
-/// commits in S.SSs (R records/s)`.
-fn parse_job_line(stdout: &str) -> Option<JobReport> {
-    let line = stdout.lines().find(|line| line.starts_with("job `") && line.contains(" records/s)"))?;
-    let after_name = &line[line.find("`: ")? + 3..];
-    let number_before = |word: &str| -> Option<f64> {
-        let end = after_name.find(word)?;
-        let start = after_name[..end].rfind(|c: char| !(c.is_ascii_digit() || c == '.')).map_or(0, |i| i + 1);
-        after_name[start..end].parse().ok()
-    };
-    Some(JobReport {
-        records: number_before(" records (")? as u64,
-        applied: number_before(" applied")? as u64,
-        outputs: number_before(" outputs")? as u64,
-        commits: number_before(" commits")? as u64,
-        rate: number_before(" records/s)")?,
-    })
-}
-
 /// One Tally configuration the benchmark runs.
 struct Contender {
     label: &'static str,
@@ -281,7 +253,7 @@ fn run_tally(dir: &Path, input: &str, contender: &Contender, events: usize) -> (
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "`tally run` ({label}) failed with {}:\n{stdout}{stderr}", output.status);
     let report =
-        parse_job_line(&stdout).unwrap_or_else(|| panic!("`tally run` ({label}) printed no summary line I can read:\n{stdout}"));
+        parse_job_report(&stdout).unwrap_or_else(|| panic!("`tally run` ({label}) printed no summary line I can read:\n{stdout}"));
     let events = events as u64;
     let outputs_expected = if contender.emit == "every_update" { report.outputs == events } else { report.outputs <= events };
     assert!(

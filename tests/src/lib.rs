@@ -202,3 +202,31 @@ pub fn read_dead_letters(path: &Path) -> Vec<(String, u64, String)> {
 pub fn final_totals(lines: &[TotalLine]) -> BTreeMap<BillingKey, u64> {
     lines.iter().map(|line| (line.key.clone(), line.total)).collect()
 }
+
+/// What the `tally` binary printed about its run.
+pub struct JobReport {
+    pub records: u64,
+    pub applied: u64,
+    pub outputs: u64,
+    pub commits: u64,
+    pub rate: f64,
+}
+
+/// Parses `job `name`: N records (A applied, D dead-lettered), O outputs, C
+/// commits in S.SSs (R records/s)`.
+pub fn parse_job_report(stdout: &str) -> Option<JobReport> {
+    let line = stdout.lines().find(|line| line.starts_with("job `") && line.contains(" records/s)"))?;
+    let after_name = &line[line.find("`: ")? + 3..];
+    let number_before = |word: &str| -> Option<f64> {
+        let end = after_name.find(word)?;
+        let start = after_name[..end].rfind(|c: char| !(c.is_ascii_digit() || c == '.')).map_or(0, |i| i + 1);
+        after_name[start..end].parse().ok()
+    };
+    Some(JobReport {
+        records: number_before(" records (")? as u64,
+        applied: number_before(" applied")? as u64,
+        outputs: number_before(" outputs")? as u64,
+        commits: number_before(" commits")? as u64,
+        rate: number_before(" records/s)")?,
+    })
+}
