@@ -191,6 +191,7 @@ impl KafkaJob {
             topics::producer_config(config, kafka, &self.instance).create_with_context(tracker).map_err(|err| self.client_error(err))?,
         );
         if kafka.guarantee == Guarantee::ExactlyOnce {
+            topics::connect_to_cluster(producer.client(), &self.layout.changelog, KAFKA_TIMEOUT)?;
             // Fences an earlier process with our transactional id and
             // aborts the transaction it left open.
             producer.init_transactions(KAFKA_TIMEOUT)?;

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::ClientConfig;
+use rdkafka::client::{Client, DefaultClientContext};
+use rdkafka::error::{KafkaResult, RDKafkaErrorCode};
+use rdkafka::{ClientConfig, ClientContext};
 
 use super::KafkaJobError;
 use crate::config::{Guarantee, JobConfig, KafkaConfig};
@@ -113,6 +113,24 @@ pub fn producer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> 
             .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string());
     }
     config
+}
+
+/// Returns once `client` is connected to a broker it learned from the
+/// cluster's metadata, not only to a bootstrap address. librdkafka drops
+/// its bootstrap connections once it learns the brokers, and a
+/// transactional producer that looks for its coordinator in that gap
+/// (finding no broker up) looks again only 500 ms later: waiting here
+/// first makes `init_transactions`, and so every session start and
+/// recovery, about half a second shorter. Gives up quietly after a few
+/// requests; the coordinator is then found late, not never.
+pub fn connect_to_cluster<C: ClientContext>(client: &Client<C>, topic: &str, timeout: Duration) -> KafkaResult<()> {
+    for _ in 0..5 {
+        // A bootstrap connection answers with broker id -1.
+        if client.fetch_metadata(Some(topic), timeout)?.orig_broker_id() >= 0 {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// The topics of a job, checked.
