@@ -190,15 +190,18 @@ impl KafkaJob {
         let producer: Arc<JobProducer> = Arc::new(
             topics::producer_config(config, kafka, &self.instance).create_with_context(tracker).map_err(|err| self.client_error(err))?,
         );
+        let restore_consumer: BaseConsumer<QuietEof> =
+            topics::restore_config(config, kafka).create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
+        // Both clients connect meanwhile; a restore or a coordinator lookup
+        // begun before they have would wait on librdkafka's retry timers.
+        topics::connect_to_cluster(producer.client(), &self.layout.changelog, KAFKA_TIMEOUT)?;
+        topics::connect_to_cluster(restore_consumer.client(), &self.layout.changelog, KAFKA_TIMEOUT)?;
         if kafka.guarantee == Guarantee::ExactlyOnce {
-            topics::connect_to_cluster(producer.client(), &self.layout.changelog, KAFKA_TIMEOUT)?;
             // Fences an earlier process with our transactional id and
             // aborts the transaction it left open.
             producer.init_transactions(KAFKA_TIMEOUT)?;
         }
         let open = Arc::new(AtomicBool::new(false));
-        let restore_consumer: BaseConsumer<QuietEof> =
-            topics::restore_config(config, kafka).create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
         let settle = Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
         let rebalancer = Rebalancer {
             job: config.name.clone(),
