@@ -2,6 +2,7 @@
 //! partitioned input topic, read back `read_committed` by an independent
 //! checker that uses the lineage headers.
 
+use std::collections::HashMap;
 use std::process::Command;
 
 use tally_tests::kafka::*;
@@ -154,4 +155,46 @@ fn an_at_least_once_job_counts_every_event_when_nothing_fails() {
     let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
     assert_eq!((verdict.missing, verdict.doubled), (0, 0));
     assert_eq!(verdict.totals, expected_totals(&lines));
+}
+
+#[test]
+fn a_job_over_two_input_topics_counts_each_record_once_and_stops_when_both_are_read() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("two-inputs", 3);
+    let second = format!("{}-more", job.input);
+    create_topic(&second, job.partitions);
+    let lines = usage_lines(17, 12_000, 10);
+    let (first_lines, second_lines) = lines.split_at(lines.len() / 2);
+    let mut produced: Vec<(String, i32, i64)> = Vec::new();
+    for (topic, part) in [(&job.input, first_lines), (&second, second_lines)] {
+        let placed = produce_usage(topic, part, job.partitions);
+        produced.extend(placed.iter().map(|placed| (topic.clone(), placed.partition, placed.offset)));
+    }
+    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "", "");
+    let text = std::fs::read_to_string(&job_file).unwrap();
+    let text = text.replace(&format!("inputs = [{:?}]", job.input), &format!("inputs = [{:?}, {second:?}]", job.input));
+    std::fs::write(&job_file, text).unwrap();
+
+    // --until-caught-up ends only once every partition of both topics has
+    // reported its end.
+    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    delete_topics(&[&second]);
+    assert!(output.status.success(), "tally failed: {}", String::from_utf8_lossy(&output.stderr));
+
+    let totals = read_topic(&job.totals, true);
+    let dead = read_topic(&job.dead_letters, true);
+    let mut contributions: HashMap<(String, i32, i64), u32> = HashMap::new();
+    for record in totals.iter().chain(&dead) {
+        *contributions.entry(record.source()).or_default() += 1;
+    }
+    let missing = produced.iter().filter(|source| !contributions.contains_key(*source)).count();
+    let doubled = contributions.values().filter(|&&count| count > 1).count();
+    assert_eq!((missing, doubled, contributions.len()), (0, 0, produced.len()), "each input record of both topics contributes once");
+    // A key's totals share an output partition, in the order they were made.
+    let mut last_totals = std::collections::BTreeMap::new();
+    for record in &totals {
+        last_totals.insert(billing_key(record), serde_json::from_slice::<u64>(&record.value).unwrap());
+    }
+    assert_eq!(last_totals, expected_totals(&lines));
 }

@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, Timestamp};
 use rdkafka::producer::Producer;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::changelog::{included_key, read_offset, RestoreError, Restorer};
 use super::committer::{
     classify, Addresses, DeliveryTracker, JobProducer, KafkaCommitError, KafkaCommitter, Recovery, MAX_KAFKA_VALUE_BYTES,
 };
+use super::fetch::{FetchQueue, Fetched, FetchedRecord, Router};
 use super::topics::{self, TopicLayout};
 use super::{namespace, source_id, split_source_id, KafkaJobError, QuietEof};
 use crate::config::{Guarantee, JobConfig, KafkaConfig};
@@ -30,6 +31,12 @@ use crate::transaction::Transaction;
 
 /// How long a transactional call (init, send offsets, commit, abort) may take.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest an idle job loop waits for records before it looks at the
+/// consumer's own queue (rebalances, errors) again.
+const IDLE_FETCH_WAIT: Duration = Duration::from_millis(10);
+/// Most events the job loop serves from the consumer's own queue before it
+/// reads records again.
+const MAX_EVENTS_PER_TURN: usize = 1000;
 /// Longest wait between attempts to rebuild a failed session.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -203,7 +210,9 @@ impl KafkaJob {
         }
         let open = Arc::new(AtomicBool::new(false));
         let settle = Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
+        let router = Arc::new(Router::default());
         let rebalancer = Rebalancer {
+            router: router.clone(),
             job: config.name.clone(),
             group: kafka.group_id(&config.name),
             inputs: kafka.inputs.clone(),
@@ -217,6 +226,8 @@ impl KafkaJob {
         };
         let consumer: BaseConsumer<Rebalancer> =
             topics::consumer_config(config, kafka, &self.instance).create_with_context(rebalancer).map_err(|err| self.client_error(err))?;
+        // Open before subscribing: every assigned partition is routed to it.
+        let mut fetch = FetchQueue::open(&consumer, router, config.batch_size);
         let topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         let addresses = Addresses {
@@ -228,10 +239,11 @@ impl KafkaJob {
         };
         let committer = KafkaCommitter::new(producer, kafka.guarantee, addresses, self.store.clone(), open, KAFKA_TIMEOUT);
         self.drop_transaction("a new Kafka session starts");
-        let result = self.consume(&consumer, &committer, stop, options, summary);
+        let result = self.consume(&consumer, &mut fetch, &committer, stop, options, summary);
         // Hand over cleanly: abort what is open, then leave the group.
         let _ = committer.abort();
         self.drop_transaction("the Kafka session ended");
+        drop(fetch);
         drop(consumer);
         result
     }
@@ -247,6 +259,7 @@ impl KafkaJob {
     fn consume(
         &mut self,
         consumer: &BaseConsumer<Rebalancer>,
+        fetch: &mut FetchQueue<'_>,
         committer: &KafkaCommitter,
         stop: &AtomicBool,
         options: KafkaRunOptions,
@@ -271,7 +284,31 @@ impl KafkaJob {
             } else {
                 Duration::ZERO
             };
-            let polled = consumer.poll(wait).map(|result| result.map(|record| self.event(&record)));
+            // Rebalances and client errors arrive on the consumer's own
+            // queue, records on the fetch queue: serve the first before
+            // reading the second. A poll serves one event, so poll while
+            // events wait (a bounded number: log lines may keep coming).
+            let mut failure = None;
+            for served in 0..MAX_EVENTS_PER_TURN {
+                if served > 0 && !fetch.consumer_events_waiting() {
+                    break;
+                }
+                match consumer.poll(Duration::ZERO) {
+                    // Only a partition the router missed delivers here.
+                    Some(Ok(record)) => self.fetched(&mut progress, Fetched::Record(FetchedRecord::of(&record)), &mut failure),
+                    Some(Err(KafkaError::PartitionEOF(partition))) => {
+                        // Only with one input does this queue say which topic ended.
+                        if let [input] = self.kafka.inputs.as_slice() {
+                            self.fetched(&mut progress, Fetched::End(input, partition), &mut failure);
+                        }
+                    }
+                    Some(Err(err)) => {
+                        let code = err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Unknown);
+                        self.fetched(&mut progress, Fetched::Error(code, err.to_string()), &mut failure)
+                    }
+                    None => {}
+                }
+            }
             let rebalanced = consumer.context().take_events();
             if let Some(failure) = rebalanced.failure {
                 return Err(failure);
@@ -291,34 +328,14 @@ impl KafkaJob {
                     }
                 }
             }
-            match polled {
-                Some(Ok((topic, event))) => {
-                    if !progress.at_end.is_empty() {
-                        progress.at_end.remove(&(topic, split_source_id(event.partition).1));
-                    }
-                    progress.first.entry(event.partition).or_insert(event.offset as i64);
-                    progress.pending.push(event);
-                    if progress.pending.len() < batch_size {
-                        continue;
-                    }
-                }
-                Some(Err(KafkaError::PartitionEOF(partition))) => {
-                    // librdkafka does not say which topic; one EOF per
-                    // partition number and topic arrives, so count them.
-                    let topic = (0..self.kafka.inputs.len()).find(|&topic| !progress.at_end.contains(&(topic, partition)));
-                    if let Some(topic) = topic {
-                        progress.at_end.insert((topic, partition));
-                    }
-                }
-                Some(Err(err)) => {
-                    tracing::warn!(job = %self.config.name, error = %err, "consumer error");
-                    if let Some(code) = err.rdkafka_error_code() {
-                        if code == rdkafka::types::RDKafkaErrorCode::Fatal {
-                            return Err(SessionError::Restart(err.to_string()));
-                        }
-                    }
-                }
-                None => {}
+            let room = batch_size.saturating_sub(progress.pending.len());
+            let wait = if progress.pending.is_empty() { wait.min(IDLE_FETCH_WAIT) } else { Duration::ZERO };
+            let read = fetch.read(wait, room, |item| self.fetched(&mut progress, item, &mut failure));
+            if let Some(reason) = failure {
+                return Err(SessionError::Restart(reason));
+            }
+            if read > 0 && progress.pending.len() < batch_size {
+                continue; // more may be waiting: fill the batch first
             }
             if !self.process_or_roll_back(consumer, committer, &mut progress)? {
                 continue;
@@ -345,26 +362,44 @@ impl KafkaJob {
         !assigned.is_empty() && at_end.len() >= assigned.len()
     }
 
-    /// A consumed record as a plugin event, with its input topic's index.
-    fn event(&self, record: &rdkafka::message::BorrowedMessage<'_>) -> (usize, Event) {
-        // Naming the topic costs a C string conversion per record: skip it
-        // when there is only one.
-        let topic = match self.kafka.inputs.len() {
-            1 => 0,
-            _ => self.kafka.inputs.iter().position(|input| input == record.topic()).unwrap_or(0),
-        };
-        let timestamp_ms = match record.timestamp() {
-            Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => Some(ms),
-            Timestamp::NotAvailable => None,
-        };
-        let event = Event {
-            partition: source_id(topic, record.partition()),
-            offset: record.offset() as u64,
-            timestamp_ms,
-            key: record.key().map(<[u8]>::to_vec),
-            value: record.payload().unwrap_or_default().to_vec(),
-        };
-        (topic, event)
+    /// Takes one item read from the input: a record joins the pending
+    /// batch, a partition's end is noted, a fatal client error is put in
+    /// `failure` (the session restarts).
+    fn fetched(&self, progress: &mut Progress, item: Fetched<'_>, failure: &mut Option<String>) {
+        match item {
+            Fetched::Record(record) => {
+                // Naming the topic costs a C string conversion per record:
+                // skip it when there is only one.
+                let topic = match self.kafka.inputs.len() {
+                    1 => 0,
+                    _ => self.kafka.inputs.iter().position(|input| input == record.topic()).unwrap_or(0),
+                };
+                let partition = record.partition();
+                if !progress.at_end.is_empty() {
+                    progress.at_end.remove(&(topic, partition));
+                }
+                let event = Event {
+                    partition: source_id(topic, partition),
+                    offset: record.offset() as u64,
+                    timestamp_ms: record.timestamp_ms(),
+                    key: record.key().map(<[u8]>::to_vec),
+                    value: record.payload().unwrap_or_default().to_vec(),
+                };
+                progress.first.entry(event.partition).or_insert(event.offset as i64);
+                progress.pending.push(event);
+            }
+            Fetched::End(topic, partition) => {
+                if let Some(topic) = self.kafka.inputs.iter().position(|input| input == topic) {
+                    progress.at_end.insert((topic, partition));
+                }
+            }
+            Fetched::Error(code, text) => {
+                tracing::warn!(job = %self.config.name, error = %text, "consumer error");
+                if code == RDKafkaErrorCode::Fatal {
+                    *failure = Some(text);
+                }
+            }
+        }
     }
 
     /// Takes a pushed plugin version, if any (nothing is uncommitted here).
@@ -683,6 +718,8 @@ struct RebalanceEvents {
 /// before partitions are given up, and restores state (and checks for a
 /// rewind) before any record of a new partition is delivered.
 struct Rebalancer {
+    /// Routes newly assigned partitions to the job loop's fetch queue.
+    router: Arc<Router>,
     job: String,
     group: String,
     inputs: Vec<String>,
@@ -806,7 +843,14 @@ impl ClientContext for Rebalancer {
 }
 
 impl ConsumerContext for Rebalancer {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(assignment) = rebalance {
+            // Before the assignment starts fetching: all its records go to
+            // the job loop's fetch queue.
+            for element in assignment.elements() {
+                self.router.route(consumer, element.topic(), element.partition());
+            }
+        }
         if let Rebalance::Revoke(_) = rebalance {
             // Nothing of the in-flight transaction may commit once another
             // process may own its partitions.

@@ -17,10 +17,12 @@
 //! - [`topics`]: client settings, topic checks and creation.
 //! - [`changelog`]: the changelog record format and restore.
 //! - [`committer`]: sending outputs, committing transactions.
+//! - [`fetch`]: reading the input's records in batches.
 //! - [`job`]: the job loop, rebalances, and recovery from Kafka failures.
 
 pub mod changelog;
 pub mod committer;
+pub mod fetch;
 pub mod job;
 pub mod topics;
 
