@@ -12,10 +12,11 @@
 //! a [`FetchQueue`], read in batches; rebalances and client errors stay on
 //! the consumer's queue, which the job loop still polls. A partition is
 //! routed before it is assigned, so every record it delivers goes to the
-//! fetch queue, in order (librdkafka keeps a routing the application set
-//! across later assignments of the partition). A seek or a revocation
-//! makes librdkafka drop the records fetched before it, in this queue as in
-//! the consumer's.
+//! fetch queue, in order. It must be routed again at every assignment:
+//! librdkafka undoes the routing when a partition stops, yet no longer
+//! sends it to the consumer's queue either, so a partition assigned
+//! without routing would stall. A seek or a revocation makes librdkafka
+//! drop the records fetched before it, in this queue as in the consumer's.
 
 use std::ffi::{CStr, CString};
 use std::sync::{Arc, Mutex};
@@ -105,8 +106,8 @@ impl<'c> FetchQueue<'c> {
     /// errors, log lines): a zero-timeout poll serves only one.
     pub fn consumer_events_waiting(&self) -> bool {
         // SAFETY: the queue handle is valid until `drop`. Without a group
-        // there is no consumer queue: poll it once each turn, as before.
-        self.consumer_queue.is_null() || unsafe { rd::rd_kafka_queue_length(self.consumer_queue) } > 0
+        // there is no consumer queue: the loop polls once a turn.
+        !self.consumer_queue.is_null() && unsafe { rd::rd_kafka_queue_length(self.consumer_queue) } > 0
     }
 
     /// Reads up to `max` items (at most the batch size), waiting up to
@@ -121,7 +122,10 @@ impl<'c> FetchQueue<'c> {
         // SAFETY: `batch` has room for `max` pointers, and the queue is open.
         let read = unsafe { rd::rd_kafka_consume_batch_queue(self.queue, timeout_ms, self.batch.as_mut_ptr(), max) };
         let read = usize::try_from(read).unwrap_or(0);
-        for &message in &self.batch[..read] {
+        // Destroys what `each` did not get to if it panics: a message kept
+        // holds its partition, and closing the consumer would wait for it.
+        let mut batch = DestroyRest { messages: &self.batch[..read], next: 0 };
+        while let Some(&message) = batch.messages.get(batch.next) {
             // SAFETY: librdkafka returned `read` valid messages, each ours to
             // destroy once, after its last use.
             let item = unsafe { &*message };
@@ -134,10 +138,26 @@ impl<'c> FetchQueue<'c> {
                     each(Fetched::Error(code.into(), text))
                 }
             }
+            batch.next += 1;
             // SAFETY: see above; `item` is not used after this.
             unsafe { rd::rd_kafka_message_destroy(message) };
         }
         read
+    }
+}
+
+/// Messages of a batch read, from `next` on not yet destroyed.
+struct DestroyRest<'b> {
+    messages: &'b [*mut rd::rd_kafka_message_t],
+    next: usize,
+}
+
+impl Drop for DestroyRest<'_> {
+    fn drop(&mut self) {
+        for &message in &self.messages[self.next..] {
+            // SAFETY: returned by librdkafka and not destroyed yet.
+            unsafe { rd::rd_kafka_message_destroy(message) };
+        }
     }
 }
 

@@ -31,6 +31,9 @@ use crate::transaction::Transaction;
 
 /// How long a transactional call (init, send offsets, commit, abort) may take.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a session start waits for a client to reach a learned broker
+/// (see [`topics::connect_to_cluster`]).
+const CONNECT_BUDGET: Duration = Duration::from_secs(2);
 /// Longest an idle job loop waits for records before it looks at the
 /// consumer's own queue (rebalances, errors) again.
 const IDLE_FETCH_WAIT: Duration = Duration::from_millis(10);
@@ -201,8 +204,8 @@ impl KafkaJob {
             topics::restore_config(config, kafka).create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
         // Both clients connect meanwhile; a restore or a coordinator lookup
         // begun before they have would wait on librdkafka's retry timers.
-        topics::connect_to_cluster(producer.client(), &self.layout.changelog, KAFKA_TIMEOUT)?;
-        topics::connect_to_cluster(restore_consumer.client(), &self.layout.changelog, KAFKA_TIMEOUT)?;
+        topics::connect_to_cluster(producer.client(), CONNECT_BUDGET);
+        topics::connect_to_cluster(restore_consumer.client(), CONNECT_BUDGET);
         if kafka.guarantee == Guarantee::ExactlyOnce {
             // Fences an earlier process with our transactional id and
             // aborts the transaction it left open.

@@ -2,11 +2,11 @@
 //! topics before anything runs.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{Client, DefaultClientContext};
-use rdkafka::error::{KafkaResult, RDKafkaErrorCode};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext};
 
 use super::KafkaJobError;
@@ -116,21 +116,44 @@ pub fn producer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> 
 }
 
 /// Returns once `client` is connected to a broker it learned from the
-/// cluster's metadata, not only to a bootstrap address. librdkafka drops
-/// its bootstrap connections once it learns the brokers, and a
-/// transactional producer that looks for its coordinator in that gap
-/// (finding no broker up) looks again only 500 ms later: waiting here
-/// first makes `init_transactions`, and so every session start and
-/// recovery, about half a second shorter. Gives up quietly after a few
-/// requests; the coordinator is then found late, not never.
-pub fn connect_to_cluster<C: ClientContext>(client: &Client<C>, topic: &str, timeout: Duration) -> KafkaResult<()> {
-    for _ in 0..5 {
-        // A bootstrap connection answers with broker id -1.
-        if client.fetch_metadata(Some(topic), timeout)?.orig_broker_id() >= 0 {
-            break;
+/// cluster's metadata, not only to a bootstrap address, or after `budget`.
+/// librdkafka drops its bootstrap connections once it learns the brokers,
+/// and a transactional producer (or a restore) that looks for a broker in
+/// that gap finds none up and looks again only 0.5-1 s later: waiting here
+/// first makes every session start, restart and recovery that much
+/// shorter. It gives up quietly (on an error or at the end of the budget):
+/// the calls that follow wait for the cluster and report its failures.
+pub fn connect_to_cluster<C: ClientContext>(client: &Client<C>, budget: Duration) {
+    let deadline = Instant::now() + budget;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match answering_broker(client, left) {
+            // A bootstrap connection answers as broker -1.
+            Some(-1) if !left.is_zero() => std::thread::sleep(Duration::from_millis(5)),
+            _ => return,
         }
     }
-    Ok(())
+}
+
+/// Asks for the cluster's brokers and returns the id of the broker that
+/// answered (`None` on an error). No topic is named, so none is created.
+fn answering_broker<C: ClientContext>(client: &Client<C>, timeout: Duration) -> Option<i32> {
+    let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    let mut metadata: *const rdkafka::bindings::rd_kafka_metadata = std::ptr::null();
+    // SAFETY: the client pointer is valid while `client` lives, and
+    // `metadata` is a place to write to. Not all topics and no topic handle:
+    // the request names the topics this client has handles for (none, for a
+    // session's new clients), not every topic in the cluster.
+    let error = unsafe { rdkafka::bindings::rd_kafka_metadata(client.native_ptr(), 0, std::ptr::null_mut(), &mut metadata, timeout_ms) };
+    if error != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || metadata.is_null() {
+        return None;
+    }
+    // SAFETY: librdkafka returned valid metadata, ours to destroy once.
+    unsafe {
+        let broker = (*metadata).orig_broker_id;
+        rdkafka::bindings::rd_kafka_metadata_destroy(metadata);
+        Some(broker)
+    }
 }
 
 /// The topics of a job, checked.
