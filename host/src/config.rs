@@ -175,7 +175,8 @@ pub struct KafkaConfig {
     #[serde(default = "default_transaction_timeout_ms")]
     pub transaction_timeout_ms: u64,
     /// Extra librdkafka properties for every client of the job (for example
-    /// `"session.timeout.ms" = "6000"`).
+    /// `"session.timeout.ms" = "6000"`); a `producer.` or `consumer.` prefix
+    /// gives one to the producer or to the consumers only.
     #[serde(default)]
     pub client: std::collections::BTreeMap<String, String>,
 }
@@ -426,8 +427,12 @@ impl JobConfig {
                     .into(),
             );
         }
-        if let Some(key) = kafka.client.keys().find(|key| crate::kafka::topics::OWNED_PROPERTIES.contains(&key.as_str())) {
+        let property = |key: &str| crate::kafka::topics::split_role(key).map_or(key, |(_, property)| property).to_string();
+        if let Some(key) = kafka.client.keys().find(|key| crate::kafka::topics::OWNED_PROPERTIES.contains(&property(key).as_str())) {
             return invalid(format!("kafka.client may not set `{key}`: Tally sets it itself, and the guarantee depends on it"));
+        }
+        if let Some(key) = kafka.client.keys().find(|key| property(key).is_empty()) {
+            return invalid(format!("kafka.client key `{key}` names no property: write `{key}<property>`, e.g. `{key}linger.ms`"));
         }
         if kafka.create_partitions == 0 {
             return invalid("kafka.create_partitions must be at least 1".into());
@@ -533,6 +538,21 @@ mod tests {
     }
 
     #[test]
+    fn prefixed_client_settings_reach_only_their_clients() {
+        use crate::kafka::topics::{client_settings, ClientRole};
+        let text = format!(
+            "{KAFKA_JOB}\n[kafka.client]\n\"socket.timeout.ms\" = \"9000\"\n\"producer.linger.ms\" = \"2\"\n\"consumer.session.timeout.ms\" = \"7000\"\n"
+        );
+        let (_dir, path) = write_job(&text);
+        let job = JobConfig::from_file(&path).unwrap();
+        let kafka = job.kafka().unwrap();
+        let settings = |role| client_settings(kafka, role).map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>();
+        assert_eq!(settings(ClientRole::Producer), ["linger.ms=2", "socket.timeout.ms=9000"]);
+        assert_eq!(settings(ClientRole::Consumer), ["session.timeout.ms=7000", "socket.timeout.ms=9000"]);
+        assert_eq!(settings(ClientRole::Admin), ["socket.timeout.ms=9000"]);
+    }
+
+    #[test]
     fn kafka_mistakes_say_what_to_change() {
         let cases = [
             (KAFKA_JOB.replace("outputs = { totals", "outputs = { total"), "output `totals` has no topic"),
@@ -541,6 +561,9 @@ mod tests {
             (KAFKA_JOB.replace("[kafka]", "guarantee = \"twice\"\n[kafka]"), "unknown field `guarantee`"),
             (format!("{KAFKA_JOB}\nguarantee = \"twice\""), "unknown variant `twice`"),
             (format!("{JOB}\n{}", &KAFKA_JOB[KAFKA_JOB.find("[kafka]").unwrap()..]), "not both"),
+            (format!("{KAFKA_JOB}\n[kafka.client]\n\"isolation.level\" = \"read_uncommitted\""), "may not set `isolation.level`"),
+            (format!("{KAFKA_JOB}\n[kafka.client]\n\"producer.transactional.id\" = \"x\""), "may not set `producer.transactional.id`"),
+            (format!("{KAFKA_JOB}\n[kafka.client]\n\"consumer.\" = \"x\""), "names no property"),
         ];
         for (text, expected) in cases {
             let (_dir, path) = write_job(&text);

@@ -37,14 +37,56 @@ pub fn changelog_topic(job: &str) -> String {
     format!("tally-{job}-state-changelog")
 }
 
-/// Settings every client of the job shares: brokers, then the job's extras.
-pub fn base_config(kafka: &KafkaConfig) -> ClientConfig {
+/// Which of the job's clients a setting is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientRole {
+    /// The transactional (or idempotent) producer.
+    Producer,
+    /// The group consumer and the restore consumer.
+    Consumer,
+    /// The admin client that checks and creates topics.
+    Admin,
+}
+
+/// The job's extra librdkafka settings for clients of `role`: unprefixed
+/// ones go to every client; `producer.` and `consumer.` ones (Kafka
+/// Streams' prefixes) only to the producer or to the consumers, without
+/// their prefix, so librdkafka does not warn about a property the other
+/// kind of client ignores.
+pub fn client_settings(kafka: &KafkaConfig, role: ClientRole) -> impl Iterator<Item = (&str, &str)> {
+    kafka.client.iter().filter_map(move |(key, value)| {
+        let key = match (split_role(key), role) {
+            (None, _) => key.as_str(),
+            (Some((ClientRole::Producer, key)), ClientRole::Producer) | (Some((ClientRole::Consumer, key)), ClientRole::Consumer) => key,
+            _ => return None,
+        };
+        Some((key, value.as_str()))
+    })
+}
+
+/// The role prefix of a `kafka.client` key, and the property it names.
+pub fn split_role(key: &str) -> Option<(ClientRole, &str)> {
+    if let Some(property) = key.strip_prefix("producer.") {
+        Some((ClientRole::Producer, property))
+    } else {
+        key.strip_prefix("consumer.").map(|property| (ClientRole::Consumer, property))
+    }
+}
+
+/// Settings a client of `role` starts from: the job's extras for it, then
+/// the brokers.
+pub fn base_config(kafka: &KafkaConfig, role: ClientRole) -> ClientConfig {
     let mut config = ClientConfig::new();
-    for (key, value) in &kafka.client {
+    for (key, value) in client_settings(kafka, role) {
         config.set(key, value);
     }
     config.set("bootstrap.servers", &kafka.brokers);
     config
+}
+
+/// Whether the job sets `property` for clients of `role`.
+fn sets(kafka: &KafkaConfig, role: ClientRole, property: &str) -> bool {
+    client_settings(kafka, role).any(|(key, _)| key == property)
 }
 
 /// The job's group consumer: `read_committed`, offsets committed only by
@@ -54,7 +96,7 @@ pub fn base_config(kafka: &KafkaConfig) -> ClientConfig {
 /// restarted process takes its partitions back at once instead of waiting
 /// for its old session to time out.
 pub fn consumer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> ClientConfig {
-    let mut config = base_config(kafka);
+    let mut config = base_config(kafka, ClientRole::Consumer);
     config
         .set("group.id", kafka.group_id(&job.name))
         .set("group.instance.id", format!("tally-{}-{instance}", job.name))
@@ -65,7 +107,7 @@ pub fn consumer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> 
         .set("partition.assignment.strategy", "range")
         .set("group.protocol", "classic");
     for (key, value) in CONSUMER_DEFAULTS {
-        if !kafka.client.contains_key(*key) {
+        if !sets(kafka, ClientRole::Consumer, key) {
             config.set(*key, *value);
         }
     }
@@ -85,7 +127,7 @@ pub const CONSUMER_DEFAULTS: &[(&str, &str)] =
 /// The consumer that restores changelogs and reads the group's committed
 /// offsets; it never joins the group.
 pub fn restore_config(job: &JobConfig, kafka: &KafkaConfig) -> ClientConfig {
-    let mut config = base_config(kafka);
+    let mut config = base_config(kafka, ClientRole::Consumer);
     config
         .set("group.id", kafka.group_id(&job.name))
         .set("enable.auto.commit", "false")
@@ -102,9 +144,9 @@ pub fn restore_config(job: &JobConfig, kafka: &KafkaConfig) -> ClientConfig {
 /// The producer: transactional under `exactly_once` (one transactional id
 /// per process, kept in its state directory), idempotent otherwise.
 pub fn producer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> ClientConfig {
-    let mut config = base_config(kafka);
+    let mut config = base_config(kafka, ClientRole::Producer);
     config.set("enable.idempotence", "true");
-    if !kafka.client.contains_key("linger.ms") {
+    if !sets(kafka, ClientRole::Producer, "linger.ms") {
         config.set("linger.ms", "5");
     }
     if kafka.guarantee == Guarantee::ExactlyOnce {
@@ -170,7 +212,7 @@ pub struct TopicLayout {
 pub fn prepare(job: &JobConfig, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
     let setup = |message: String| KafkaJobError::Setup { job: job.name.clone(), message };
     let admin: AdminClient<DefaultClientContext> =
-        base_config(kafka).create().map_err(|err| setup(format!("cannot create a Kafka client: {err}")))?;
+        base_config(kafka, ClientRole::Admin).create().map_err(|err| setup(format!("cannot create a Kafka client: {err}")))?;
     let existing = topic_partitions(&admin).map_err(|err| {
         setup(format!(
             "cannot read topic metadata from {}: {err}; check that the brokers run and are reachable (locally: scripts/kafka start)",
