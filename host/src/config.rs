@@ -427,8 +427,8 @@ impl JobConfig {
                     .into(),
             );
         }
-        let property = |key: &str| crate::kafka::topics::split_role(key).map_or(key, |(_, property)| property).to_string();
-        if let Some(key) = kafka.client.keys().find(|key| crate::kafka::topics::OWNED_PROPERTIES.contains(&property(key).as_str())) {
+        use crate::kafka::topics::{property_name as property, OWNED_PROPERTIES};
+        if let Some(key) = kafka.client.keys().find(|key| OWNED_PROPERTIES.contains(&property(key))) {
             return invalid(format!("kafka.client may not set `{key}`: Tally sets it itself, and the guarantee depends on it"));
         }
         if let Some(key) = kafka.client.keys().find(|key| property(key).is_empty()) {

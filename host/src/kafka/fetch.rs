@@ -118,9 +118,8 @@ impl<'c> FetchQueue<'c> {
         if max == 0 {
             return 0;
         }
-        let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: `batch` has room for `max` pointers, and the queue is open.
-        let read = unsafe { rd::rd_kafka_consume_batch_queue(self.queue, timeout_ms, self.batch.as_mut_ptr(), max) };
+        let read = unsafe { rd::rd_kafka_consume_batch_queue(self.queue, super::timeout_ms(timeout), self.batch.as_mut_ptr(), max) };
         let read = usize::try_from(read).unwrap_or(0);
         // Destroys what `each` did not get to if it panics: a message kept
         // holds its partition, and closing the consumer would wait for it.

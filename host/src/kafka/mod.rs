@@ -69,6 +69,11 @@ impl rdkafka::ClientContext for QuietEof {
 
 impl rdkafka::consumer::ConsumerContext for QuietEof {}
 
+/// A timeout as librdkafka's C API takes it: milliseconds in an `int`.
+pub(crate) fn timeout_ms(timeout: std::time::Duration) -> i32 {
+    timeout.as_millis().min(i32::MAX as u128) as i32
+}
+
 /// How `source id`s name input partitions: the topic's index among the
 /// job's inputs in the high bits, the partition in the low 20 bits. The
 /// plugin sees the source id as the event's `partition` (for a one-topic

@@ -55,10 +55,10 @@ pub enum ClientRole {
 /// kind of client ignores.
 pub fn client_settings(kafka: &KafkaConfig, role: ClientRole) -> impl Iterator<Item = (&str, &str)> {
     kafka.client.iter().filter_map(move |(key, value)| {
-        let key = match (split_role(key), role) {
-            (None, _) => key.as_str(),
-            (Some((ClientRole::Producer, key)), ClientRole::Producer) | (Some((ClientRole::Consumer, key)), ClientRole::Consumer) => key,
-            _ => return None,
+        let key = match split_role(key) {
+            None => key.as_str(),
+            Some((for_role, property)) if for_role == role => property,
+            Some(_) => return None,
         };
         Some((key, value.as_str()))
     })
@@ -71,6 +71,11 @@ pub fn split_role(key: &str) -> Option<(ClientRole, &str)> {
     } else {
         key.strip_prefix("consumer.").map(|property| (ClientRole::Consumer, property))
     }
+}
+
+/// The librdkafka property a `kafka.client` key names, without its role prefix.
+pub fn property_name(key: &str) -> &str {
+    split_role(key).map_or(key, |(_, property)| property)
 }
 
 /// Settings a client of `role` starts from: the job's extras for it, then
@@ -180,13 +185,12 @@ pub fn connect_to_cluster<C: ClientContext>(client: &Client<C>, budget: Duration
 /// Asks for the cluster's brokers and returns the id of the broker that
 /// answered (`None` on an error). No topic is named, so none is created.
 fn answering_broker<C: ClientContext>(client: &Client<C>, timeout: Duration) -> Option<i32> {
-    let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as i32;
     let mut metadata: *const rdkafka::bindings::rd_kafka_metadata = std::ptr::null();
     // SAFETY: the client pointer is valid while `client` lives, and
     // `metadata` is a place to write to. Not all topics and no topic handle:
     // the request names the topics this client has handles for (none, for a
     // session's new clients), not every topic in the cluster.
-    let error = unsafe { rdkafka::bindings::rd_kafka_metadata(client.native_ptr(), 0, std::ptr::null_mut(), &mut metadata, timeout_ms) };
+    let error = unsafe { rdkafka::bindings::rd_kafka_metadata(client.native_ptr(), 0, std::ptr::null_mut(), &mut metadata, super::timeout_ms(timeout)) };
     if error != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || metadata.is_null() {
         return None;
     }
