@@ -73,6 +73,9 @@ pub struct CommitReport {
     pub lag: Option<u64>,
     /// Plugin CPU time and memory so far.
     pub usage: crate::plugin::PluginUsage,
+    /// What the transaction carried: records read, outputs and dead letters
+    /// written. (In Kafka mode the next transaction may already run.)
+    pub carried: crate::task::RunSummary,
 }
 
 /// An observer that ignores everything.
@@ -109,6 +112,10 @@ impl PluginSlot {
     fn take(&self) -> Option<(LoadedPlugin, Instant)> {
         lock(&self.pending).take()
     }
+
+    fn is_pending(&self) -> bool {
+        lock(&self.pending).is_some()
+    }
 }
 
 /// The version on trial, and the one to go back to.
@@ -139,6 +146,12 @@ impl HotSwap {
     /// batch then rolls it back rather than being retried event by event).
     pub fn on_trial(&self) -> bool {
         self.trial.is_some()
+    }
+
+    /// Whether no version waits for a transaction's outcome: none on trial
+    /// and none pushed. Only then may a commit overlap the next transaction.
+    pub fn is_idle(&self) -> bool {
+        self.trial.is_none() && !self.slot.is_pending()
     }
 
     /// A transaction committed: a version on trial that ran events in it

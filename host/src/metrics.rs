@@ -198,13 +198,18 @@ impl JobMetrics {
         pending.dead_letters += outcome.dead_lettered;
     }
 
-    /// The open transaction committed; returns the records it held.
+    /// A transaction committed; returns the records it held. Batches of
+    /// the next transaction may have run already: they stay pending.
     pub fn committed(&self, commit: &CommitReport, kafka: bool) -> u64 {
         let mut pending = lock(&self.pending);
-        let records = std::mem::take(&mut pending.records);
+        let carried = &commit.carried;
+        pending.records = pending.records.saturating_sub(carried.records);
+        pending.outputs = pending.outputs.saturating_sub(carried.outputs);
+        pending.dead_letters = pending.dead_letters.saturating_sub(carried.dead_lettered);
+        let records = carried.records;
         self.records_in.inc_by(records);
-        self.records_out.inc_by(std::mem::take(&mut pending.outputs));
-        self.dead_letters.inc_by(std::mem::take(&mut pending.dead_letters));
+        self.records_out.inc_by(carried.outputs);
+        self.dead_letters.inc_by(carried.dead_lettered);
         self.commits.inc();
         self.commit_seconds.observe(commit.took.as_secs_f64());
         if let Some(lag) = commit.lag {
@@ -263,5 +268,41 @@ impl JobMetrics {
     /// Rollbacks so far.
     pub fn rollbacks(&self) -> u64 {
         self.rollbacks.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::task::{BatchOutcome, RunSummary};
+
+    fn commit_of(records: u64, outputs: u64) -> CommitReport {
+        CommitReport {
+            at: Instant::now(),
+            took: Duration::from_millis(1),
+            plugin_digest: "sha256:test".to_string(),
+            lag: None,
+            usage: Default::default(),
+            carried: RunSummary { records, applied: records, outputs, ..RunSummary::default() },
+        }
+    }
+
+    #[test]
+    fn a_commit_counts_its_own_transaction_and_leaves_the_next_one_pending() {
+        let metrics = HostMetrics::new().job("acme", "billing");
+        let batch = |events: u64| BatchOutcome { applied: events, outputs: events, ..BatchOutcome::default() };
+        metrics.batch(10, &batch(10));
+        // Kafka mode: the next transaction runs while this one commits.
+        metrics.batch(4, &batch(4));
+        assert_eq!(metrics.committed(&commit_of(10, 10), true), 10);
+        assert_eq!((metrics.records_in.get(), metrics.records_out.get()), (10, 10));
+        // The next transaction aborts: its counts go, the first one's stay.
+        metrics.aborted();
+        assert_eq!((metrics.records_in.get(), metrics.aborts.get()), (10, 1));
+        metrics.batch(4, &batch(4));
+        assert_eq!(metrics.committed(&commit_of(4, 4), true), 4);
+        assert_eq!((metrics.records_in.get(), metrics.records_out.get(), metrics.commits.get()), (14, 14, 2));
     }
 }

@@ -2,9 +2,11 @@
 //! the transaction commits (DESIGN invariant 2: local state is never ahead
 //! of the log).
 //!
-//! Three layers, read newest first:
+//! Four layers, read newest first:
 //! - the current batch's writes, dropped if the plugin traps on the batch;
-//! - the transaction's writes, handed to the committer at commit;
+//! - the open transaction's writes, handed to the committer at commit;
+//! - the writes of a transaction being committed while the next one runs
+//!   (Kafka mode commits in the background);
 //! - a cache of committed values, so hot keys are not read from the store
 //!   on every batch (like Kafka Streams' record cache).
 
@@ -18,12 +20,16 @@ pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
 /// A value in a layer: `None` means deleted.
 type Value = Option<Vec<u8>>;
 
+/// One layer.
+type Layer = HashMap<Vec<u8>, Value>;
+
 /// Uncommitted state changes over a [`StateStore`].
 #[derive(Debug)]
 pub struct Overlay {
-    batch: HashMap<Vec<u8>, Value>,
-    transaction: HashMap<Vec<u8>, Value>,
-    committed: HashMap<Vec<u8>, Value>,
+    batch: Layer,
+    transaction: Layer,
+    committing: Layer,
+    committed: Layer,
     cache_entries: usize,
 }
 
@@ -36,7 +42,13 @@ impl Default for Overlay {
 impl Overlay {
     /// An empty overlay whose committed-value cache holds up to `cache_entries`.
     pub fn with_cache_entries(cache_entries: usize) -> Overlay {
-        Overlay { batch: HashMap::new(), transaction: HashMap::new(), committed: HashMap::new(), cache_entries }
+        Overlay {
+            batch: Layer::default(),
+            transaction: Layer::default(),
+            committing: Layer::default(),
+            committed: Layer::default(),
+            cache_entries,
+        }
     }
 
     /// Reads keys, newest layer first, going to `store` only for keys no
@@ -67,7 +79,11 @@ impl Overlay {
     }
 
     fn layered(&self, key: &[u8]) -> Option<&Value> {
-        self.batch.get(key).or_else(|| self.transaction.get(key)).or_else(|| self.committed.get(key))
+        self.batch
+            .get(key)
+            .or_else(|| self.transaction.get(key))
+            .or_else(|| self.committing.get(key))
+            .or_else(|| self.committed.get(key))
     }
 
     /// Writes a key in the current batch.
@@ -108,10 +124,31 @@ impl Overlay {
 
     /// The transaction committed: its changes become the cached committed values.
     pub fn committed(&mut self) {
-        if self.committed.len() + self.transaction.len() > self.cache_entries {
-            self.committed.clear();
+        Overlay::cache(&mut self.committed, &mut self.transaction, self.cache_entries);
+    }
+
+    /// The transaction's commit starts while the next transaction runs: its
+    /// changes move to the committing layer, where reads still see them,
+    /// and are returned for the committer. One commit at a time.
+    pub fn begin_commit(&mut self) -> Vec<(Vec<u8>, Value)> {
+        debug_assert!(self.committing.is_empty(), "a commit is already in flight");
+        let changes = self.changes();
+        std::mem::swap(&mut self.committing, &mut self.transaction);
+        self.transaction.clear();
+        changes
+    }
+
+    /// The commit begun with [`Overlay::begin_commit`] is done: its changes
+    /// become the cached committed values.
+    pub fn finish_commit(&mut self) {
+        Overlay::cache(&mut self.committed, &mut self.committing, self.cache_entries);
+    }
+
+    fn cache(committed: &mut Layer, changes: &mut Layer, cache_entries: usize) {
+        if committed.len() + changes.len() > cache_entries {
+            committed.clear();
         }
-        self.committed.extend(self.transaction.drain());
+        committed.extend(changes.drain());
     }
 
     /// Forgets the cached committed values (the store changed underneath,
@@ -120,10 +157,12 @@ impl Overlay {
         self.committed.clear();
     }
 
-    /// The transaction was aborted: its changes are forgotten.
+    /// The transaction was aborted (and with it any commit in flight, whose
+    /// outcome it built on): their changes are forgotten.
     pub fn abort(&mut self) {
         self.batch.clear();
         self.transaction.clear();
+        self.committing.clear();
     }
 }
 
@@ -173,6 +212,25 @@ mod tests {
         overlay.abort();
         assert!(overlay.is_empty());
         assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![Some(b"stored".to_vec())]);
+    }
+
+    #[test]
+    fn a_commit_in_flight_is_read_under_the_next_transaction_and_aborted_with_it() {
+        let store = store_with(b"k", b"stored");
+        let mut overlay = Overlay::default();
+        overlay.put(b"k".to_vec(), b"1".to_vec());
+        overlay.keep_batch();
+        assert_eq!(overlay.begin_commit(), vec![(b"k".to_vec(), Some(b"1".to_vec()))]);
+        assert!(overlay.changes().is_empty(), "the next transaction starts empty");
+        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![Some(b"1".to_vec())]);
+        overlay.put(b"k".to_vec(), b"2".to_vec());
+        overlay.keep_batch();
+        overlay.finish_commit();
+        assert_eq!(overlay.changes(), vec![(b"k".to_vec(), Some(b"2".to_vec()))]);
+        assert_eq!(overlay.begin_commit(), vec![(b"k".to_vec(), Some(b"2".to_vec()))]);
+        overlay.abort();
+        // The first commit's value is cached; the aborted one is gone.
+        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![Some(b"1".to_vec())]);
     }
 
     #[test]

@@ -486,8 +486,9 @@ impl LocalTask {
             self.roll_back(reason, uncommitted)?;
             return Ok(false);
         }
-        self.commit(summary)?;
-        summary.absorb(&std::mem::take(uncommitted));
+        let carried = std::mem::take(uncommitted);
+        self.commit(summary, &carried)?;
+        summary.absorb(&carried);
         if let Some(swap) = &mut self.hot_swap {
             swap.committed();
         }
@@ -511,7 +512,7 @@ impl LocalTask {
         Ok(())
     }
 
-    fn commit(&mut self, summary: &mut RunSummary) -> Result<(), TaskError> {
+    fn commit(&mut self, summary: &mut RunSummary, carried: &RunSummary) -> Result<(), TaskError> {
         let positions = self.source.positions();
         let started = Instant::now();
         self.committer.commit(&mut self.txn, &positions)?;
@@ -524,6 +525,7 @@ impl LocalTask {
             plugin_digest: self.txn.plugin_digest.clone(),
             lag: self.source.unread_bytes(),
             usage: self.processor.usage(),
+            carried: carried.clone(),
         });
         self.committed_positions = positions;
         Ok(())

@@ -281,7 +281,7 @@ impl Transaction {
         })
     }
 
-    /// Drops everything uncommitted.
+    /// Drops everything uncommitted, a commit in flight included.
     pub fn abort(&mut self) {
         self.overlay.abort();
         self.clear_outputs();
@@ -291,6 +291,20 @@ impl Transaction {
     pub fn committed(&mut self) {
         self.overlay.committed();
         self.clear_outputs();
+    }
+
+    /// The transaction's commit starts, and the next transaction with it:
+    /// returns the state changes to commit, which reads still see until
+    /// [`Transaction::commit_finished`]. Its outputs must have been sent.
+    pub fn begin_commit(&mut self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        debug_assert!(self.outputs.is_empty() && self.dead_letters.is_empty(), "outputs not sent");
+        self.clear_outputs();
+        self.overlay.begin_commit()
+    }
+
+    /// The commit begun with [`Transaction::begin_commit`] succeeded.
+    pub fn commit_finished(&mut self) {
+        self.overlay.finish_commit();
     }
 
     fn clear_outputs(&mut self) {

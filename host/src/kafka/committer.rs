@@ -3,12 +3,12 @@
 //! one Kafka transaction (or, `at_least_once`, flushes then commits the
 //! offsets), and only then applies the state to RocksDB.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -124,6 +124,17 @@ pub struct Addresses {
     pub dead_letter: String,
     /// Changelog topic.
     pub changelog: String,
+}
+
+/// A transaction whose records are sent, waiting for its Kafka commit
+/// ([`KafkaCommitter::commit_sent`]).
+pub struct SentTransaction {
+    changes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    offsets: TopicPartitionList,
+    /// The consumer group's metadata, under `exactly_once`.
+    group: Option<ConsumerGroupMetadata>,
+    meta: Vec<(Vec<u8>, Vec<u8>)>,
+    touched: BTreeSet<i32>,
 }
 
 /// Sends and commits a Kafka job's transactions.
@@ -266,25 +277,28 @@ impl KafkaCommitter {
         }
     }
 
-    /// Commits the transaction: its outputs (sent with
-    /// [`KafkaCommitter::send_outputs`] first), its changelog records, and
-    /// `positions` (next offset per source id) as the group's offsets; then
-    /// applies the state to RocksDB.
-    pub fn commit<C: ConsumerContext>(
+    /// First half of a commit, on the job loop: sends the transaction's
+    /// outputs (those not sent with [`KafkaCommitter::send_outputs`] yet),
+    /// its changelog records and its input positions' markers, and moves
+    /// its state changes to the overlay's committing layer, so the next
+    /// transaction can run while [`KafkaCommitter::commit_sent`] commits this
+    /// one. `positions`: next offset per source id. `None` if there is
+    /// nothing to commit.
+    pub fn send_transaction<C: ConsumerContext>(
         &self,
         txn: &mut Transaction,
         positions: &BTreeMap<u32, i64>,
         consumer: &BaseConsumer<C>,
-    ) -> Result<(), KafkaCommitError> {
+    ) -> Result<Option<SentTransaction>, KafkaCommitError> {
         self.send_outputs(txn)?;
-        let changes = txn.overlay.changes();
-        if changes.is_empty() && positions.is_empty() && !self.open.load(Ordering::SeqCst) {
-            return Ok(());
+        if txn.overlay.is_empty() && positions.is_empty() && !self.open.load(Ordering::SeqCst) {
+            return Ok(None);
         }
         self.ensure_open()?;
+        let changes = txn.begin_commit();
         // Partitions whose changelog this commit writes: their restore
         // checkpoints move with it.
-        let mut touched = std::collections::BTreeSet::new();
+        let mut touched = BTreeSet::new();
         for (key, value) in &changes {
             let (partition, user_key) = split_namespaced(key);
             touched.insert(partition);
@@ -309,9 +323,22 @@ impl KafkaCommitter {
             offsets.add_partition_offset(topic, partition, Offset::Offset(next))?;
             meta.push((included_key(topic, partition), next_text.into_bytes()));
         }
-        match self.guarantee {
-            Guarantee::ExactlyOnce => {
-                let group = consumer.group_metadata().ok_or(KafkaError::Global(RDKafkaErrorCode::InvalidGroupId))?;
+        let group = match self.guarantee {
+            Guarantee::ExactlyOnce => Some(consumer.group_metadata().ok_or(KafkaError::Global(RDKafkaErrorCode::InvalidGroupId))?),
+            Guarantee::AtLeastOnce => None,
+        };
+        Ok(Some(SentTransaction { changes, offsets, group, meta, touched }))
+    }
+
+    /// Second half of a commit, on any thread: commits `sent` as one Kafka
+    /// transaction with its input offsets (`at_least_once`: waits for its
+    /// records, then commits the offsets), then applies its state to
+    /// RocksDB. The producer must not be used for anything else meanwhile.
+    /// On success the caller calls [`Transaction::commit_finished`].
+    pub fn commit_sent<C: ConsumerContext>(&self, sent: SentTransaction, consumer: &BaseConsumer<C>) -> Result<(), KafkaCommitError> {
+        let SentTransaction { changes, offsets, group, mut meta, touched } = sent;
+        match (self.guarantee, group) {
+            (Guarantee::ExactlyOnce, Some(group)) => {
                 if offsets.count() > 0 {
                     self.producer.send_offsets_to_transaction(&offsets, &group, self.timeout)?;
                 }
@@ -319,7 +346,7 @@ impl KafkaCommitter {
                 self.producer.commit_transaction(self.timeout)?;
                 self.open.store(false, Ordering::SeqCst);
             }
-            Guarantee::AtLeastOnce => {
+            _ => {
                 self.wait_delivered()?;
                 if let Some(error) = self.producer.context().take_error() {
                     return Err(KafkaCommitError::Delivery(error));
@@ -336,7 +363,21 @@ impl KafkaCommitter {
             }
         }
         self.store.commit(StoreCommit { state: changes, meta })?;
-        txn.committed();
+        Ok(())
+    }
+
+    /// Commits the transaction whole: [`KafkaCommitter::send_transaction`],
+    /// then [`KafkaCommitter::commit_sent`], on this thread.
+    pub fn commit<C: ConsumerContext>(
+        &self,
+        txn: &mut Transaction,
+        positions: &BTreeMap<u32, i64>,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<(), KafkaCommitError> {
+        if let Some(sent) = self.send_transaction(txn, positions, consumer)? {
+            self.commit_sent(sent, consumer)?;
+            txn.commit_finished();
+        }
         Ok(())
     }
 

@@ -259,6 +259,8 @@ impl KafkaJob {
         })
     }
 
+    /// Runs the job loop; each transaction's Kafka commit overlaps the
+    /// next one's processing, on a thread of the session's scope.
     fn consume(
         &mut self,
         consumer: &BaseConsumer<Rebalancer>,
@@ -268,6 +270,31 @@ impl KafkaJob {
         options: KafkaRunOptions,
         summary: &mut RunSummary,
     ) -> Result<SessionEnd, SessionError> {
+        std::thread::scope(|scope| {
+            let mut commits = Commits { scope, in_flight: None };
+            let result = self.consume_in(consumer, fetch, committer, stop, options, summary, &mut commits);
+            if let Some(mut in_flight) = commits.in_flight.take() {
+                // The session failed while a commit was in flight: count it
+                // if it took effect; the clients close after it ends.
+                if let Ok(finished) = in_flight.join() {
+                    self.commit_took_effect(consumer, in_flight.done, finished, &mut Progress::default(), summary);
+                }
+            }
+            result
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn consume_in<'scope>(
+        &mut self,
+        consumer: &'scope BaseConsumer<Rebalancer>,
+        fetch: &mut FetchQueue<'_>,
+        committer: &'scope KafkaCommitter,
+        stop: &AtomicBool,
+        options: KafkaRunOptions,
+        summary: &mut RunSummary,
+        commits: &mut Commits<'scope, '_>,
+    ) -> Result<SessionEnd, SessionError> {
         let interval = self.config.commit_interval();
         let batch_size = self.config.batch_size;
         let mut progress = Progress { pending: Vec::with_capacity(batch_size), ..Progress::default() };
@@ -275,11 +302,18 @@ impl KafkaJob {
         self.at_boundary();
         loop {
             if stop.load(Ordering::Relaxed) {
-                if self.process_or_roll_back(consumer, committer, &mut progress)?
-                    && self.commit(consumer, committer, &mut progress, summary)?
+                if self.process_or_roll_back(consumer, committer, &mut progress, commits.in_flight.is_some())?
+                    && self.commit(consumer, committer, &mut progress, summary, commits, Overlap::No)?
                 {
                     return Ok(SessionEnd::Stopped);
                 }
+                continue;
+            }
+            // Take a finished commit's outcome at once (its outputs wait for
+            // the producer), and any commit's before a rebalance is served:
+            // a revocation aborts the open transaction.
+            let settle = commits.in_flight.as_ref().is_some_and(|in_flight| in_flight.is_finished() || fetch.consumer_events_waiting());
+            if settle && !self.settle(consumer, committer, &mut progress, summary, commits)? {
                 continue;
             }
             let wait = if progress.pending.is_empty() {
@@ -292,7 +326,8 @@ impl KafkaJob {
             // reading the second. A poll serves one event, so poll while
             // events wait (a bounded number: log lines may keep coming).
             let mut failure = None;
-            for served in 0..MAX_EVENTS_PER_TURN {
+            let polls = if commits.in_flight.is_some() { 0 } else { MAX_EVENTS_PER_TURN };
+            for served in 0..polls {
                 if served > 0 && !fetch.consumer_events_waiting() {
                     break;
                 }
@@ -340,17 +375,17 @@ impl KafkaJob {
             if read > 0 && progress.pending.len() < batch_size {
                 continue; // more may be waiting: fill the batch first
             }
-            if !self.process_or_roll_back(consumer, committer, &mut progress)? {
+            if !self.process_or_roll_back(consumer, committer, &mut progress, commits.in_flight.is_some())? {
                 continue;
             }
             if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
-                self.commit(consumer, committer, &mut progress, summary)?;
+                self.commit(consumer, committer, &mut progress, summary, commits, Overlap::Yes)?;
                 last_commit = Instant::now();
             }
             if options.until_caught_up
                 && progress.pending.is_empty()
                 && self.caught_up(consumer, &progress.at_end)
-                && self.commit(consumer, committer, &mut progress, summary)?
+                && self.commit(consumer, committer, &mut progress, summary, commits, Overlap::No)?
             {
                 return Ok(SessionEnd::CaughtUp);
             }
@@ -419,8 +454,9 @@ impl KafkaJob {
         consumer: &BaseConsumer<Rebalancer>,
         committer: &KafkaCommitter,
         progress: &mut Progress,
+        commit_in_flight: bool,
     ) -> Result<bool, SessionError> {
-        match self.process(progress, committer)? {
+        match self.process(progress, committer, commit_in_flight)? {
             None => Ok(true),
             Some(reason) => {
                 self.roll_back(consumer, committer, progress, reason)?;
@@ -467,11 +503,13 @@ impl KafkaJob {
     /// an offset reset, a truncated log) stops the job instead of counting
     /// twice.
     /// Returns why a plugin version on trial failed, if it did (nothing is
-    /// sent then).
+    /// sent then). While a commit is in flight the producer is its own:
+    /// outputs wait in the transaction.
     fn process(
         &mut self,
         progress: &mut Progress,
         committer: &KafkaCommitter,
+        commit_in_flight: bool,
     ) -> Result<Option<String>, SessionError> {
         if progress.pending.is_empty() {
             return Ok(None);
@@ -522,51 +560,132 @@ impl KafkaJob {
         // Without a Kafka transaction, sent records are visible at once: a
         // version on trial keeps its outputs until the trial is judged.
         let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
-        if self.txn.sends_outputs_early() && !(on_trial && self.kafka.guarantee == Guarantee::AtLeastOnce) {
+        if self.txn.sends_outputs_early() && !commit_in_flight && !(on_trial && self.kafka.guarantee == Guarantee::AtLeastOnce) {
             committer.send_outputs(&mut self.txn).map_err(|err| SessionError::Restart(err.to_string()))?;
         }
         Ok(None)
     }
 
-    /// Commits the transaction; `false` if Kafka aborted it (then the
+    /// Commits the open transaction: sends its records, then leaves its
+    /// Kafka commit to a thread and goes on with the next transaction, or,
+    /// with `Overlap::No` or while a plugin version waits for a
+    /// transaction's outcome, waits for it. A commit still in flight is
+    /// settled first. `false` if Kafka aborted a transaction (then the
     /// consumer is back at the committed offsets and the work is redone).
-    fn commit(
+    fn commit<'scope>(
         &mut self,
-        consumer: &BaseConsumer<Rebalancer>,
-        committer: &KafkaCommitter,
+        consumer: &'scope BaseConsumer<Rebalancer>,
+        committer: &'scope KafkaCommitter,
         progress: &mut Progress,
         summary: &mut RunSummary,
+        commits: &mut Commits<'scope, '_>,
+        overlap: Overlap,
     ) -> Result<bool, SessionError> {
+        if !self.settle(consumer, committer, progress, summary, commits)? {
+            return Ok(false);
+        }
         if let Some(reason) = self.hot_swap.as_ref().and_then(HotSwap::judge_transaction) {
             self.roll_back(consumer, committer, progress, reason)?;
             return Ok(false);
         }
         let started = Instant::now();
-        match committer.commit(&mut self.txn, &progress.positions, consumer) {
-            Ok(()) => {
-                let took = started.elapsed();
-                summary.absorb(&std::mem::take(&mut progress.uncommitted));
-                if !progress.positions.is_empty() {
-                    summary.commits += 1;
-                    self.observer.committed(&CommitReport {
-                        at: Instant::now(),
-                        took,
-                        plugin_digest: self.txn.plugin_digest.clone(),
-                        lag: consumer_lag(consumer),
-                        usage: self.processor.usage(),
-                    });
-                }
-                progress.included.extend(progress.positions.iter().map(|(&source, &next)| (source, next)));
-                progress.positions.clear();
-                progress.first.clear();
-                if let Some(swap) = &mut self.hot_swap {
-                    swap.committed();
-                }
-                tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
-                self.at_boundary();
+        let sent = match committer.send_transaction(&mut self.txn, &progress.positions, consumer) {
+            Ok(sent) => sent,
+            Err(err) => return self.commit_failed(consumer, committer, progress, err),
+        };
+        let finishing = sent.map(|sent| {
+            commits.scope.spawn(move || {
+                let result = committer.commit_sent(sent, consumer);
+                (result, Instant::now())
+            })
+        });
+        let done = CommitDone {
+            started,
+            positions: std::mem::take(&mut progress.positions),
+            first: std::mem::take(&mut progress.first),
+            uncommitted: std::mem::take(&mut progress.uncommitted),
+        };
+        let overlaps = finishing.is_some() && overlap == Overlap::Yes && self.hot_swap.as_ref().is_none_or(HotSwap::is_idle);
+        commits.in_flight = Some(InFlight { finishing, done });
+        if overlaps {
+            return Ok(true);
+        }
+        let committed = self.settle(consumer, committer, progress, summary, commits)?;
+        if committed {
+            self.at_boundary();
+        }
+        Ok(committed)
+    }
+
+    /// Waits for the commit in flight, if any, and takes its outcome:
+    /// `false` if Kafka aborted it (then the open transaction, which built
+    /// on its state, is dropped too, and the consumer is back at the
+    /// committed offsets).
+    fn settle(
+        &mut self,
+        consumer: &BaseConsumer<Rebalancer>,
+        committer: &KafkaCommitter,
+        progress: &mut Progress,
+        summary: &mut RunSummary,
+        commits: &mut Commits<'_, '_>,
+    ) -> Result<bool, SessionError> {
+        let Some(mut in_flight) = commits.in_flight.take() else { return Ok(true) };
+        match in_flight.join() {
+            Ok(finished) => {
+                self.commit_took_effect(consumer, in_flight.done, finished, progress, summary);
                 Ok(true)
             }
-            Err(KafkaCommitError::Kafka(err)) if classify(&err) == Recovery::Abort => {
+            Err(err) => {
+                // Where a partition has no committed offset, the rewind goes
+                // back to the first offset read since the last commit: this
+                // transaction's, not the open one's.
+                progress.first.extend(in_flight.done.first);
+                self.commit_failed(consumer, committer, progress, err)
+            }
+        }
+    }
+
+    /// Counts a commit that took effect at `finished`.
+    fn commit_took_effect(
+        &mut self,
+        consumer: &BaseConsumer<Rebalancer>,
+        done: CommitDone,
+        finished: Instant,
+        progress: &mut Progress,
+        summary: &mut RunSummary,
+    ) {
+        self.txn.commit_finished();
+        let took = finished.saturating_duration_since(done.started);
+        summary.absorb(&done.uncommitted);
+        if !done.positions.is_empty() {
+            summary.commits += 1;
+            self.observer.committed(&CommitReport {
+                at: finished,
+                took,
+                plugin_digest: self.txn.plugin_digest.clone(),
+                lag: consumer_lag(consumer),
+                usage: self.processor.usage(),
+                carried: done.uncommitted.clone(),
+            });
+        }
+        progress.included.extend(done.positions);
+        if let Some(swap) = &mut self.hot_swap {
+            swap.committed();
+        }
+        tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
+    }
+
+    /// Handles a failed commit: an abortable error aborts and rewinds
+    /// (`Ok(false)`); anything else ends the session.
+    fn commit_failed(
+        &mut self,
+        consumer: &BaseConsumer<Rebalancer>,
+        committer: &KafkaCommitter,
+        progress: &mut Progress,
+        err: KafkaCommitError,
+    ) -> Result<bool, SessionError> {
+        match err {
+            KafkaCommitError::Kafka(err) if classify(&err) == Recovery::Abort => {
                 tracing::warn!(job = %self.config.name, error = %err, "transaction aborted; rewinding to the committed offsets");
                 committer.abort()?;
                 self.drop_transaction(&err.to_string());
@@ -574,10 +693,59 @@ impl KafkaJob {
                 progress.forget_uncommitted();
                 Ok(false)
             }
-            Err(KafkaCommitError::State(err)) => Err(self.fatal(err)),
-            Err(err) => Err(SessionError::Restart(format!("commit failed, outcome unknown or fenced: {err}"))),
+            KafkaCommitError::State(err) => Err(self.fatal(err)),
+            err => Err(SessionError::Restart(format!("commit failed, outcome unknown or fenced: {err}"))),
         }
     }
+}
+
+/// Whether a commit may overlap the next transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Overlap {
+    Yes,
+    /// The commit ends before the loop goes on (the run is stopping).
+    No,
+}
+
+/// The session's commit thread scope, and the commit in flight in it.
+struct Commits<'scope, 'env> {
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    in_flight: Option<InFlight<'scope>>,
+}
+
+/// A commit whose records are sent and whose Kafka commit runs on a thread
+/// of its own.
+struct InFlight<'scope> {
+    /// `None` when there was nothing to commit.
+    finishing: Option<std::thread::ScopedJoinHandle<'scope, (Result<(), KafkaCommitError>, Instant)>>,
+    done: CommitDone,
+}
+
+impl InFlight<'_> {
+    fn is_finished(&self) -> bool {
+        self.finishing.as_ref().is_none_or(|finishing| finishing.is_finished())
+    }
+
+    /// Waits for the commit; when it took effect.
+    fn join(&mut self) -> Result<Instant, KafkaCommitError> {
+        match self.finishing.take() {
+            None => Ok(Instant::now()),
+            Some(finishing) => {
+                let (result, finished) = finishing.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                result.map(|()| finished)
+            }
+        }
+    }
+}
+
+/// What a transaction carried, counted once its commit takes effect.
+struct CommitDone {
+    started: Instant,
+    /// Next offset per source id.
+    positions: BTreeMap<u32, i64>,
+    /// First offset per source id it read.
+    first: HashMap<u32, i64>,
+    uncommitted: RunSummary,
 }
 
 /// Where the job loop is within the assigned partitions.
