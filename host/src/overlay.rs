@@ -12,6 +12,8 @@
 
 use std::collections::HashMap;
 
+use foldhash::fast::RandomState;
+
 use crate::state_store::{StateError, StateStore};
 
 /// How many committed entries the read cache holds before it is cleared.
@@ -20,8 +22,9 @@ pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
 /// A value in a layer: `None` means deleted.
 type Value = Option<Vec<u8>>;
 
-/// One layer.
-type Layer = HashMap<Vec<u8>, Value>;
+/// One layer. Keys come from input data, so the hash is seeded (foldhash:
+/// a fraction of SipHash's cost, still no fixed collisions to aim at).
+type Layer = HashMap<Vec<u8>, Value, RandomState>;
 
 /// Uncommitted state changes over a [`StateStore`].
 #[derive(Debug)]

@@ -100,7 +100,7 @@ pub struct Transaction {
     /// namespaced key's record sits in `outputs`. Keys come from the plugin:
     /// a randomly seeded hash keeps crafted collisions from costing the
     /// host CPU outside the plugin's budget.
-    latest: Vec<HashMap<Vec<u8>, usize>>,
+    latest: Vec<HashMap<Vec<u8>, usize, foldhash::fast::RandomState>>,
 }
 
 /// Bytes a batch has emitted and written so far, its retries included.
@@ -227,7 +227,7 @@ impl Transaction {
     /// from two partitions is two running totals, each with its own latest.
     fn keep_latest_per_key(&mut self) {
         if self.latest.len() < self.output_names.len() {
-            self.latest.resize_with(self.output_names.len(), HashMap::new);
+            self.latest.resize_with(self.output_names.len(), HashMap::default);
         }
         // Compacts the batch's records in place, as `drop_outputs_of` does:
         // kept ones move down to `kept`, folded ones into their key's slot.
