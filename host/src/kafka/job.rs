@@ -63,6 +63,11 @@ pub struct KafkaJob {
     instance: String,
     hot_swap: Option<HotSwap>,
     observer: Arc<dyn JobObserver>,
+    /// The changelog restorer, made by the first session and kept: its
+    /// consumer never joins the group, so a new session can use it as it
+    /// is, and closing it costs 100 ms (rdkafka polls for the close in
+    /// steps of 100 ms).
+    restorer: Option<Arc<Restorer>>,
     _lock: DirLock,
 }
 
@@ -125,6 +130,7 @@ impl KafkaJob {
             instance,
             hot_swap: None,
             observer: Arc::new(NoObserver),
+            restorer: None,
             _lock: lock,
         })
     }
@@ -200,19 +206,32 @@ impl KafkaJob {
         let producer: Arc<JobProducer> = Arc::new(
             topics::producer_config(config, kafka, &self.instance).create_with_context(tracker).map_err(|err| self.client_error(err))?,
         );
-        let restore_consumer: BaseConsumer<QuietEof> =
-            topics::restore_config(config, kafka).create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
-        // Both clients connect meanwhile; a restore or a coordinator lookup
+        let settle = Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
+        let new_restorer = match &self.restorer {
+            Some(_) => None,
+            None => {
+                let consumer: BaseConsumer<QuietEof> =
+                    topics::restore_config(config, kafka).create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
+                Some(Arc::new(Restorer::new(consumer, self.store.clone(), self.layout.changelog.clone(), settle)))
+            }
+        };
+        // New clients connect meanwhile; a restore or a coordinator lookup
         // begun before they have would wait on librdkafka's retry timers.
         topics::connect_to_cluster(producer.client(), CONNECT_BUDGET);
-        topics::connect_to_cluster(restore_consumer.client(), CONNECT_BUDGET);
+        if let Some(restorer) = &new_restorer {
+            topics::connect_to_cluster(restorer.consumer().client(), CONNECT_BUDGET);
+        }
+        let restorer = match new_restorer {
+            Some(restorer) => self.restorer.insert(restorer).clone(),
+            None => self.restorer.clone().expect("kept from an earlier session"),
+        };
+        let (config, kafka) = (&self.config, &self.kafka);
         if kafka.guarantee == Guarantee::ExactlyOnce {
             // Fences an earlier process with our transactional id and
             // aborts the transaction it left open.
             producer.init_transactions(KAFKA_TIMEOUT)?;
         }
         let open = Arc::new(AtomicBool::new(false));
-        let settle = Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
         let router = Arc::new(Router::default());
         let rebalancer = Rebalancer {
             router: router.clone(),
@@ -222,7 +241,7 @@ impl KafkaJob {
             guarantee: kafka.guarantee,
             producer: producer.clone(),
             open: open.clone(),
-            restorer: Restorer::new(restore_consumer, self.store.clone(), self.layout.changelog.clone(), settle),
+            restorer,
             store: self.store.clone(),
             settle,
             events: Mutex::default(),
@@ -897,7 +916,7 @@ struct Rebalancer {
     guarantee: Guarantee,
     producer: Arc<JobProducer>,
     open: Arc<AtomicBool>,
-    restorer: Restorer,
+    restorer: Arc<Restorer>,
     store: Arc<dyn StateStore>,
     settle: Duration,
     events: Mutex<RebalanceEvents>,
