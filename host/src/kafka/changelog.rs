@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdkafka::bindings as rd;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -32,6 +33,8 @@ pub const OFFSET_RECORD: u8 = b'o';
 const RESTORE_CHUNK: usize = 10_000;
 /// How often restore progress is logged.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+/// Most stale events a restore serves before it starts.
+const MAX_STALE_EVENTS: usize = 10_000;
 
 /// Changelog key of state key `key`.
 pub fn state_record_key(key: &[u8]) -> Vec<u8> {
@@ -130,12 +133,36 @@ impl Restorer {
             next.insert(partition, from);
             assignment.add_partition_offset(&self.topic, partition, Offset::Offset(from)).map_err(kafka)?;
         }
+        self.drop_stale_events();
         self.consumer.assign(&assignment).map_err(kafka)?;
         let result = self.apply_until_end(next, started);
         let _ = self.consumer.unassign();
         let report = result?;
         tracing::info!(topic = %self.topic, ?partitions, records = report.records, took_ms = report.elapsed.as_millis() as u64, "restored state from the changelog");
         Ok(report)
+    }
+
+    /// Serves what the consumer queued while no restore ran (the restorer
+    /// lives as long as its job): errors of a broker outage long over, each
+    /// already logged, and log lines. A restore fails only on what happens
+    /// during it.
+    fn drop_stale_events(&self) {
+        // SAFETY: the client pointer is valid while `self.consumer` lives,
+        // and the queue reference taken here is released before returning.
+        let queue = unsafe { rd::rd_kafka_queue_get_consumer(self.consumer.client().native_ptr()) };
+        if queue.is_null() {
+            return;
+        }
+        // A zero-timeout poll serves one event; log lines may keep coming.
+        for _ in 0..MAX_STALE_EVENTS {
+            // SAFETY: `queue` is a valid queue reference (checked above).
+            if unsafe { rd::rd_kafka_queue_length(queue) } == 0 {
+                break;
+            }
+            let _ = self.consumer.poll(Duration::ZERO);
+        }
+        // SAFETY: releases the reference `rd_kafka_queue_get_consumer` gave.
+        unsafe { rd::rd_kafka_queue_destroy(queue) };
     }
 
     fn apply_until_end(&self, mut next: BTreeMap<i32, i64>, started: Instant) -> Result<RestoreReport, RestoreError> {

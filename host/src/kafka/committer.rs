@@ -385,8 +385,9 @@ impl KafkaCommitter {
     /// On success the caller calls [`Transaction::commit_finished`].
     pub fn commit_sent<C: ConsumerContext>(&self, sent: SentTransaction, consumer: &BaseConsumer<C>) -> Result<(), KafkaCommitError> {
         let SentTransaction { changes, offsets, group, mut meta, touched } = sent;
-        match (self.guarantee, group) {
-            (Guarantee::ExactlyOnce, Some(group)) => {
+        match self.guarantee {
+            Guarantee::ExactlyOnce => {
+                let group = group.ok_or(KafkaError::Global(RDKafkaErrorCode::InvalidGroupId))?;
                 if offsets.count() > 0 {
                     self.producer.send_offsets_to_transaction(&offsets, &group, self.timeout)?;
                 }
@@ -394,7 +395,7 @@ impl KafkaCommitter {
                 self.producer.commit_transaction(self.timeout)?;
                 self.open.store(false, Ordering::SeqCst);
             }
-            _ => {
+            Guarantee::AtLeastOnce => {
                 self.wait_delivered()?;
                 if let Some(error) = self.producer.context().take_error() {
                     return Err(KafkaCommitError::Delivery(error));
@@ -415,7 +416,9 @@ impl KafkaCommitter {
     }
 
     /// Commits the transaction whole: [`KafkaCommitter::send_transaction`],
-    /// then [`KafkaCommitter::commit_sent`], on this thread.
+    /// then [`KafkaCommitter::commit_sent`], on this thread. After an error
+    /// the caller aborts, as after any failed commit ([`Transaction::abort`]
+    /// drops the committing changes too).
     pub fn commit<C: ConsumerContext>(
         &self,
         txn: &mut Transaction,
