@@ -16,12 +16,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::bindings as rd;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::fetch::ConsumerQueue;
 use super::{namespace, QuietEof};
 use crate::state_store::{StateError, StateStore, StoreCommit};
 
@@ -101,6 +101,8 @@ pub struct RestoreReport {
 
 /// Rebuilds RocksDB state from the changelog topic.
 pub struct Restorer {
+    /// Declared before `consumer`, so it is released first.
+    queue: ConsumerQueue,
     consumer: BaseConsumer<QuietEof>,
     store: Arc<dyn StateStore>,
     topic: String,
@@ -113,7 +115,7 @@ impl Restorer {
     /// [`super::topics::restore_config`]) into `store`; a restore that has
     /// not reached the end after `timeout` fails.
     pub fn new(consumer: BaseConsumer<QuietEof>, store: Arc<dyn StateStore>, topic: String, timeout: Duration) -> Restorer {
-        Restorer { consumer, store, topic, timeout }
+        Restorer { queue: ConsumerQueue::of(&consumer), consumer, store, topic, timeout }
     }
 
     /// The consumer, for reading the group's committed offsets.
@@ -147,22 +149,13 @@ impl Restorer {
     /// already logged, and log lines. A restore fails only on what happens
     /// during it.
     fn drop_stale_events(&self) {
-        // SAFETY: the client pointer is valid while `self.consumer` lives,
-        // and the queue reference taken here is released before returning.
-        let queue = unsafe { rd::rd_kafka_queue_get_consumer(self.consumer.client().native_ptr()) };
-        if queue.is_null() {
-            return;
-        }
         // A zero-timeout poll serves one event; log lines may keep coming.
         for _ in 0..MAX_STALE_EVENTS {
-            // SAFETY: `queue` is a valid queue reference (checked above).
-            if unsafe { rd::rd_kafka_queue_length(queue) } == 0 {
+            if !self.queue.has_events() {
                 break;
             }
             let _ = self.consumer.poll(Duration::ZERO);
         }
-        // SAFETY: releases the reference `rd_kafka_queue_get_consumer` gave.
-        unsafe { rd::rd_kafka_queue_destroy(queue) };
     }
 
     fn apply_until_end(&self, mut next: BTreeMap<i32, i64>, started: Instant) -> Result<RestoreReport, RestoreError> {

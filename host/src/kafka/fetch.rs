@@ -62,13 +62,47 @@ impl Router {
     }
 }
 
+/// A reference to a consumer's own queue (rebalances, errors, log lines),
+/// to see whether events wait there: a zero-timeout poll serves only one.
+/// Its owner drops it before the consumer.
+pub struct ConsumerQueue(*mut rd::rd_kafka_queue_t);
+
+// SAFETY: librdkafka queues may be used from any thread; the reference is
+// only read for its length, and released once, in `drop`.
+unsafe impl Send for ConsumerQueue {}
+unsafe impl Sync for ConsumerQueue {}
+
+impl ConsumerQueue {
+    /// The queue of `consumer` (none without a group).
+    pub fn of<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> ConsumerQueue {
+        // SAFETY: the client pointer is valid while `consumer` lives; the
+        // reference taken here is released in `drop`.
+        ConsumerQueue(unsafe { rd::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) })
+    }
+
+    /// Whether events wait to be served.
+    pub fn has_events(&self) -> bool {
+        // SAFETY: a non-null reference is valid until `drop`.
+        !self.0.is_null() && unsafe { rd::rd_kafka_queue_length(self.0) } > 0
+    }
+}
+
+impl Drop for ConsumerQueue {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: releases the reference taken in `of`, once.
+            unsafe { rd::rd_kafka_queue_destroy(self.0) };
+        }
+    }
+}
+
 /// The queue the job's assigned partitions deliver their records to; it
 /// borrows the consumer, so it is closed before the consumer is.
 pub struct FetchQueue<'c> {
     router: Arc<Router>,
     queue: *mut rd::rd_kafka_queue_t,
     /// The consumer's own queue, to see whether it holds events.
-    consumer_queue: *mut rd::rd_kafka_queue_t,
+    consumer_queue: ConsumerQueue,
     /// Room for one batch of message pointers.
     batch: Vec<*mut rd::rd_kafka_message_t>,
     _consumer: std::marker::PhantomData<&'c ()>,
@@ -93,11 +127,9 @@ impl<'c> FetchQueue<'c> {
     pub fn open<C: ConsumerContext>(consumer: &'c BaseConsumer<C>, router: Arc<Router>, batch_size: usize) -> FetchQueue<'c> {
         // SAFETY: the client pointer is valid while `consumer` lives; the
         // queue is destroyed in `drop`, which the borrow puts first.
-        let (queue, consumer_queue) = unsafe {
-            let client = consumer.client().native_ptr();
-            (rd::rd_kafka_queue_new(client), rd::rd_kafka_queue_get_consumer(client))
-        };
+        let queue = unsafe { rd::rd_kafka_queue_new(consumer.client().native_ptr()) };
         assert!(!queue.is_null(), "librdkafka could not create a queue");
+        let consumer_queue = ConsumerQueue::of(consumer);
         *router.queue.lock().expect("fetch router lock") = Some(QueuePtr(queue));
         FetchQueue { router, queue, consumer_queue, batch: vec![std::ptr::null_mut(); batch_size.max(1)], _consumer: std::marker::PhantomData }
     }
@@ -105,9 +137,8 @@ impl<'c> FetchQueue<'c> {
     /// Whether the consumer's own queue holds events to serve (rebalances,
     /// errors, log lines): a zero-timeout poll serves only one.
     pub fn consumer_events_waiting(&self) -> bool {
-        // SAFETY: the queue handle is valid until `drop`. Without a group
-        // there is no consumer queue: the loop polls once a turn.
-        !self.consumer_queue.is_null() && unsafe { rd::rd_kafka_queue_length(self.consumer_queue) } > 0
+        // Without a group there is no consumer queue: the loop polls once a turn.
+        self.consumer_queue.has_events()
     }
 
     /// Reads up to `max` items (at most the batch size), waiting up to
@@ -164,13 +195,9 @@ impl Drop for FetchQueue<'_> {
     fn drop(&mut self) {
         // Out of the router first, so no partition is routed to a closed queue.
         self.router.queue.lock().expect("fetch router lock").take();
-        // SAFETY: created in `open`, destroyed once, while the consumer lives.
-        unsafe {
-            rd::rd_kafka_queue_destroy(self.queue);
-            if !self.consumer_queue.is_null() {
-                rd::rd_kafka_queue_destroy(self.consumer_queue);
-            }
-        }
+        // SAFETY: created in `open`, destroyed once, while the consumer lives
+        // (as is `consumer_queue`, dropped after this).
+        unsafe { rd::rd_kafka_queue_destroy(self.queue) };
     }
 }
 
