@@ -553,6 +553,22 @@ mod tests {
     }
 
     #[test]
+    fn partitions_without_a_committed_offset_start_where_auto_offset_reset_says() {
+        use crate::kafka::topics::start_without_commit;
+        use rdkafka::Offset;
+        let start = |client: &str| {
+            let (_dir, path) = write_job(&format!("{KAFKA_JOB}\n[kafka.client]\n{client}\n"));
+            start_without_commit(JobConfig::from_file(&path).unwrap().kafka().unwrap())
+        };
+        assert_eq!(start(""), Offset::Beginning, "Tally's default is the earliest record");
+        assert_eq!(start("\"auto.offset.reset\" = \"latest\""), Offset::End);
+        assert_eq!(start("\"auto.offset.reset\" = \"smallest\""), Offset::Beginning);
+        assert_eq!(start("\"auto.offset.reset\" = \"earliest\"\n\"consumer.auto.offset.reset\" = \"largest\""), Offset::End);
+        assert_eq!(start("\"producer.auto.offset.reset\" = \"latest\""), Offset::Beginning, "a producer setting is not the consumer's");
+        assert_eq!(start("\"auto.offset.reset\" = \"error\""), Offset::Invalid, "librdkafka raises the error itself");
+    }
+
+    #[test]
     fn kafka_mistakes_say_what_to_change() {
         let cases = [
             (KAFKA_JOB.replace("outputs = { totals", "outputs = { total"), "output `totals` has no topic"),

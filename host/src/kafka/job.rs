@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::changelog::{included_key, read_offset, RestoreError, Restorer};
@@ -207,30 +207,16 @@ impl KafkaJob {
             topics::producer_config(config, kafka, &self.instance).create_with_context(tracker).map_err(|err| self.client_error(err))?,
         );
         let settle = Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
-        let new_restorer = match &self.restorer {
-            Some(_) => None,
+        let (restorer, new_restorer) = match &self.restorer {
+            Some(restorer) => (restorer.clone(), false),
             None => {
                 let consumer: BaseConsumer<QuietEof> =
                     topics::restore_config(config, kafka).create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
-                Some(Arc::new(Restorer::new(consumer, self.store.clone(), self.layout.changelog.clone(), settle)))
+                let restorer = Arc::new(Restorer::new(consumer, self.store.clone(), self.layout.changelog.clone(), settle));
+                (self.restorer.insert(restorer).clone(), true)
             }
         };
-        // New clients connect meanwhile; a restore or a coordinator lookup
-        // begun before they have would wait on librdkafka's retry timers.
-        topics::connect_to_cluster(producer.client(), CONNECT_BUDGET);
-        if let Some(restorer) = &new_restorer {
-            topics::connect_to_cluster(restorer.consumer().client(), CONNECT_BUDGET);
-        }
-        let restorer = match new_restorer {
-            Some(restorer) => self.restorer.insert(restorer).clone(),
-            None => self.restorer.clone().expect("kept from an earlier session"),
-        };
         let (config, kafka) = (&self.config, &self.kafka);
-        if kafka.guarantee == Guarantee::ExactlyOnce {
-            // Fences an earlier process with our transactional id and
-            // aborts the transaction it left open.
-            producer.init_transactions(KAFKA_TIMEOUT)?;
-        }
         let open = Arc::new(AtomicBool::new(false));
         let router = Arc::new(Router::default());
         let rebalancer = Rebalancer {
@@ -241,9 +227,10 @@ impl KafkaJob {
             guarantee: kafka.guarantee,
             producer: producer.clone(),
             open: open.clone(),
-            restorer,
+            restorer: restorer.clone(),
             store: self.store.clone(),
             settle,
+            start_without_commit: topics::start_without_commit(kafka),
             events: Mutex::default(),
         };
         let consumer: BaseConsumer<Rebalancer> =
@@ -252,6 +239,20 @@ impl KafkaJob {
         let mut fetch = FetchQueue::open(&consumer, router, config.batch_size);
         let topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
+        // The group join goes on in librdkafka's threads while the other
+        // clients connect: the assignment is handled (and restored) only
+        // when the loop first polls, after the producer is ready.
+        // New clients connect first; a restore or a coordinator lookup
+        // begun before they have would wait on librdkafka's retry timers.
+        topics::connect_to_cluster(producer.client(), CONNECT_BUDGET);
+        if new_restorer {
+            topics::connect_to_cluster(restorer.consumer().client(), CONNECT_BUDGET);
+        }
+        if kafka.guarantee == Guarantee::ExactlyOnce {
+            // Fences an earlier process with our transactional id and
+            // aborts the transaction it left open.
+            producer.init_transactions(KAFKA_TIMEOUT)?;
+        }
         let addresses = Addresses {
             job: config.name.clone(),
             inputs: kafka.inputs.clone(),
@@ -904,6 +905,15 @@ struct RebalanceEvents {
     failure: Option<SessionError>,
 }
 
+/// What [`Rebalancer::restore_and_check`] found for the assigned partitions.
+#[derive(Default)]
+struct Checked {
+    /// Next input offset the restored state includes, where it has one.
+    included: Vec<((String, i32), i64)>,
+    /// The group's committed offset of every assigned partition.
+    committed: Vec<((String, i32), Option<i64>)>,
+}
+
 /// The consumer's rebalance handler: aborts the in-flight transaction
 /// before partitions are given up, and restores state (and checks for a
 /// rewind) before any record of a new partition is delivered.
@@ -919,6 +929,8 @@ struct Rebalancer {
     restorer: Arc<Restorer>,
     store: Arc<dyn StateStore>,
     settle: Duration,
+    /// Where a partition without a committed offset starts (`auto.offset.reset`).
+    start_without_commit: Offset,
     events: Mutex<RebalanceEvents>,
 }
 
@@ -933,7 +945,7 @@ impl Rebalancer {
 
     /// Restores the state of newly assigned partitions, then compares what
     /// it includes with the group's committed offsets.
-    fn restore_and_check(&self, assigned: &[(String, i32)]) -> Result<Vec<((String, i32), i64)>, SessionError> {
+    fn restore_and_check(&self, assigned: &[(String, i32)]) -> Result<Checked, SessionError> {
         let partitions: Vec<i32> = assigned.iter().map(|(_, partition)| *partition).collect::<BTreeSet<_>>().into_iter().collect();
         let deadline = Instant::now() + self.settle;
         loop {
@@ -948,17 +960,18 @@ impl Rebalancer {
             }
             let committed = self.restorer.consumer().committed_offsets(wanted, KAFKA_TIMEOUT)?;
             let mut behind = Vec::new();
-            let mut included_offsets = Vec::new();
+            let mut checked = Checked::default();
             for element in committed.elements() {
                 let (topic, partition) = (element.topic(), element.partition());
                 let group_offset = match element.offset() {
                     Offset::Offset(offset) => Some(offset),
                     _ => None,
                 };
+                checked.committed.push(((topic.to_string(), partition), group_offset));
                 let included = read_offset(&*self.store, &included_key(topic, partition))
                     .map_err(|err| SessionError::Fatal(KafkaJobError::Task(err.into())))?;
                 if let Some(included) = included {
-                    included_offsets.push(((topic.to_string(), partition), included));
+                    checked.included.push(((topic.to_string(), partition), included));
                 }
                 match (group_offset, included) {
                     (group, Some(included)) if group.unwrap_or(0) < included => {
@@ -973,7 +986,7 @@ impl Rebalancer {
                 }
             }
             if behind.is_empty() {
-                return Ok(included_offsets);
+                return Ok(checked);
             }
             if Instant::now() >= deadline {
                 // Usually a transaction's commit markers still on their way
@@ -1033,55 +1046,82 @@ impl ClientContext for Rebalancer {
 }
 
 impl ConsumerContext for Rebalancer {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(assignment) = rebalance {
-            // Before the assignment starts fetching: all its records go to
-            // the job loop's fetch queue.
-            for element in assignment.elements() {
-                self.router.route(consumer, element.topic(), element.partition());
+    /// Replaces rust-rdkafka's default handler, which assigns before the
+    /// state is restored: here the assignment starts each partition at the
+    /// offset the rewind check read, so librdkafka need not fetch it again.
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, partitions: &mut TopicPartitionList) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.assign(consumer, partitions),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(consumer),
+            _ => {
+                tracing::warn!(job = %self.job, error = %RDKafkaErrorCode::from(err), "rebalance failed");
+                let _ = consumer.unassign();
             }
-        }
-        if let Rebalance::Revoke(_) = rebalance {
-            // Nothing of the in-flight transaction may commit once another
-            // process may own its partitions.
-            let mut failure = None;
-            if self.guarantee == Guarantee::ExactlyOnce && self.open.swap(false, Ordering::SeqCst) {
-                if let Err(err) = self.producer.abort_transaction(KAFKA_TIMEOUT) {
-                    failure = Some(SessionError::Restart(format!("aborting the transaction on revocation failed: {err}")));
-                }
-                tracing::info!(job = %self.job, "partitions revoked; the in-flight transaction was aborted");
-            } else {
-                tracing::info!(job = %self.job, "partitions revoked");
-            }
-            self.note(|events| {
-                events.revoked = true;
-                if failure.is_some() {
-                    events.failure = failure;
-                }
-            });
         }
     }
+}
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(assignment) => {
-                let assigned: Vec<(String, i32)> =
-                    assignment.elements().iter().map(|element| (element.topic().to_string(), element.partition())).collect();
-                tracing::info!(job = %self.job, ?assigned, "partitions assigned");
-                let result = self.check_whole_namespaces(&assigned).and_then(|()| {
-                    if assigned.is_empty() { Ok(Vec::new()) } else { self.restore_and_check(&assigned) }
-                });
-                self.note(|events| {
-                    events.assigned = true;
-                    match result {
-                        Ok(included) => events.included = included,
-                        Err(failure) => events.failure = Some(failure),
-                    }
-                });
-            }
-            Rebalance::Error(err) => tracing::warn!(job = %self.job, error = %err, "rebalance failed"),
-            Rebalance::Revoke(_) => {}
+impl Rebalancer {
+    /// Restores the assigned partitions' state and checks it against the
+    /// group's offsets, then starts fetching them: from the committed
+    /// offsets just checked, or per `auto.offset.reset` where the group has
+    /// none. No record of a partition reaches the job loop before its state.
+    fn assign(&self, consumer: &BaseConsumer<Self>, partitions: &TopicPartitionList) {
+        // Every assigned partition's records go to the job loop's fetch queue.
+        for element in partitions.elements() {
+            self.router.route(consumer, element.topic(), element.partition());
         }
+        let assigned: Vec<(String, i32)> =
+            partitions.elements().iter().map(|element| (element.topic().to_string(), element.partition())).collect();
+        tracing::info!(job = %self.job, ?assigned, "partitions assigned");
+        let result = self.check_whole_namespaces(&assigned).and_then(|()| {
+            if assigned.is_empty() { Ok(Checked::default()) } else { self.restore_and_check(&assigned) }
+        });
+        // After a failure the session ends; the partitions are assigned
+        // anyway, with librdkafka's own starting offsets, so the consumer's
+        // state stays what librdkafka expects until it is closed.
+        let mut start = partitions.clone();
+        if let Ok(checked) = &result {
+            for ((topic, partition), committed) in &checked.committed {
+                let offset = committed.map_or(self.start_without_commit, Offset::Offset);
+                let _ = start.set_partition_offset(topic, *partition, offset);
+            }
+        }
+        let assign_failure = consumer
+            .assign(&start)
+            .err()
+            .map(|err| SessionError::Restart(format!("assigning the partitions the group gave this process failed: {err}")));
+        self.note(|events| {
+            events.assigned = true;
+            match result {
+                Ok(checked) => events.included = checked.included,
+                Err(failure) => events.failure = Some(failure),
+            }
+            if events.failure.is_none() {
+                events.failure = assign_failure;
+            }
+        });
+    }
+
+    /// Nothing of the in-flight transaction may commit once another
+    /// process may own its partitions: abort it, then give them up.
+    fn revoke(&self, consumer: &BaseConsumer<Self>) {
+        let mut failure = None;
+        if self.guarantee == Guarantee::ExactlyOnce && self.open.swap(false, Ordering::SeqCst) {
+            if let Err(err) = self.producer.abort_transaction(KAFKA_TIMEOUT) {
+                failure = Some(SessionError::Restart(format!("aborting the transaction on revocation failed: {err}")));
+            }
+            tracing::info!(job = %self.job, "partitions revoked; the in-flight transaction was aborted");
+        } else {
+            tracing::info!(job = %self.job, "partitions revoked");
+        }
+        let _ = consumer.unassign();
+        self.note(|events| {
+            events.revoked = true;
+            if failure.is_some() {
+                events.failure = failure;
+            }
+        });
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, ClientContext};
+use rdkafka::{ClientConfig, ClientContext, Offset};
 
 use super::KafkaJobError;
 use crate::config::{Guarantee, JobConfig, KafkaConfig};
@@ -117,6 +117,22 @@ pub fn consumer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> 
         }
     }
     config
+}
+
+/// Where the group consumer starts a partition the group has no committed
+/// offset for, per the consumer's `auto.offset.reset` as librdkafka reads
+/// it. `Invalid` (for `error`) leaves the decision to librdkafka.
+pub fn start_without_commit(kafka: &KafkaConfig) -> Offset {
+    let reset = client_settings(kafka, ClientRole::Consumer)
+        .filter(|(key, _)| *key == "auto.offset.reset")
+        .last()
+        .or_else(|| CONSUMER_DEFAULTS.iter().copied().find(|(key, _)| *key == "auto.offset.reset"))
+        .map_or("latest", |(_, value)| value);
+    match reset {
+        "smallest" | "earliest" | "beginning" => Offset::Beginning,
+        "largest" | "latest" | "end" => Offset::End,
+        _ => Offset::Invalid,
+    }
 }
 
 /// Consumer settings a job's `client` table may change. librdkafka's
