@@ -31,7 +31,7 @@ fn every_update_emits_the_running_total_of_its_key() {
         usage("globex", "api_calls", "1", "2026-11-05T10:00:00Z"),
     ]);
     assert!(sent.dead_letters.is_empty(), "{:?}", sent.dead_letters);
-    let got: Vec<(String, String, u64)> = totals(&sent).into_iter().map(|(k, total)| (k.customer, k.metric, total)).collect();
+    let got: Vec<(String, String, u64)> = totals(&sent).into_iter().map(|(k, total)| (k.customer.into(), k.metric.into(), total)).collect();
     assert_eq!(
         got,
         vec![
@@ -62,7 +62,7 @@ fn events_on_both_sides_of_a_month_end_go_to_their_own_period() {
         usage("acme", "api_calls", "10000", "2026-12-31T23:59:59.999Z"),
     ]);
     assert!(sent.dead_letters.is_empty(), "{:?}", sent.dead_letters);
-    let periods: Vec<(String, u64)> = totals(&sent).into_iter().map(|(k, total)| (k.period, total)).collect();
+    let periods: Vec<(String, u64)> = totals(&sent).into_iter().map(|(k, total)| (k.period.into(), total)).collect();
     assert_eq!(
         periods,
         vec![
