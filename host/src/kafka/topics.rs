@@ -230,10 +230,19 @@ pub struct TopicLayout {
 /// Checks that the job's topics exist (creating what the job allows) and
 /// that the inputs and the changelog agree on their partition count.
 pub fn prepare(job: &JobConfig, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
+    let admin: AdminClient<DefaultClientContext> = base_config(kafka, ClientRole::Admin).create().map_err(|err| {
+        KafkaJobError::Setup { job: job.name.clone(), message: format!("cannot create a Kafka client: {err}") }
+    })?;
+    let layout = prepare_with(&admin, job, kafka);
+    // rust-rdkafka's drop joins the client's polling thread, which wakes
+    // every 100 ms: the job need not wait for it, nothing is left to do.
+    let _ = std::thread::Builder::new().name("tally-admin-close".into()).spawn(move || drop(admin));
+    layout
+}
+
+fn prepare_with(admin: &AdminClient<DefaultClientContext>, job: &JobConfig, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
     let setup = |message: String| KafkaJobError::Setup { job: job.name.clone(), message };
-    let admin: AdminClient<DefaultClientContext> =
-        base_config(kafka, ClientRole::Admin).create().map_err(|err| setup(format!("cannot create a Kafka client: {err}")))?;
-    let existing = topic_partitions(&admin).map_err(|err| {
+    let existing = topic_partitions(admin).map_err(|err| {
         setup(format!(
             "cannot read topic metadata from {}: {err}; check that the brokers run and are reachable (locally: scripts/kafka start)",
             kafka.brokers
