@@ -44,12 +44,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a job in local mode: NDJSON files in, NDJSON files out, exactly once.
+    /// Run a job exactly once: over NDJSON files (local mode) or Kafka topics (a job file with `[kafka]`).
     ///
     /// Example:
     ///   tally run --plugin usage_billing.wasm --output totals \
     ///     --input usage-0.ndjson --input usage-1.ndjson --output-dir out --state-dir state
     ///   tally run billing.toml
+    ///   tally run --until-caught-up billing-kafka.toml
+    #[command(verbatim_doc_comment)]
     Run(RunArgs),
     /// Build and inspect plugins; push, list and roll back a served job's versions.
     #[command(subcommand)]
