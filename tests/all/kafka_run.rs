@@ -142,6 +142,30 @@ fn rewinding_the_groups_offsets_by_hand_makes_the_next_start_refuse() {
 }
 
 #[test]
+fn a_changelog_started_over_behind_the_state_makes_the_next_start_refuse() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("changelog-lost", 2);
+    produce_usage(&job.input, &usage_lines(7, 2_000, 0), job.partitions);
+    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "", "");
+    let first = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let committed_totals = read_topic(&job.totals, true).len();
+
+    // An operator "starts the changelog over": its records are gone, while
+    // the state directory says it has read them.
+    recreate_topic(&format!("tally-{}-state-changelog", job.name), job.partitions);
+    produce_usage(&job.input, &usage_lines(8, 500, 0), job.partitions);
+
+    let second = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    assert!(!second.status.success(), "a start over a changelog that lost records must be refused");
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(said.contains("lost records since (deleted and recreated, or truncated)"), "{said}");
+    assert!(said.contains("run the job under a new name"), "the message should say how to recover: {said}");
+    assert_eq!(read_topic(&job.totals, true).len(), committed_totals, "a refused start must commit nothing");
+}
+
+#[test]
 fn an_at_least_once_job_counts_every_event_when_nothing_fails() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();

@@ -296,6 +296,24 @@ pub fn delete_topics(topics: &[&str]) {
     let _ = futures_executor::block_on(admin.delete_topics(topics, &options));
 }
 
+/// Deletes `topic` and creates it again, empty, with `partitions`
+/// partitions: what an operator does who "starts a topic over". Deletion
+/// finishes in the background, so creating is retried until it succeeds.
+pub fn recreate_topic(topic: &str, partitions: i32) {
+    delete_topics(&[topic]);
+    let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        let results = futures_executor::block_on(admin.create_topics(&[new], &AdminOptions::new())).unwrap();
+        match results.into_iter().next().unwrap() {
+            Ok(_) => return,
+            Err((_, code)) => assert!(std::time::Instant::now() < deadline, "recreating {topic}: {code}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// A Kafka billing job's topics and files. Its topics (the changelog too)
 /// are deleted when it is dropped: every partition left behind makes the
 /// broker's recovery after a crash slower (thousands of them took it past

@@ -123,6 +123,11 @@ impl Restorer {
         &self.consumer
     }
 
+    /// The changelog topic it restores from.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
     /// Applies the changelog of `partitions` from each one's checkpoint to
     /// its end (its last stable offset: `read_committed`).
     pub fn restore(&self, partitions: &[i32]) -> Result<RestoreReport, RestoreError> {

@@ -14,7 +14,7 @@ use rdkafka::producer::Producer;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use super::changelog::{included_key, read_offset, RestoreError, Restorer};
+use super::changelog::{checkpoint_key, included_key, read_offset, RestoreError, Restorer};
 use super::committer::{
     classify, Addresses, DeliveryTracker, JobProducer, KafkaCommitError, KafkaCommitter, Recovery, MAX_KAFKA_VALUE_BYTES,
 };
@@ -947,6 +947,7 @@ impl Rebalancer {
     /// it includes with the group's committed offsets.
     fn restore_and_check(&self, assigned: &[(String, i32)]) -> Result<Checked, SessionError> {
         let partitions: Vec<i32> = assigned.iter().map(|(_, partition)| *partition).collect::<BTreeSet<_>>().into_iter().collect();
+        self.check_changelog_kept(&partitions)?;
         let deadline = Instant::now() + self.settle;
         loop {
             self.restorer.restore(&partitions).map_err(|err| match err {
@@ -1005,6 +1006,38 @@ impl Rebalancer {
             tracing::info!(job = %self.job, ?behind, "state is behind the group's offsets; waiting for the previous owner's transaction to settle");
             std::thread::sleep(Duration::from_millis(500));
         }
+    }
+
+    /// Refuses partitions whose local state has read the changelog further
+    /// than the changelog now reaches: the topic lost records since (it was
+    /// deleted and recreated, or truncated), so no other process could
+    /// restore that state, and going on would write a changelog that does
+    /// not add up. The producer is asked, not the restore consumer: its
+    /// `read_uncommitted` end is the log's end, where a `read_committed`
+    /// one stops at a transaction still open.
+    fn check_changelog_kept(&self, partitions: &[i32]) -> Result<(), SessionError> {
+        let changelog = self.restorer.topic();
+        for &partition in partitions {
+            let checkpoint = read_offset(&*self.store, &checkpoint_key(partition))
+                .map_err(|err| SessionError::Fatal(KafkaJobError::Task(err.into())))?;
+            let Some(checkpoint) = checkpoint.filter(|&checkpoint| checkpoint > 0) else { continue };
+            let (_, end) = self.producer.client().fetch_watermarks(changelog, partition, KAFKA_TIMEOUT).map_err(|err| {
+                SessionError::Restart(format!("reading the end of changelog `{changelog}` partition {partition} failed: {err}"))
+            })?;
+            if checkpoint > end {
+                return Err(SessionError::Fatal(KafkaJobError::Setup {
+                    job: self.job.clone(),
+                    message: format!(
+                        "changelog topic `{changelog}` partition {partition} ends at offset {end}, but this process's state has \
+                         read it up to offset {checkpoint}: the topic lost records since (deleted and recreated, or truncated), \
+                         so no other process could restore this state. Tally stops rather than write a changelog that does not \
+                         add up. To rebuild the state from the input, run the job under a new name (a new group, changelog and \
+                         state directory) writing to new output topics"
+                    ),
+                }));
+            }
+        }
+        Ok(())
     }
 
     /// Partition `p` of every input feeds one state namespace, so a process
