@@ -241,9 +241,9 @@ impl KafkaJob {
         consumer.subscribe(&topics)?;
         // The group join goes on in librdkafka's threads while the other
         // clients connect: the assignment is handled (and restored) only
-        // when the loop first polls, after the producer is ready.
-        // New clients connect first; a restore or a coordinator lookup
-        // begun before they have would wait on librdkafka's retry timers.
+        // when the loop first polls, after the producer is ready. They
+        // connect before they are used: a restore or a coordinator lookup
+        // begun earlier would wait on librdkafka's retry timers.
         topics::connect_to_cluster(producer.client(), CONNECT_BUDGET);
         if new_restorer {
             topics::connect_to_cluster(restorer.consumer().client(), CONNECT_BUDGET);
