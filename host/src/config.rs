@@ -554,11 +554,12 @@ mod tests {
 
     #[test]
     fn partitions_without_a_committed_offset_start_where_auto_offset_reset_says() {
-        use crate::kafka::topics::start_without_commit;
+        use crate::kafka::topics::{consumer_config, start_without_commit};
         use rdkafka::Offset;
         let start = |client: &str| {
             let (_dir, path) = write_job(&format!("{KAFKA_JOB}\n[kafka.client]\n{client}\n"));
-            start_without_commit(JobConfig::from_file(&path).unwrap().kafka().unwrap())
+            let job = JobConfig::from_file(&path).unwrap();
+            start_without_commit(&consumer_config(&job, job.kafka().unwrap(), "0123456789abcdef"))
         };
         assert_eq!(start(""), Offset::Beginning, "Tally's default is the earliest record");
         assert_eq!(start("\"auto.offset.reset\" = \"latest\""), Offset::End);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
@@ -37,11 +37,14 @@ pub fn unique(prefix: &str) -> String {
 /// Creates `topic` with `partitions` partitions.
 pub fn create_topic(topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
+    try_create_topic(&admin, topic, partitions).unwrap_or_else(|code| panic!("creating {topic}: {code}"));
+}
+
+/// Asks `admin` to create `topic`; the broker's refusal, if it refuses.
+fn try_create_topic(admin: &AdminClient<DefaultClientContext>, topic: &str, partitions: i32) -> Result<(), RDKafkaErrorCode> {
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     let results = futures_executor::block_on(admin.create_topics(&[new], &AdminOptions::new())).unwrap();
-    for result in results {
-        result.unwrap_or_else(|(topic, code)| panic!("creating {topic}: {code}"));
-    }
+    results.into_iter().try_for_each(|result| result.map(drop).map_err(|(_, code)| code))
 }
 
 fn client_config() -> ClientConfig {
@@ -302,14 +305,9 @@ pub fn delete_topics(topics: &[&str]) {
 pub fn recreate_topic(topic: &str, partitions: i32) {
     delete_topics(&[topic]);
     let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        let results = futures_executor::block_on(admin.create_topics(&[new], &AdminOptions::new())).unwrap();
-        match results.into_iter().next().unwrap() {
-            Ok(_) => return,
-            Err((_, code)) => assert!(std::time::Instant::now() < deadline, "recreating {topic}: {code}"),
-        }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(code) = try_create_topic(&admin, topic, partitions) {
+        assert!(Instant::now() < deadline, "recreating {topic}: {code}");
         std::thread::sleep(Duration::from_millis(200));
     }
 }

@@ -80,6 +80,14 @@ enum SessionError {
     Fatal(KafkaJobError),
 }
 
+impl SessionError {
+    /// A failure of the job's own parts (its state, its plugin, its
+    /// configuration): retrying does not help.
+    fn fatal(err: impl Into<TaskError>) -> SessionError {
+        SessionError::Fatal(KafkaJobError::Task(err.into()))
+    }
+}
+
 impl From<KafkaError> for SessionError {
     fn from(err: KafkaError) -> Self {
         SessionError::Restart(err.to_string())
@@ -196,10 +204,6 @@ impl KafkaJob {
         Ok(summary)
     }
 
-    fn fatal(&self, err: impl Into<TaskError>) -> SessionError {
-        SessionError::Fatal(KafkaJobError::Task(err.into()))
-    }
-
     fn run_session(&mut self, stop: &AtomicBool, options: KafkaRunOptions, summary: &mut RunSummary) -> Result<SessionEnd, SessionError> {
         let (config, kafka) = (&self.config, &self.kafka);
         let tracker = DeliveryTracker::new(self.layout.changelog.clone());
@@ -219,6 +223,7 @@ impl KafkaJob {
         let (config, kafka) = (&self.config, &self.kafka);
         let open = Arc::new(AtomicBool::new(false));
         let router = Arc::new(Router::default());
+        let consumer_config = topics::consumer_config(config, kafka, &self.instance);
         let rebalancer = Rebalancer {
             router: router.clone(),
             job: config.name.clone(),
@@ -230,11 +235,11 @@ impl KafkaJob {
             restorer: restorer.clone(),
             store: self.store.clone(),
             settle,
-            start_without_commit: topics::start_without_commit(kafka),
+            start_without_commit: topics::start_without_commit(&consumer_config),
             events: Mutex::default(),
         };
         let consumer: BaseConsumer<Rebalancer> =
-            topics::consumer_config(config, kafka, &self.instance).create_with_context(rebalancer).map_err(|err| self.client_error(err))?;
+            consumer_config.create_with_context(rebalancer).map_err(|err| self.client_error(err))?;
         // Open before subscribing: every assigned partition is routed to it.
         let mut fetch = FetchQueue::open(&consumer, router, config.batch_size);
         let topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
@@ -558,10 +563,10 @@ impl KafkaJob {
             self.txn.set_namespace(&namespace(split_source_id(batch[0].partition).1));
             let processed = process_batch_with(self.hot_swap.as_ref(), &mut *self.processor, &mut self.txn, batch);
             let outcome = processed.map_err(|err| match err {
-                ProcessError::Host(state) => self.fatal(state),
-                ProcessError::Instantiate(plugin) => self.fatal(plugin),
+                ProcessError::Host(state) => SessionError::fatal(state),
+                ProcessError::Instantiate(plugin) => SessionError::fatal(plugin),
                 ProcessError::Misconfigured(message) => {
-                    self.fatal(TaskError::Misconfigured { job: self.config.name.clone(), message })
+                    SessionError::fatal(TaskError::Misconfigured { job: self.config.name.clone(), message })
                 }
                 ProcessError::Plugin(_) => unreachable!("plugin failures end as dead letters"),
             })?;
@@ -713,7 +718,7 @@ impl KafkaJob {
                 progress.forget_uncommitted();
                 Ok(false)
             }
-            KafkaCommitError::State(err) => Err(self.fatal(err)),
+            KafkaCommitError::State(err) => Err(SessionError::fatal(err)),
             err => Err(SessionError::Restart(format!("commit failed, outcome unknown or fenced: {err}"))),
         }
     }
@@ -952,7 +957,7 @@ impl Rebalancer {
         loop {
             self.restorer.restore(&partitions).map_err(|err| match err {
                 RestoreError::Foreign { .. } => SessionError::Fatal(KafkaJobError::Setup { job: self.job.clone(), message: err.to_string() }),
-                RestoreError::State(state) => SessionError::Fatal(KafkaJobError::Task(state.into())),
+                RestoreError::State(state) => SessionError::fatal(state),
                 other => SessionError::Restart(other.to_string()),
             })?;
             let mut wanted = TopicPartitionList::new();
@@ -969,8 +974,7 @@ impl Rebalancer {
                     _ => None,
                 };
                 checked.committed.push(((topic.to_string(), partition), group_offset));
-                let included = read_offset(&*self.store, &included_key(topic, partition))
-                    .map_err(|err| SessionError::Fatal(KafkaJobError::Task(err.into())))?;
+                let included = read_offset(&*self.store, &included_key(topic, partition)).map_err(SessionError::fatal)?;
                 if let Some(included) = included {
                     checked.included.push(((topic.to_string(), partition), included));
                 }
@@ -1018,8 +1022,7 @@ impl Rebalancer {
     fn check_changelog_kept(&self, partitions: &[i32]) -> Result<(), SessionError> {
         let changelog = self.restorer.topic();
         for &partition in partitions {
-            let checkpoint = read_offset(&*self.store, &checkpoint_key(partition))
-                .map_err(|err| SessionError::Fatal(KafkaJobError::Task(err.into())))?;
+            let checkpoint = read_offset(&*self.store, &checkpoint_key(partition)).map_err(SessionError::fatal)?;
             let Some(checkpoint) = checkpoint.filter(|&checkpoint| checkpoint > 0) else { continue };
             let (_, end) = self.producer.client().fetch_watermarks(changelog, partition, KAFKA_TIMEOUT).map_err(|err| {
                 SessionError::Restart(format!("reading the end of changelog `{changelog}` partition {partition} failed: {err}"))

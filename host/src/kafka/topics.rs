@@ -119,16 +119,11 @@ pub fn consumer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> 
     config
 }
 
-/// Where the group consumer starts a partition the group has no committed
-/// offset for, per the consumer's `auto.offset.reset` as librdkafka reads
-/// it. `Invalid` (for `error`) leaves the decision to librdkafka.
-pub fn start_without_commit(kafka: &KafkaConfig) -> Offset {
-    let reset = client_settings(kafka, ClientRole::Consumer)
-        .filter(|(key, _)| *key == "auto.offset.reset")
-        .last()
-        .or_else(|| CONSUMER_DEFAULTS.iter().copied().find(|(key, _)| *key == "auto.offset.reset"))
-        .map_or("latest", |(_, value)| value);
-    match reset {
+/// Where the group consumer made from `consumer` starts a partition the
+/// group has no committed offset for: its `auto.offset.reset`, read as
+/// librdkafka reads it. `Invalid` (for `error`) leaves it to librdkafka.
+pub fn start_without_commit(consumer: &ClientConfig) -> Offset {
+    match consumer.get("auto.offset.reset").unwrap_or("latest") {
         "smallest" | "earliest" | "beginning" => Offset::Beginning,
         "largest" | "latest" | "end" => Offset::End,
         _ => Offset::Invalid,
