@@ -11,26 +11,26 @@ use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, Usage
 
 use crate::plugins;
 
-fn plugin(path: &str) -> Vec<u8> {
+pub(crate) fn plugin(path: &str) -> Vec<u8> {
     std::fs::read(path).unwrap()
 }
 
-fn digest_of(path: &str) -> String {
+pub(crate) fn digest_of(path: &str) -> String {
     tally_host::plugin::digest(&plugin(path))
 }
 
 /// Writes `lines` as input `file` of `tenant`, in the tenant's input directory.
-fn write_input(host: &ServeHost, tenant: &str, file: &str, lines: &[UsageLine]) {
+pub(crate) fn write_input(host: &ServeHost, tenant: &str, file: &str, lines: &[UsageLine]) {
     append_lines(&host.inputs(tenant).join(file), lines);
 }
 
 /// The names of the jobs `client`'s tenant sees, as listed.
-fn job_names(client: &AdminClient) -> Vec<String> {
+pub(crate) fn job_names(client: &AdminClient) -> Vec<String> {
     client.list().unwrap().as_array().unwrap().iter().map(|job| job["name"].as_str().unwrap().to_string()).collect()
 }
 
 /// Waits until the job's committed records reach `records` and nothing is left to read.
-fn wait_caught_up(client: &AdminClient, job: &str, records: u64, host: &ServeHost) {
+pub(crate) fn wait_caught_up(client: &AdminClient, job: &str, records: u64, host: &ServeHost) {
     wait_for(&format!("job `{job}` to commit {records} records"), Duration::from_secs(120), || {
         let status = client.status(job).unwrap();
         assert_ne!(status["state"], "failed", "job `{job}` failed: {status}\n{}", host.log());
@@ -40,7 +40,7 @@ fn wait_caught_up(client: &AdminClient, job: &str, records: u64, host: &ServeHos
 
 /// The final totals of a local job equal the independently computed ones,
 /// and every input line contributed exactly one total or dead letter.
-fn check_local_totals(host: &ServeHost, tenant: &str, job: &str, lines: &[UsageLine]) -> Vec<tally_tests::TotalLine> {
+pub(crate) fn check_local_totals(host: &ServeHost, tenant: &str, job: &str, lines: &[UsageLine]) -> Vec<tally_tests::TotalLine> {
     let totals = read_totals(&host.output(tenant, job, "totals"));
     assert_eq!(final_totals(&totals), expected_totals(lines), "job `{job}` of `{tenant}` computed wrong totals");
     let dead = tally_tests::read_dead_letters(&host.output(tenant, job, "dead-letters"));
@@ -50,7 +50,7 @@ fn check_local_totals(host: &ServeHost, tenant: &str, job: &str, lines: &[UsageL
     totals
 }
 
-fn refused(result: Result<Value, tally_host::client::ClientError>) -> (u16, String) {
+pub(crate) fn refused(result: Result<Value, tally_host::client::ClientError>) -> (u16, String) {
     match result {
         Ok(value) => panic!("expected a refusal, got {value}"),
         Err(err) => (err.status().unwrap_or_else(|| panic!("not an HTTP refusal: {err}")), err.to_string()),
@@ -125,7 +125,7 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
         ("malformed TOML", acme.deploy("name = \"x\"\noutputs = [", &billing), 400, "not valid TOML"),
         ("unknown field", acme.deploy(&format!("{good_job}colour = \"red\"\n"), &billing), 400, "unknown field `colour`"),
         ("input outside the tenant's directory", acme.deploy(&local_job("other", &["../globex/usage.ndjson"], ""), &billing), 400, "without `..`"),
-        ("host-owned field", acme.deploy(&good_job.replace("[local]", "[local]\nstate_dir = \"/tmp/x\""), &billing), 400, "remove `local.state_dir`"),
+        ("host-owned field", acme.deploy(&good_job.replace("[local]", "[local]\nstate_dir = \"/tmp/x\""), &billing), 400, "remove `state_dir`"),
         (
             "another tenant's topic",
             acme.deploy("name = \"k\"\noutputs = [\"totals\"]\n[kafka]\ninputs = [\"globex.usage\"]\noutputs = { totals = \"acme.totals\" }\ndead_letter_topic = \"acme.dead\"\n", &billing),
@@ -243,7 +243,7 @@ fn a_plugin_that_traps_on_its_first_batch_is_rolled_back_and_nothing_of_it_commi
 }
 
 /// The value of `name{..., job="<job>"}` in Prometheus text.
-fn metric(text: &str, name: &str, job: &str) -> f64 {
+pub(crate) fn metric(text: &str, name: &str, job: &str) -> f64 {
     let label = format!("job=\"{job}\"");
     text.lines()
         .find(|line| line.starts_with(&format!("{name}{{")) && line.contains(&label))

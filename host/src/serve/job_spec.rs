@@ -1,82 +1,231 @@
 //! A job file as a tenant deploys it to `tally serve`: the same TOML as
-//! for `tally run`, except that the host decides where things go. The
-//! plugin comes with the upload; state and outputs live in the job's
-//! directory; a local job's inputs must be regular files inside its
-//! tenant's `input_dir`; a Kafka job uses the host's brokers, a consumer
-//! group and client settings the host chooses, and only topics named
-//! `<tenant>.*`; sandbox limits stay under the host's caps.
+//! for `tally run`, minus everything the host decides.
+//!
+//! The file is parsed into [`ServedJob`], a type of its own that has no
+//! field for what the host owns: the plugin path (the plugin comes with the
+//! upload), state and output directories (the job's directory), brokers,
+//! consumer group and client settings (the host's). No TOML form — a table,
+//! dotted keys, an inline table, a positional array, an array of tables —
+//! can set such a field, because there is none to set. The host then builds
+//! the [`JobConfig`] it runs from the served job and its own settings.
+//!
+//! A local job's inputs must be regular files inside its tenant's
+//! `input_dir`; a Kafka job may use only topics named `<tenant>.*`; sandbox
+//! limits stay under the host's caps.
 
-use std::path::{Component, Path};
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
 
+use serde::Deserialize;
+
+use crate::config::{
+    Emit, Guarantee, JobConfig, KafkaConfig, Limits, LocalConfig, DEFAULT_BATCH_SIZE, DEFAULT_COMMIT_INTERVAL,
+    DEFAULT_DEAD_LETTER_OUTPUT, DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH,
+    DEFAULT_TRANSACTION_TIMEOUT_MS,
+};
+use crate::hot_swap::SwapPolicy;
 use crate::source::{LocalSource, SourceError};
-use crate::config::{JobConfig, DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH};
-
-/// Most partitions a served job may have its topics created with.
-const MAX_CREATE_PARTITIONS: u32 = 256;
 
 use super::config::{HostConfig, TenantConfig};
 use super::registry::JobDir;
 
-/// Fields the host sets itself, and why a tenant may not.
-const HOST_OWNED: &[(&[&str], &str)] = &[
-    (&["plugin"], "the plugin is uploaded with the job (`tally jobs deploy <job.toml> --plugin <file>`)"),
-    (&["local", "state_dir"], "the host keeps each job's state in its data directory"),
-    (&["local", "output_dir"], "the host keeps a local job's outputs in its data directory"),
-    (&["kafka", "state_dir"], "the host keeps each job's state in its data directory"),
-    (&["kafka", "brokers"], "jobs use the brokers the host is configured with (kafka_brokers in the host file)"),
-    (&["kafka", "group"], "the host names each job's consumer group (tally-<tenant>.<job>)"),
-    (&["kafka", "client"], "the host owns the Kafka client settings of the jobs it runs"),
+/// Most partitions a served job may have its topics created with.
+const MAX_CREATE_PARTITIONS: u32 = 256;
+
+/// Largest job file a tenant may deploy.
+pub const MAX_JOB_FILE_BYTES: usize = 64 << 10;
+
+/// Names a tenant might try to set, each with why the host sets it: used
+/// only to explain a refusal (the types below cannot hold them anyway).
+const HOST_OWNED: &[(&str, &str)] = &[
+    ("plugin", "the plugin is uploaded with the job (`tally jobs deploy <job.toml> --plugin <file>`)"),
+    ("state_dir", "the host keeps each job's state in its data directory"),
+    ("output_dir", "the host keeps a local job's outputs in its data directory"),
+    ("brokers", "jobs use the brokers the host is configured with (kafka_brokers in the host file)"),
+    ("group", "the host names each job's consumer group (tally-<tenant>.<job>)"),
+    ("client", "the host owns the Kafka client settings of the jobs it runs"),
 ];
 
-/// Parses `text` as `tenant`'s job and places its files in `dir`; returns
-/// the job's name as the tenant calls it and the config the host runs.
-/// The host runs it as `<tenant>.<name>`, so Kafka groups, transactional
-/// ids and changelogs of two tenants' same-named jobs never meet.
+/// A job as its tenant may write it: everything but what the host owns.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServedJob {
+    /// The job's name within its tenant: letters, digits and `-`.
+    pub name: String,
+    /// Outputs the plugin may emit to.
+    pub outputs: Vec<String>,
+    /// Where rejected and trapping events go.
+    #[serde(default = "default_dead_letter_output")]
+    pub dead_letter_output: String,
+    /// How often a transaction commits, in milliseconds.
+    #[serde(default = "default_commit_interval_ms")]
+    pub commit_interval_ms: u64,
+    /// Most events per plugin call.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// Sandbox limits of the plugin, under the host's caps.
+    #[serde(default)]
+    pub limits: Limits,
+    /// How a pushed plugin version is judged.
+    #[serde(default)]
+    pub hot_swap: SwapPolicy,
+    /// Which of the plugin's records a commit writes, per output.
+    #[serde(default)]
+    pub emit: BTreeMap<String, Emit>,
+    /// Local mode: files of the tenant's input directory.
+    #[serde(default)]
+    pub local: Option<ServedLocal>,
+    /// Kafka mode: the tenant's topics on the host's cluster.
+    #[serde(default)]
+    pub kafka: Option<ServedKafka>,
+}
+
+/// A served local job's inputs; outputs and state live in the job's directory.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServedLocal {
+    /// Files inside the tenant's `input_dir` (relative paths, no `..`).
+    pub inputs: Vec<String>,
+}
+
+/// A served Kafka job's topics; brokers, group, client settings and state
+/// are the host's.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServedKafka {
+    /// Input topics (`<tenant>.<name>`).
+    pub inputs: Vec<String>,
+    /// Topic of each output.
+    pub outputs: BTreeMap<String, String>,
+    /// Topic of rejected and trapping records.
+    pub dead_letter_topic: String,
+    /// `exactly_once` (default) or `at_least_once`.
+    #[serde(default)]
+    pub guarantee: Guarantee,
+    /// Create missing topics.
+    #[serde(default)]
+    pub create_topics: bool,
+    /// Partitions of topics created when no input topic exists yet.
+    #[serde(default = "default_create_partitions")]
+    pub create_partitions: u32,
+    /// Kafka transaction timeout, in milliseconds.
+    #[serde(default = "default_transaction_timeout_ms")]
+    pub transaction_timeout_ms: u64,
+}
+
+fn default_dead_letter_output() -> String {
+    DEFAULT_DEAD_LETTER_OUTPUT.to_string()
+}
+fn default_commit_interval_ms() -> u64 {
+    DEFAULT_COMMIT_INTERVAL.as_millis() as u64
+}
+fn default_batch_size() -> usize {
+    DEFAULT_BATCH_SIZE
+}
+fn default_create_partitions() -> u32 {
+    1
+}
+fn default_transaction_timeout_ms() -> u64 {
+    DEFAULT_TRANSACTION_TIMEOUT_MS
+}
+
+impl ServedJob {
+    /// Parses a tenant's job file; the message says what is wrong.
+    pub fn parse(text: &str) -> Result<ServedJob, String> {
+        if text.len() > MAX_JOB_FILE_BYTES {
+            return Err(format!("the job file has {} bytes; a job file may have at most {MAX_JOB_FILE_BYTES}", text.len()));
+        }
+        let table: toml::Table = toml::from_str(text).map_err(|err| format!("the job file is not valid TOML: {err}"))?;
+        toml::Value::Table(table).try_into().map_err(|err: toml::de::Error| explain(err.message()))
+    }
+}
+
+/// The parser's message, with why a host-owned name is refused.
+fn explain(message: &str) -> String {
+    for (name, why) in HOST_OWNED {
+        if message.contains(&format!("unknown field `{name}`")) {
+            return format!("remove `{name}` from the job file: {why} ({message})");
+        }
+    }
+    format!("the job file is invalid: {message}")
+}
+
+/// Parses `text` as `tenant`'s job; returns the job's name as the tenant
+/// calls it and the config the host runs. The host runs it as
+/// `<tenant>.<name>`, so Kafka groups, transactional ids and changelogs of
+/// two tenants' same-named jobs never meet.
 pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostConfig) -> Result<(String, JobConfig), String> {
-    let data_dir = &host.data_dir;
-    let mut table: toml::Table = toml::from_str(text).map_err(|err| format!("the job file is not valid TOML: {err}"))?;
-    for (path, why) in HOST_OWNED {
-        if lookup(&table, path) {
-            return Err(format!("remove `{}` from the job file: {why}", path.join(".")));
-        }
-    }
-    let name = match table.get("name") {
-        Some(toml::Value::String(name)) => name.clone(),
-        _ => return Err("the job file needs a name (name = \"billing\")".into()),
-    };
+    let served = ServedJob::parse(text)?;
+    let name = served.name.clone();
     if !super::config::valid_name(&name) {
-        return Err(format!("job name {name:?} must be non-empty and use only letters, digits and `-`"));
+        return Err(format!("job name {name:?} must be non-empty and use only letters, digits and `-` (at most 64)"));
     }
-    let dir = JobDir::new(data_dir, tenant_name, &name);
-    let path_value = |path: &Path| toml::Value::String(path.display().to_string());
-    table.insert("name".into(), toml::Value::String(format!("{tenant_name}.{name}")));
-    table.insert("plugin".into(), path_value(&dir.path().join("plugins")));
-    if let Some(toml::Value::Table(local)) = table.get_mut("local") {
-        local.insert("state_dir".into(), path_value(&dir.state_dir()));
-        local.insert("output_dir".into(), path_value(&dir.output_dir()));
-        if let Some(toml::Value::Array(inputs)) = local.get_mut("inputs") {
-            let Some(input_dir) = &tenant.input_dir else {
-                return Err(format!(
-                    "tenant `{tenant_name}` has no input_dir in the host configuration, so it cannot run local jobs; use a [kafka] job, or ask the operator for an input_dir"
-                ));
-            };
-            for input in inputs.iter_mut() {
-                let toml::Value::String(relative) = input else { continue };
-                *input = path_value(&inside(input_dir, relative)?);
-            }
-        }
-    }
-    if let Some(toml::Value::Table(kafka)) = table.get_mut("kafka") {
-        kafka.insert("state_dir".into(), path_value(&dir.state_dir()));
-        let Some(brokers) = &host.kafka_brokers else {
-            return Err("this host runs no Kafka jobs (its host file has no kafka_brokers); use a [local] job".into());
-        };
-        kafka.insert("brokers".into(), toml::Value::String(brokers.clone()));
-    }
-    let config: JobConfig = toml::Value::Table(table)
-        .try_into()
-        .map_err(|err: toml::de::Error| format!("the job file is invalid: {}", err.message()))?;
+    let dir = JobDir::new(&host.data_dir, tenant_name, &name);
+    let config = served.into_config(tenant_name, tenant, host, &dir)?;
     config.validate().map_err(|err| err.to_string().replacen(&format!("job `{tenant_name}.{name}`"), &format!("job `{name}`"), 1))?;
+    check_caps(&config, tenant_name, host)?;
+    if let (Some(local), Some(input_dir)) = (&config.local, tenant.input_dir.as_deref()) {
+        check_inputs(input_dir, &local.inputs)?;
+    }
+    Ok((name, config))
+}
+
+impl ServedJob {
+    /// The config the host runs: the tenant's settings, with the host's
+    /// paths, brokers and names.
+    fn into_config(self, tenant_name: &str, tenant: &TenantConfig, host: &HostConfig, dir: &JobDir) -> Result<JobConfig, String> {
+        let local = match self.local {
+            None => None,
+            Some(local) => {
+                let Some(input_dir) = &tenant.input_dir else {
+                    return Err(format!(
+                        "tenant `{tenant_name}` has no input_dir in the host configuration, so it cannot run local jobs; use a [kafka] job, or ask the operator for an input_dir"
+                    ));
+                };
+                let inputs = local.inputs.iter().map(|input| inside(input_dir, input)).collect::<Result<_, _>>()?;
+                // Checked again on every file the job opens, after it is open.
+                Some(LocalConfig { inputs, output_dir: dir.output_dir(), state_dir: dir.state_dir(), confine_to: Some(input_dir.clone()) })
+            }
+        };
+        let kafka = match self.kafka {
+            None => None,
+            Some(kafka) => {
+                let Some(brokers) = &host.kafka_brokers else {
+                    return Err("this host runs no Kafka jobs (its host file has no kafka_brokers); use a [local] job".into());
+                };
+                Some(KafkaConfig {
+                    brokers: brokers.clone(),
+                    group: None,
+                    inputs: kafka.inputs,
+                    outputs: kafka.outputs,
+                    dead_letter_topic: kafka.dead_letter_topic,
+                    state_dir: dir.state_dir(),
+                    guarantee: kafka.guarantee,
+                    create_topics: kafka.create_topics,
+                    create_partitions: kafka.create_partitions,
+                    transaction_timeout_ms: kafka.transaction_timeout_ms,
+                    client: BTreeMap::new(),
+                })
+            }
+        };
+        Ok(JobConfig {
+            name: format!("{tenant_name}.{}", self.name),
+            plugin: dir.path().join("plugins"),
+            outputs: self.outputs,
+            dead_letter_output: self.dead_letter_output,
+            commit_interval_ms: self.commit_interval_ms,
+            batch_size: self.batch_size,
+            limits: self.limits,
+            local,
+            kafka,
+            hot_swap: self.hot_swap,
+            emit: self.emit,
+        })
+    }
+}
+
+/// The host's caps on what a served job may ask for, and its tenant's topics.
+fn check_caps(config: &JobConfig, tenant_name: &str, host: &HostConfig) -> Result<(), String> {
     if let Some(kafka) = &config.kafka {
         let prefix = format!("{tenant_name}.");
         let topics = kafka.inputs.iter().chain(kafka.outputs.values()).chain([&kafka.dead_letter_topic]);
@@ -85,39 +234,32 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostCo
                 return Err(format!("topic `{topic}` is not one of tenant `{tenant_name}`'s: a job may only use topics named `{prefix}<name>`"));
             }
         }
+        if kafka.create_partitions > MAX_CREATE_PARTITIONS {
+            return Err(format!("kafka.create_partitions may be at most {MAX_CREATE_PARTITIONS} on this host"));
+        }
     }
     let limits = &config.limits;
-    if limits.memory_bytes > host.max_memory_bytes || limits.cpu_budget_ms > host.max_cpu_budget_ms {
-        return Err(format!(
-            "limits.memory_bytes may be at most {} and limits.cpu_budget_ms at most {} on this host",
-            host.max_memory_bytes, host.max_cpu_budget_ms
-        ));
+    if limits.memory_bytes > host.max_memory_bytes {
+        return Err(format!("limits.memory_bytes may be at most {} on this host (max_memory_bytes), got {}", host.max_memory_bytes, limits.memory_bytes));
+    }
+    if limits.cpu_budget_ms > host.max_cpu_budget_ms {
+        return Err(format!("limits.cpu_budget_ms may be at most {} on this host (max_cpu_budget_ms), got {}", host.max_cpu_budget_ms, limits.cpu_budget_ms));
     }
     // What one batch may make the host buffer: no more than the defaults.
-    if limits.max_output_bytes_per_batch > DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH || limits.max_state_bytes_per_batch > DEFAULT_MAX_STATE_BYTES_PER_BATCH {
-        return Err(format!(
-            "limits.max_output_bytes_per_batch and limits.max_state_bytes_per_batch may be at most {DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH} and {DEFAULT_MAX_STATE_BYTES_PER_BATCH} on this host"
-        ));
+    if limits.max_output_bytes_per_batch > DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH {
+        return Err(format!("limits.max_output_bytes_per_batch may be at most {DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH} on this host"));
     }
-    if config.kafka.as_ref().is_some_and(|kafka| kafka.create_partitions > MAX_CREATE_PARTITIONS) {
-        return Err(format!("kafka.create_partitions may be at most {MAX_CREATE_PARTITIONS} on this host"));
+    if limits.max_state_bytes_per_batch > DEFAULT_MAX_STATE_BYTES_PER_BATCH {
+        return Err(format!("limits.max_state_bytes_per_batch may be at most {DEFAULT_MAX_STATE_BYTES_PER_BATCH} on this host"));
     }
-    let mut config = config;
-    if let Some(local) = &mut config.local {
-        let Some(input_dir) = tenant.input_dir.as_deref() else {
-            return Err(format!("tenant `{tenant_name}` has no input_dir in the host configuration, so it cannot run local jobs"));
-        };
-        check_inputs(input_dir, &local.inputs)?;
-        // Checked again on every file the job opens, after it is open.
-        local.confine_to = Some(input_dir.to_path_buf());
-    }
-    Ok((name, config))
+    Ok(())
 }
 
 /// Opens each input the way the job will ([`LocalSource::open_confined`]):
 /// a regular file inside `input_dir` once every link is followed. Said at
-/// deploy in the tenant's terms; the job checks again on every open.
-fn check_inputs(input_dir: &Path, inputs: &[std::path::PathBuf]) -> Result<(), String> {
+/// deploy in the tenant's terms (paths inside its input directory, never
+/// the host's); the job checks again on every open.
+fn check_inputs(input_dir: &Path, inputs: &[PathBuf]) -> Result<(), String> {
     for input in inputs {
         let shown = input.strip_prefix(input_dir).unwrap_or(input).display();
         match LocalSource::open_confined(std::slice::from_ref(input), &[], Some(input_dir)) {
@@ -125,24 +267,22 @@ fn check_inputs(input_dir: &Path, inputs: &[std::path::PathBuf]) -> Result<(), S
             Err(SourceError::Outside { .. }) => {
                 return Err(format!("input `{shown}` leads outside the tenant's input directory, or is not a regular file"));
             }
-            Err(err) => return Err(format!("input `{shown}` cannot be opened: {err}")),
+            Err(SourceError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(format!("input `{shown}` does not exist in the tenant's input directory; put the file there first"));
+            }
+            Err(SourceError::Read { source, .. }) => {
+                return Err(format!("input `{shown}` cannot be opened: {}", source.kind()));
+            }
+            Err(_) => return Err(format!("input `{shown}` cannot be opened")),
         }
     }
     Ok(())
 }
 
-fn lookup(table: &toml::Table, path: &[&str]) -> bool {
-    match path {
-        [] => true,
-        [key] => table.contains_key(*key),
-        [key, rest @ ..] => matches!(table.get(*key), Some(toml::Value::Table(inner)) if lookup(inner, rest)),
-    }
-}
-
 /// `relative` under `input_dir`, refusing anything that could leave it.
-fn inside(input_dir: &Path, relative: &str) -> Result<std::path::PathBuf, String> {
+fn inside(input_dir: &Path, relative: &str) -> Result<PathBuf, String> {
     let path = Path::new(relative);
-    if !path.components().all(|component| matches!(component, Component::Normal(_))) {
+    if relative.is_empty() || !path.components().all(|component| matches!(component, Component::Normal(_))) {
         return Err(format!(
             "input {relative:?} must be a path inside the tenant's input directory, without `..` or a leading `/` (like \"usage-0.ndjson\")"
         ));
@@ -155,7 +295,9 @@ mod tests {
     use super::*;
 
     fn tenant(input_dir: Option<&Path>) -> TenantConfig {
-        TenantConfig { token: "0123456789abcdef".into(), input_dir: input_dir.map(Path::to_path_buf), max_jobs: 16 }
+        let mut tenant: TenantConfig = toml::from_str("token = \"0123456789abcdef\"").unwrap();
+        tenant.input_dir = input_dir.map(Path::to_path_buf);
+        tenant
     }
 
     fn host() -> HostConfig {
@@ -165,6 +307,7 @@ mod tests {
     }
 
     const LOCAL: &str = "name = \"billing\"\noutputs = [\"totals\"]\n[local]\ninputs = [\"usage-0.ndjson\"]\n";
+    const KAFKA: &str = "name = \"billing\"\noutputs = [\"totals\"]\n[kafka]\ninputs = [\"acme.usage\"]\noutputs = { totals = \"acme.totals\" }\ndead_letter_topic = \"acme.dead\"\n";
 
     #[test]
     fn the_host_places_files_and_qualifies_the_name() {
@@ -176,16 +319,16 @@ mod tests {
         let local = config.local.unwrap();
         assert_eq!(local.inputs, [inputs.path().join("usage-0.ndjson")]);
         assert_eq!(local.state_dir, Path::new("/data/jobs/acme/billing/state"));
+        assert_eq!(local.output_dir, Path::new("/data/jobs/acme/billing/out"));
+        assert_eq!(local.confine_to.as_deref(), Some(inputs.path()));
     }
 
     #[test]
-    fn host_owned_fields_escapes_and_unknown_fields_are_refused() {
+    fn escapes_unknown_fields_and_missing_inputs_are_refused_in_the_tenants_terms() {
         let inputs = tempfile::tempdir().unwrap();
         std::fs::write(inputs.path().join("usage-0.ndjson"), "").unwrap();
         let tenant = tenant(Some(inputs.path()));
         let data = &host();
-        let err = parse(&format!("plugin = \"x.wasm\"\n{LOCAL}"), "acme", &tenant, data).unwrap_err();
-        assert!(err.contains("remove `plugin`"), "{err}");
         let err = parse(&LOCAL.replace("usage-0", "../../etc/passwd"), "acme", &tenant, data).unwrap_err();
         assert!(err.contains("without `..`"), "{err}");
         let err = parse(&format!("{LOCAL}colour = \"red\"\n"), "acme", &tenant, data).unwrap_err();
@@ -197,20 +340,63 @@ mod tests {
         std::os::unix::fs::symlink("/etc/hostname", inputs.path().join("link.ndjson")).unwrap();
         let err = parse(&LOCAL.replace("usage-0", "link"), "acme", &tenant, data).unwrap_err();
         assert!(err.contains("leads outside"), "{err}");
+        let err = parse(&LOCAL.replace("usage-0", "missing"), "acme", &tenant, data).unwrap_err();
+        assert!(err.contains("input `missing.ndjson` does not exist"), "{err}");
+        assert!(!err.contains(&inputs.path().display().to_string()), "the host's paths stay the host's: {err}");
+        let err = parse(&"#".repeat(MAX_JOB_FILE_BYTES + 1), "acme", &tenant, data).unwrap_err();
+        assert!(err.contains(&format!("at most {MAX_JOB_FILE_BYTES}")), "{err}");
+    }
+
+    /// Every TOML form of a field the host owns, for both modes: none can
+    /// reach the config the host runs.
+    #[test]
+    fn host_owned_fields_cannot_be_written_in_any_toml_form() {
+        let inputs = tempfile::tempdir().unwrap();
+        std::fs::write(inputs.path().join("usage-0.ndjson"), "").unwrap();
+        let tenant = tenant(Some(inputs.path()));
+        let attempts = [
+            // Top level, as a key, a dotted key and inside an inline table.
+            format!("plugin = \"/tmp/x.wasm\"\n{LOCAL}"),
+            LOCAL.replace("[local]", "[local]\nstate_dir = \"/any/state\""),
+            LOCAL.replace("[local]", "[local]\noutput_dir = \"/any/out\""),
+            LOCAL.replace("[local]\ninputs = [\"usage-0.ndjson\"]", "local.inputs = [\"usage-0.ndjson\"]\nlocal.state_dir = \"/any\""),
+            LOCAL.replace("[local]\ninputs = [\"usage-0.ndjson\"]", "local = { inputs = [\"usage-0.ndjson\"], output_dir = \"/any\" }"),
+            // Positional arrays fill the served type's own fields only.
+            LOCAL.replace("[local]\ninputs = [\"usage-0.ndjson\"]", "local = [[\"usage-0.ndjson\"], \"/any/out\", \"/any/state\"]"),
+            // Arrays of tables.
+            LOCAL.replace("[local]", "[[local]]"),
+            KAFKA.replace("[kafka]", "[kafka]\nbrokers = \"127.0.0.1:1\""),
+            KAFKA.replace("[kafka]", "[kafka]\ngroup = \"tally-globex.billing\""),
+            KAFKA.replace("[kafka]", "[kafka]\nstate_dir = \"/any/state\""),
+            format!("{KAFKA}[kafka.client]\n\"plugin.library.paths\" = \"/tmp/evil.so\"\n"),
+            format!("{KAFKA}kafka.client.\"plugin.library.paths\" = \"/tmp/evil.so\"\n").replacen("[kafka]\n", "", 1).replace("inputs = [\"acme.usage\"]", "kafka.inputs = [\"acme.usage\"]").replace("outputs = { totals = \"acme.totals\" }\ndead", "kafka.outputs = { totals = \"acme.totals\" }\nkafka.dead"),
+            "name = \"billing\"\noutputs = [\"totals\"]\nkafka = [\"127.0.0.1:1\", \"tally-acme.billing\", [\"acme.in\"], {totals = \"acme.out\"}, \"acme.dead\", \"/any/state\", \"exactly_once\", false, 1, 10000, {\"plugin.library.paths\" = \"/tmp/evil.so\"}]\n".to_string(),
+            "name = \"billing\"\noutputs = [\"totals\"]\nkafka = { inputs = [\"acme.in\"], outputs = {totals = \"acme.out\"}, dead_letter_topic = \"acme.dead\", client = {\"plugin.library.paths\" = \"/tmp/evil.so\"} }\n".to_string(),
+            "name = \"billing\"\noutputs = [\"totals\"]\n[[kafka]]\ninputs = [\"acme.in\"]\nbrokers = \"127.0.0.1:1\"\n".to_string(),
+        ];
+        for text in &attempts {
+            match parse(text, "acme", &tenant, &host()) {
+                Ok((_, config)) => panic!("accepted {text:?} as {config:?}"),
+                Err(err) => assert!(!err.is_empty(), "{text}"),
+            }
+        }
+        // The refusals of named fields say what to do.
+        let err = parse(&attempts[1], "acme", &tenant, &host()).unwrap_err();
+        assert!(err.contains("remove `state_dir`") && err.contains("data directory"), "{err}");
+        let err = parse(&attempts[10], "acme", &tenant, &host()).unwrap_err();
+        assert!(err.contains("remove `client`"), "{err}");
     }
 
     #[test]
     fn kafka_jobs_use_the_hosts_brokers_and_only_their_tenants_topics() {
-        let kafka = "name = \"billing\"\noutputs = [\"totals\"]\n[kafka]\ninputs = [\"acme.usage\"]\noutputs = { totals = \"acme.totals\" }\ndead_letter_topic = \"acme.dead\"\n";
-        let (_, config) = parse(kafka, "acme", &tenant(None), &host()).unwrap();
-        assert_eq!(config.kafka.unwrap().brokers, "127.0.0.1:9092");
-        let err = parse(&kafka.replace("acme.usage", "globex.usage"), "acme", &tenant(None), &host()).unwrap_err();
+        let (_, config) = parse(KAFKA, "acme", &tenant(None), &host()).unwrap();
+        let kafka = config.kafka.unwrap();
+        assert_eq!(kafka.brokers, "127.0.0.1:9092");
+        assert!(kafka.client.is_empty() && kafka.group.is_none(), "the host's settings, not the tenant's");
+        assert_eq!(kafka.state_dir, Path::new("/data/jobs/acme/billing/state"));
+        let err = parse(&KAFKA.replace("acme.usage", "globex.usage"), "acme", &tenant(None), &host()).unwrap_err();
         assert!(err.contains("not one of tenant `acme`'s"), "{err}");
-        let err = parse(&kafka.replace("[kafka]", "[kafka]\ngroup = \"tally-globex.billing\""), "acme", &tenant(None), &host()).unwrap_err();
-        assert!(err.contains("remove `kafka.group`"), "{err}");
-        let err = parse(&format!("{kafka}[kafka.client]\n\"plugin.library.paths\" = \"x\"\n"), "acme", &tenant(None), &host()).unwrap_err();
-        assert!(err.contains("remove `kafka.client`"), "{err}");
-        let err = parse(&format!("{kafka}[limits]\nmemory_bytes = 1099511627776\n"), "acme", &tenant(None), &host()).unwrap_err();
-        assert!(err.contains("at most"), "{err}");
+        let err = parse(&format!("{KAFKA}[limits]\nmemory_bytes = 1099511627776\n"), "acme", &tenant(None), &host()).unwrap_err();
+        assert!(err.contains("at most") && err.contains("max_memory_bytes"), "{err}");
     }
 }
