@@ -11,6 +11,7 @@ const PLUGINS: &[(&str, &str)] = &[
     ("WRONG_WIT_VERSION", "wrong-wit-version"),
     ("BILLING_VARIANT", "billing-variant"),
     ("BILLING_TRAP", "billing-trap"),
+    ("HOSTILE", "hostile"),
 ];
 
 fn main() {

@@ -41,7 +41,7 @@ impl AdminClient {
     pub fn new(server: &str, token: Option<&str>) -> AdminClient {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(120)))
+            .timeout_global(Some(Duration::from_secs(200)))
             .build()
             .into();
         AdminClient { server: server.trim_end_matches('/').to_string(), token: token.map(str::to_string), agent }
@@ -56,6 +56,12 @@ impl AdminClient {
             builder = builder.header("Authorization", format!("Bearer {token}"));
         }
         let (content_type, bytes) = body.unwrap_or(("application/octet-stream", Vec::new()));
+        if !bytes.is_empty() {
+            // The host refuses a request it would not take (a wrong token, a
+            // body over its limit) before the body is sent, instead of
+            // cutting the upload off halfway.
+            builder = builder.header("Expect", "100-continue");
+        }
         let request = builder.header("Content-Type", content_type).body(bytes).map_err(|err| unreachable(err.to_string()))?;
         let mut response = self.agent.run(request).map_err(|err| unreachable(err.to_string()))?;
         let status = response.status().as_u16();

@@ -46,6 +46,12 @@ pub const DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH: u64 = 64 << 20;
 pub const DEFAULT_MAX_STATE_BYTES_PER_BATCH: u64 = 64 << 20;
 /// Largest batch a job may ask for.
 pub const MAX_BATCH_SIZE: usize = 65_536;
+/// Events in a row the plugin may fail on (trap or break a limit) before
+/// the job stops.
+pub const DEFAULT_MAX_FAILURES_IN_A_ROW: u64 = 100;
+/// Largest input record (a line of a local input, a Kafka record's value)
+/// handed to a plugin; larger ones are dead-lettered unread.
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
 
 /// A bad job configuration.
 #[derive(Debug, thiserror::Error)]
@@ -232,10 +238,18 @@ pub struct Limits {
     /// 900,000, so a record with its key and headers fits librdkafka's
     /// default `message.max.bytes`).
     pub max_value_bytes: u32,
-    /// Most output bytes per batch (its retries included).
+    /// Most output bytes per batch: keys and values, and 128 bytes per
+    /// record for what holding it costs.
     pub max_output_bytes_per_batch: u64,
-    /// Most state bytes written per batch (its retries included).
+    /// Most state bytes written per batch: keys and values written, keys
+    /// deleted, and 64 bytes per write or delete.
     pub max_state_bytes_per_batch: u64,
+    /// Events in a row the plugin may fail on before the job stops (under
+    /// `tally serve`: is paused, with the reason in its status).
+    pub max_failures_in_a_row: u64,
+    /// Largest input record handed to the plugin, in bytes; a larger one is
+    /// dead-lettered with the reason, and not read into memory.
+    pub max_record_bytes: u64,
 }
 
 impl Default for Limits {
@@ -247,6 +261,8 @@ impl Default for Limits {
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             max_output_bytes_per_batch: DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH,
             max_state_bytes_per_batch: DEFAULT_MAX_STATE_BYTES_PER_BATCH,
+            max_failures_in_a_row: DEFAULT_MAX_FAILURES_IN_A_ROW,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
         }
     }
 }
@@ -368,6 +384,9 @@ impl JobConfig {
         }
         if limits.cpu_budget_ms < tick_ms {
             return invalid(format!("limits.cpu_budget_ms must be at least {tick_ms} (the budget is checked every {tick_ms} ms)"));
+        }
+        if limits.max_failures_in_a_row == 0 || limits.max_record_bytes == 0 {
+            return invalid("limits.max_failures_in_a_row and limits.max_record_bytes must be at least 1".into());
         }
         Ok(())
     }

@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use serde::Deserialize;
 
+use crate::batch::BatchOutcome;
 use crate::config::Limits;
-use crate::plugin::{LoadedPlugin, Processor};
-use crate::task::BatchOutcome;
+use crate::plugin::{JobContext, LoadedPlugin, Processor};
 use crate::transaction::Transaction;
 
 /// How a job judges a new plugin version on trial.
@@ -133,13 +133,15 @@ pub struct HotSwap {
     limits: Limits,
     policy: SwapPolicy,
     observer: Arc<dyn JobObserver>,
+    context: JobContext,
     trial: Option<Trial>,
 }
 
 impl HotSwap {
-    /// Hot loading for a job with sandbox `limits`, fed by `slot`.
-    pub fn new(slot: Arc<PluginSlot>, limits: Limits, policy: SwapPolicy, observer: Arc<dyn JobObserver>) -> HotSwap {
-        HotSwap { slot, limits, policy, observer, trial: None }
+    /// Hot loading for a job with sandbox `limits`, fed by `slot`; new
+    /// versions are instantiated in the job's `context`.
+    pub fn new(slot: Arc<PluginSlot>, limits: Limits, policy: SwapPolicy, observer: Arc<dyn JobObserver>, context: JobContext) -> HotSwap {
+        HotSwap { slot, limits, policy, observer, context, trial: None }
     }
 
     /// Whether a new version is running its trial transaction (a failing
@@ -179,7 +181,7 @@ impl HotSwap {
     /// with `processor`.
     pub fn at_boundary(&mut self, processor: &mut Box<dyn Processor>, txn: &mut Transaction) {
         let Some((plugin, pushed_at)) = self.slot.take() else { return };
-        match plugin.instantiate(self.limits) {
+        match plugin.instantiate_in(self.limits, self.context.clone()) {
             Ok(instance) => {
                 let previous = std::mem::replace(processor, Box::new(instance));
                 // A version still on trial (no committed transaction yet) is
@@ -273,7 +275,7 @@ mod tests {
 
     /// A hot swap with `new` on trial, `old` to go back to.
     fn on_trial(events: Arc<Events>) -> (HotSwap, Box<dyn Processor>, Transaction) {
-        let mut swap = HotSwap::new(PluginSlot::new(), Limits::default(), SwapPolicy { max_reject_share: 0.5 }, events);
+        let mut swap = HotSwap::new(PluginSlot::new(), Limits::default(), SwapPolicy { max_reject_share: 0.5 }, events, JobContext::new("test"));
         swap.trial = Some(Trial { digest: "sha256:new".into(), previous: Box::new(Named("sha256:old")), events: 0, rejected: 0 });
         let txn = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), Limits::default());
         (swap, Box::new(Named("sha256:new")), txn)

@@ -2,7 +2,7 @@
 //! components over streams, with exactly-once results.
 //!
 //! The data path, one module per step:
-//! [`source`] → [`task`] → [`plugin`] → [`transaction`] / [`overlay`] →
+//! [`source`] → [`task`] → [`batch`] → [`plugin`] → [`transaction`] / [`overlay`] →
 //! [`committer`] → [`sink`] and [`state_store`]. Kafka mode's source,
 //! committer and changelog are in [`kafka`].
 //!
@@ -16,9 +16,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod batch;
 pub mod client;
 pub mod committer;
 pub mod config;
+pub mod fair_share;
 pub mod files;
 pub mod hot_swap;
 pub mod kafka;

@@ -69,6 +69,17 @@ enum Command {
     /// Manage your jobs on a `tally serve` host.
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// (Internal) compiles one upload for `tally serve`, in a process of
+    /// its own under the host's compile limits.
+    #[command(hide = true)]
+    CompileWorker {
+        /// The plugin's name in messages.
+        name: String,
+        /// The component to compile.
+        input: PathBuf,
+        /// Where to write its compiled form.
+        output: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -218,6 +229,10 @@ enum StateCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::CompileWorker { name, input, output } = &cli.command {
+        // Its stderr is its answer: no log lines there.
+        return tally_host::plugin::compiler::worker_main(name, input, output);
+    }
     init_logging(cli.log_json);
     let admin = Admin { server: cli.server, token: cli.token };
     match run(cli.command, &admin) {
@@ -255,16 +270,20 @@ fn init_logging(json: bool) {
 
 fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
     match command {
-        Command::Run(args) => run_job(args),
+        // The handlers go in first: a SIGTERM while the plugin compiles or
+        // the job opens stops the run cleanly instead of killing it.
+        Command::Run(args) => run_job(args, stop_on_signals()?),
         Command::Plugin(PluginCommand::Build { dir, out }) => build_plugin(&dir, out.as_deref()),
         Command::Plugin(PluginCommand::Inspect { file, json }) => inspect_plugin(&file, json),
         Command::State(StateCommand::List { state_dir, json }) => list_state(&state_dir, json),
-        Command::Serve { config } => serve(&config),
+        Command::Serve { config } => serve(&config, stop_on_signals()?),
         Command::Jobs(command) => admin_cli::jobs(admin, command),
         Command::Plugin(PluginCommand::Push { job, file, json }) => admin_cli::push(admin, &job, &file, json),
         Command::Plugin(PluginCommand::History { job, json }) => admin_cli::history(admin, &job, json),
         Command::Plugin(PluginCommand::Rollback { job, json }) => admin_cli::rollback(admin, &job, json),
         Command::State(StateCommand::Get { job, key, json }) => admin_cli::state_get(admin, &job, &key, json),
+        // Handled in `main`, before logging starts.
+        Command::CompileWorker { .. } => bail!("the compile worker runs before any other command"),
     }
 }
 
@@ -274,10 +293,10 @@ pub(crate) struct Admin {
     pub(crate) token: Option<String>,
 }
 
-fn serve(config: &Path) -> anyhow::Result<()> {
+fn serve(config: &Path, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let config = tally_host::serve::config::HostConfig::from_file(config)?;
-    let host = tally_host::serve::Host::open(config).map_err(anyhow::Error::msg)?;
-    let stop = stop_on_signals()?;
+    let worker = std::env::current_exe().context("finding the `tally` binary, which compiles uploads")?;
+    let host = tally_host::serve::Host::open(config, worker).map_err(anyhow::Error::msg)?;
     tally_host::serve::api::serve(host, stop).map_err(anyhow::Error::msg)?;
     println!("stopped: every job committed what it had processed");
     Ok(())
@@ -285,7 +304,7 @@ fn serve(config: &Path) -> anyhow::Result<()> {
 
 pub(crate) use JobsCommand as AdminJobsCommand;
 
-fn run_job(args: RunArgs) -> anyhow::Result<()> {
+fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let job = match args.job {
         Some(path) => JobConfig::from_file(&path)?,
         None => {
@@ -314,13 +333,12 @@ fn run_job(args: RunArgs) -> anyhow::Result<()> {
     };
     let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
     if job.kafka.is_some() {
-        return run_kafka_job(&job, &plugin, args.until_caught_up);
+        return run_kafka_job(&job, &plugin, args.until_caught_up, &stop);
     }
     if args.until_caught_up {
         bail!("--until-caught-up is for Kafka jobs; a local job always stops at the end of its inputs");
     }
     let mut task = LocalTask::open(&job, &plugin)?;
-    let stop = stop_on_signals()?;
     let summary = task.run_until(&stop)?;
     if summary.stopped_early {
         println!("stopped on request; everything processed so far is committed, and the next run resumes there");
@@ -345,10 +363,9 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
-fn run_kafka_job(job: &JobConfig, plugin: &LoadedPlugin, until_caught_up: bool) -> anyhow::Result<()> {
+fn run_kafka_job(job: &JobConfig, plugin: &LoadedPlugin, until_caught_up: bool, stop: &AtomicBool) -> anyhow::Result<()> {
     let mut kafka_job = KafkaJob::open(job, plugin)?;
-    let stop = stop_on_signals()?;
-    let summary = kafka_job.run_until(&stop, KafkaRunOptions { until_caught_up })?;
+    let summary = kafka_job.run_until(stop, KafkaRunOptions { until_caught_up })?;
     println!("{}", summary.describe(&job.name));
     if summary.stopped_early {
         println!("stopped on request; whatever was not committed is processed again by the next run");

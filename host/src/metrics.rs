@@ -4,7 +4,6 @@
 
 use crate::sync::lock;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -14,7 +13,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::hot_swap::{CommitReport, SwapEvent};
-use crate::task::BatchOutcome;
+use crate::batch::BatchOutcome;
+use crate::plugin::context::PluginMeters;
 
 /// Labels of every job metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -55,6 +55,8 @@ pub struct HostMetrics {
     plugin_cpu_seconds: Family<JobLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     plugin_memory: Gauges,
     traps: Counters,
+    cpu_budget_breaches: Counters,
+    log_lines_dropped: Counters,
     swaps: Counters,
     rollbacks: Counters,
     running: Gauges,
@@ -83,6 +85,8 @@ impl HostMetrics {
             plugin_cpu_seconds: Family::default(),
             plugin_memory: Gauges::default(),
             traps: Counters::default(),
+            cpu_budget_breaches: Counters::default(),
+            log_lines_dropped: Counters::default(),
             swaps: Counters::default(),
             rollbacks: Counters::default(),
             running: Gauges::default(),
@@ -97,9 +101,11 @@ impl HostMetrics {
         registry.register("commit_seconds", "Time to commit one transaction", metrics.commit_seconds.clone());
         registry.register("consumer_lag_records", "Kafka jobs: records between the consumer and the ends of its partitions", metrics.consumer_lag.clone());
         registry.register("input_lag_bytes", "Local jobs: bytes of the input files not read yet", metrics.input_lag_bytes.clone());
-        registry.register("plugin_cpu_seconds", "CPU time spent in plugin calls", metrics.plugin_cpu_seconds.clone());
-        registry.register("plugin_memory_bytes", "Linear memory the plugin instance holds", metrics.plugin_memory.clone());
-        registry.register("plugin_traps", "Plugin calls that trapped or broke a limit", metrics.traps.clone());
+        registry.register("plugin_cpu_seconds", "CPU time spent in plugin calls, counted as they run", metrics.plugin_cpu_seconds.clone());
+        registry.register("plugin_memory_bytes", "Memory (linear memories, tables) the plugin instance holds", metrics.plugin_memory.clone());
+        registry.register("plugin_traps", "Plugin calls that trapped or broke a limit, counted as they happen", metrics.traps.clone());
+        registry.register("plugin_cpu_budget_breaches", "Plugin calls stopped for exceeding their CPU budget", metrics.cpu_budget_breaches.clone());
+        registry.register("plugin_log_lines_dropped", "Plugin log lines dropped by the job's rate limit", metrics.log_lines_dropped.clone());
         registry.register("plugin_swaps", "Plugin versions activated by a hot swap", metrics.swaps.clone());
         registry.register("plugin_rollbacks", "Plugin versions rolled back after failing their first transaction", metrics.rollbacks.clone());
         registry.register("job_running", "1 while the job is processing, 0 when paused, failed or stopped", metrics.running.clone());
@@ -129,6 +135,8 @@ impl HostMetrics {
             plugin_cpu_seconds: self.plugin_cpu_seconds.get_or_create(&labels).clone(),
             plugin_memory: self.plugin_memory.get_or_create(&labels).clone(),
             traps: self.traps.get_or_create(&labels).clone(),
+            cpu_budget_breaches: self.cpu_budget_breaches.get_or_create(&labels).clone(),
+            log_lines_dropped: self.log_lines_dropped.get_or_create(&labels).clone(),
             swaps: self.swaps.get_or_create(&labels).clone(),
             rollbacks: self.rollbacks.get_or_create(&labels).clone(),
             running: self.running.get_or_create(&labels).clone(),
@@ -140,7 +148,18 @@ impl HostMetrics {
 
     /// Forgets a deleted job.
     pub fn remove(&self, labels: &JobLabels, digest: &str) {
-        for family in [&self.records_in, &self.records_out, &self.dead_letters, &self.commits, &self.aborts, &self.traps, &self.swaps, &self.rollbacks] {
+        for family in [
+            &self.records_in,
+            &self.records_out,
+            &self.dead_letters,
+            &self.commits,
+            &self.aborts,
+            &self.traps,
+            &self.cpu_budget_breaches,
+            &self.log_lines_dropped,
+            &self.swaps,
+            &self.rollbacks,
+        ] {
             family.remove(labels);
         }
         for family in [&self.consumer_lag, &self.input_lag_bytes, &self.plugin_memory, &self.running] {
@@ -171,11 +190,13 @@ pub struct JobMetrics {
     plugin_cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     plugin_memory: Gauge,
     traps: Counter,
+    cpu_budget_breaches: Counter,
+    log_lines_dropped: Counter,
     swaps: Counter,
     rollbacks: Counter,
     running: Gauge,
     plugin_info: Family<PluginLabels, Gauge>,
-    /// Counts of the open transaction, and the plugin CPU time last seen.
+    /// Counts of the open transaction.
     pending: Mutex<Pending>,
 }
 
@@ -184,14 +205,28 @@ struct Pending {
     records: u64,
     outputs: u64,
     dead_letters: u64,
-    plugin: String,
-    cpu_seen: Duration,
 }
 
 impl JobMetrics {
+    /// Meters for the job's plugin calls that count into these metrics as
+    /// the calls run (CPU, traps, budget breaches, memory).
+    pub fn plugin_meters(&self) -> PluginMeters {
+        PluginMeters::counting_into(
+            self.plugin_cpu_seconds.clone(),
+            self.traps.clone(),
+            self.cpu_budget_breaches.clone(),
+            self.log_lines_dropped.clone(),
+            self.plugin_memory.clone(),
+        )
+    }
+
+    /// The counter of the job's dropped plugin log lines.
+    pub fn log_lines_dropped(&self) -> Counter {
+        self.log_lines_dropped.clone()
+    }
+
     /// A batch ran in the open transaction.
     pub fn batch(&self, events: usize, outcome: &BatchOutcome) {
-        self.traps.inc_by(outcome.traps);
         let mut pending = lock(&self.pending);
         pending.records += events as u64;
         pending.outputs += outcome.outputs;
@@ -216,15 +251,6 @@ impl JobMetrics {
             let gauge = if kafka { &self.consumer_lag } else { &self.input_lag_bytes };
             gauge.set(lag.min(i64::MAX as u64) as i64);
         }
-        // A new instance (after a swap or a trap) counts its CPU from zero.
-        let cpu = commit.usage.cpu;
-        if pending.plugin != commit.plugin_digest || cpu < pending.cpu_seen {
-            pending.plugin = commit.plugin_digest.clone();
-            pending.cpu_seen = Duration::ZERO;
-        }
-        self.plugin_cpu_seconds.inc_by((cpu - pending.cpu_seen).as_secs_f64());
-        pending.cpu_seen = cpu;
-        self.plugin_memory.set(commit.usage.memory_bytes.min(i64::MAX as u64) as i64);
         records
     }
 
@@ -273,10 +299,11 @@ impl JobMetrics {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::task::{BatchOutcome, RunSummary};
+    use crate::batch::BatchOutcome;
+    use crate::task::RunSummary;
 
     fn commit_of(records: u64, outputs: u64) -> CommitReport {
         CommitReport {

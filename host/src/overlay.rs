@@ -18,6 +18,14 @@ use crate::state_store::{StateError, StateStore};
 
 /// How many committed entries the read cache holds before it is cleared.
 pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
+/// How many bytes of committed keys and values the read cache holds
+/// before it is cleared.
+pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
+/// What one entry of a read costs beyond its value's bytes (its slot in
+/// the result), counted against a read's limit.
+pub const ENTRY_BYTES: u64 = 16;
+/// Keys read from the store in one go by a bounded read.
+const STORE_READ_CHUNK: usize = 64;
 
 /// A value in a layer: `None` means deleted.
 type Value = Option<Vec<u8>>;
@@ -34,51 +42,92 @@ pub struct Overlay {
     committing: Layer,
     committed: Layer,
     cache_entries: usize,
+    cache_bytes: u64,
+    /// Bytes of keys and values in `committed`.
+    cached_bytes: u64,
+}
+
+/// Why a read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The store failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The values asked for total more than the read may return.
+    #[error("the values read total more than {limit} bytes")]
+    TooLarge { limit: u64 },
 }
 
 impl Default for Overlay {
     fn default() -> Self {
-        Overlay::with_cache_entries(DEFAULT_CACHE_ENTRIES)
+        Overlay::with_cache(DEFAULT_CACHE_ENTRIES, DEFAULT_CACHE_BYTES)
     }
 }
 
 impl Overlay {
-    /// An empty overlay whose committed-value cache holds up to `cache_entries`.
-    pub fn with_cache_entries(cache_entries: usize) -> Overlay {
+    /// An empty overlay whose committed-value cache holds up to
+    /// `cache_entries` entries and `cache_bytes` bytes.
+    pub fn with_cache(cache_entries: usize, cache_bytes: u64) -> Overlay {
         Overlay {
             batch: Layer::default(),
             transaction: Layer::default(),
             committing: Layer::default(),
             committed: Layer::default(),
             cache_entries,
+            cache_bytes,
+            cached_bytes: 0,
         }
     }
 
     /// Reads keys, newest layer first, going to `store` only for keys no
-    /// layer knows (in one `get_many`).
-    pub fn get_many(&mut self, keys: &[Vec<u8>], store: &dyn StateStore) -> Result<Vec<Value>, StateError> {
-        let mut values = Vec::with_capacity(keys.len());
-        let mut missing = Vec::new();
+    /// layer knows (each distinct key once). Stops with
+    /// [`ReadError::TooLarge`] as soon as the values found, with
+    /// [`ENTRY_BYTES`] for each entry, total more than `limit`: nothing past
+    /// that is copied, however often a key is repeated.
+    pub fn get_many(&mut self, keys: &[Vec<u8>], store: &dyn StateStore, limit: u64) -> Result<Vec<Value>, ReadError> {
+        let mut total = 0u64;
+        let count = |total: &mut u64, value: &Value| -> Result<(), ReadError> {
+            *total = total.saturating_add(ENTRY_BYTES + value.as_ref().map_or(0, |value| value.len() as u64));
+            if *total > limit { Err(ReadError::TooLarge { limit }) } else { Ok(()) }
+        };
+        let mut values = Vec::with_capacity(keys.len().min(4096));
+        let mut missing: HashMap<&[u8], Vec<usize>, RandomState> = HashMap::default();
         for (index, key) in keys.iter().enumerate() {
             match self.layered(key) {
-                Some(value) => values.push(value.clone()),
+                Some(value) => {
+                    count(&mut total, value)?;
+                    values.push(value.clone());
+                }
                 None => {
+                    count(&mut total, &None)?;
                     values.push(None);
-                    missing.push(index);
+                    missing.entry(key.as_slice()).or_default().push(index);
                 }
             }
         }
-        if !missing.is_empty() {
-            let missing_keys: Vec<&[u8]> = missing.iter().map(|&index| keys[index].as_slice()).collect();
-            let stored = store.get_many(&missing_keys)?;
-            for (index, value) in missing.into_iter().zip(stored) {
-                if self.committed.len() < self.cache_entries {
-                    self.committed.insert(keys[index].clone(), value.clone());
+        let missing: Vec<(&[u8], Vec<usize>)> = missing.into_iter().collect();
+        for chunk in missing.chunks(STORE_READ_CHUNK) {
+            let chunk_keys: Vec<&[u8]> = chunk.iter().map(|(key, _)| *key).collect();
+            let stored = store.get_many(&chunk_keys)?;
+            for ((key, indices), value) in chunk.iter().zip(stored) {
+                for &index in indices {
+                    // Each copy counts; its entry was counted above.
+                    total -= ENTRY_BYTES;
+                    count(&mut total, &value)?;
+                    values[index] = value.clone();
                 }
-                values[index] = value;
+                self.cache_one(key, value);
             }
         }
         Ok(values)
+    }
+
+    fn cache_one(&mut self, key: &[u8], value: Value) {
+        let bytes = (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
+        if self.committed.len() < self.cache_entries && self.cached_bytes + bytes <= self.cache_bytes {
+            self.cached_bytes += bytes;
+            self.committed.insert(key.to_vec(), value);
+        }
     }
 
     fn layered(&self, key: &[u8]) -> Option<&Value> {
@@ -127,7 +176,9 @@ impl Overlay {
 
     /// The transaction committed: its changes become the cached committed values.
     pub fn committed(&mut self) {
-        Overlay::cache(&mut self.committed, &mut self.transaction, self.cache_entries);
+        let mut changes = std::mem::take(&mut self.transaction);
+        self.cache(&mut changes);
+        self.transaction = changes;
     }
 
     /// The transaction's commit starts while the next transaction runs: its
@@ -144,20 +195,34 @@ impl Overlay {
     /// The commit begun with [`Overlay::begin_commit`] is done: its changes
     /// become the cached committed values.
     pub fn finish_commit(&mut self) {
-        Overlay::cache(&mut self.committed, &mut self.committing, self.cache_entries);
+        let mut changes = std::mem::take(&mut self.committing);
+        self.cache(&mut changes);
+        self.committing = changes;
     }
 
-    fn cache(committed: &mut Layer, changes: &mut Layer, cache_entries: usize) {
-        if committed.len() + changes.len() > cache_entries {
-            committed.clear();
+    /// Moves committed `changes` into the cache (emptying `changes`, whose
+    /// allocation stays for reuse); the cache starts over when they would
+    /// not fit.
+    fn cache(&mut self, changes: &mut Layer) {
+        let bytes: u64 = changes.iter().map(|(key, value)| (key.len() + value.as_ref().map_or(0, Vec::len)) as u64).sum();
+        if self.committed.len() + changes.len() > self.cache_entries || self.cached_bytes + bytes > self.cache_bytes {
+            self.forget_cache();
         }
-        committed.extend(changes.drain());
+        if changes.len() > self.cache_entries || bytes > self.cache_bytes {
+            // Even alone they would not fit: only what reads bring in is cached.
+            changes.clear();
+            return;
+        }
+        self.cached_bytes += bytes;
+        // Replaced entries stay counted until the cache starts over.
+        self.committed.extend(changes.drain());
     }
 
     /// Forgets the cached committed values (the store changed underneath,
     /// as when a restore applied changelog records).
     pub fn forget_cache(&mut self) {
         self.committed.clear();
+        self.cached_bytes = 0;
     }
 
     /// The transaction was aborted (and with it any commit in flight, whose
@@ -184,12 +249,12 @@ mod tests {
     fn reads_own_writes_before_the_store() {
         let store = store_with(b"k", b"stored");
         let mut overlay = Overlay::default();
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![Some(b"stored".to_vec())]);
+        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"stored".to_vec())]);
         overlay.put(b"k".to_vec(), b"new".to_vec());
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![Some(b"new".to_vec())]);
+        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"new".to_vec())]);
         overlay.keep_batch();
         overlay.delete(b"k".to_vec());
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![None]);
+        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![None]);
     }
 
     #[test]
@@ -202,7 +267,7 @@ mod tests {
         overlay.put(b"b".to_vec(), b"2".to_vec());
         overlay.drop_batch();
         assert_eq!(overlay.changes(), vec![(b"a".to_vec(), Some(b"1".to_vec()))]);
-        assert_eq!(overlay.get_many(&[b"b".to_vec()], &store).unwrap(), vec![None]);
+        assert_eq!(overlay.get_many(&[b"b".to_vec()], &store, u64::MAX).unwrap(), vec![None]);
     }
 
     #[test]
@@ -214,7 +279,7 @@ mod tests {
         assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"stored".to_vec())]);
         overlay.abort();
         assert!(overlay.is_empty());
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![Some(b"stored".to_vec())]);
+        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"stored".to_vec())]);
     }
 
     #[test]
@@ -225,7 +290,7 @@ mod tests {
         overlay.keep_batch();
         assert_eq!(overlay.begin_commit(), vec![(b"k".to_vec(), Some(b"1".to_vec()))]);
         assert!(overlay.changes().is_empty(), "the next transaction starts empty");
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![Some(b"1".to_vec())]);
+        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"1".to_vec())]);
         overlay.put(b"k".to_vec(), b"2".to_vec());
         overlay.keep_batch();
         overlay.finish_commit();
@@ -233,7 +298,37 @@ mod tests {
         assert_eq!(overlay.begin_commit(), vec![(b"k".to_vec(), Some(b"2".to_vec()))]);
         overlay.abort();
         // The first commit's value is cached; the aborted one is gone.
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![Some(b"1".to_vec())]);
+        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"1".to_vec())]);
+    }
+
+    #[test]
+    fn a_read_stops_at_its_limit_however_often_a_key_repeats() {
+        let store = store_with(b"big", &[7u8; 1000]);
+        let mut overlay = Overlay::default();
+        let keys = vec![b"big".to_vec(); 100_000];
+        let err = overlay.get_many(&keys, &store, 64 << 10).unwrap_err();
+        assert!(matches!(err, ReadError::TooLarge { limit: 65536 }), "{err}");
+        // Served from a layer, the same.
+        overlay.put(b"big".to_vec(), vec![1u8; 1000]);
+        assert!(matches!(overlay.get_many(&keys, &store, 64 << 10), Err(ReadError::TooLarge { .. })));
+        let few = vec![b"big".to_vec(); 10];
+        assert_eq!(overlay.get_many(&few, &store, 64 << 10).unwrap().len(), 10);
+    }
+
+    #[test]
+    fn the_read_cache_is_bounded_in_bytes() {
+        let store = MemoryStore::default();
+        let mut overlay = Overlay::with_cache(1000, 100);
+        overlay.put(b"a".to_vec(), vec![0; 60]);
+        overlay.keep_batch();
+        overlay.committed();
+        assert_eq!(overlay.cached_bytes, 61);
+        overlay.put(b"b".to_vec(), vec![0; 60]);
+        overlay.keep_batch();
+        overlay.committed();
+        assert_eq!(overlay.cached_bytes, 61, "the cache started over rather than grow past its bytes");
+        assert!(overlay.layered(b"a").is_none() && overlay.layered(b"b").is_some());
+        let _ = store;
     }
 
     #[test]
@@ -244,6 +339,6 @@ mod tests {
         overlay.keep_batch();
         overlay.committed();
         assert!(overlay.is_empty());
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store).unwrap(), vec![Some(b"v".to_vec())]);
+        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"v".to_vec())]);
     }
 }

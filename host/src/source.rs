@@ -6,6 +6,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use sha2::{Digest, Sha256};
+
 use crate::transaction::SourcePosition;
 
 /// Read buffer per input file.
@@ -71,8 +73,19 @@ pub struct LocalPosition {
 /// SHA-256, big-endian. Stable across versions: it is stored with every
 /// committed position.
 pub fn line_fingerprint(line: &[u8]) -> u64 {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(line);
+    let mut hasher = Sha256::new();
+    hasher.update(line);
+    fingerprint_of(hasher)
+}
+
+/// Where the first newline in `bytes` is.
+fn find_newline(bytes: &[u8]) -> Option<usize> {
+    memchr::memchr(b'\n', bytes)
+}
+
+/// The fingerprint a hasher fed with a line's bytes gives.
+fn fingerprint_of(hasher: Sha256) -> u64 {
+    let digest = hasher.finalize();
     u64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 has 32 bytes"))
 }
 
@@ -81,8 +94,12 @@ pub fn line_fingerprint(line: &[u8]) -> u64 {
 pub struct InputRecord {
     /// Where it came from.
     pub position: SourcePosition,
-    /// The line, without its line ending.
+    /// The line, without its line ending (only its first bytes when it is
+    /// oversized).
     pub value: Vec<u8>,
+    /// Set when the line is longer than the source's record limit: its
+    /// size in bytes. It was not read into memory; dead-letter it.
+    pub oversized: Option<u64>,
 }
 
 struct Partition {
@@ -90,6 +107,132 @@ struct Partition {
     reader: BufReader<File>,
     position: LocalPosition,
     exhausted: bool,
+    /// A line over the record limit, being read past (it may still be
+    /// appended to, in follow mode).
+    skipping: Option<Skipped>,
+}
+
+/// What is kept of a line too long to hold: its size, its first bytes and
+/// the running hash of its fingerprint.
+struct Skipped {
+    size: u64,
+    /// Bytes read, its line ending included once there is one.
+    consumed: u64,
+    prefix: Vec<u8>,
+    hasher: Sha256,
+    /// A `\r` not hashed yet: part of the line unless a `\n` follows.
+    held_cr: bool,
+}
+
+impl Skipped {
+    fn new(start: &[u8]) -> Skipped {
+        let mut skipped = Skipped { size: 0, consumed: 0, prefix: Vec::with_capacity(OVERSIZED_PREFIX_BYTES), hasher: Sha256::new(), held_cr: false };
+        skipped.feed(start);
+        skipped.consumed = start.len() as u64;
+        skipped
+    }
+
+    /// More of the line, without its newline.
+    fn feed(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if std::mem::take(&mut self.held_cr) {
+            self.hasher.update(b"\r");
+        }
+        let (hashed, held) = match bytes.split_last() {
+            Some((b'\r', rest)) => (rest, true),
+            _ => (bytes, false),
+        };
+        self.hasher.update(hashed);
+        self.held_cr = held;
+        self.size += bytes.len() as u64;
+        let room = OVERSIZED_PREFIX_BYTES - self.prefix.len();
+        self.prefix.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    /// The line is complete; `newline` when it ended with one.
+    fn finish(mut self, newline: bool) -> LineRead {
+        if self.held_cr {
+            if newline {
+                self.size -= 1;
+            } else {
+                self.hasher.update(b"\r");
+            }
+        }
+        LineRead::Oversized { bytes: self.consumed, size: self.size, prefix: self.prefix, fingerprint: fingerprint_of(self.hasher) }
+    }
+}
+
+/// How many of an oversized record's first bytes its dead letter keeps.
+pub const OVERSIZED_PREFIX_BYTES: usize = 1024;
+
+/// What reading one line gave.
+enum LineRead {
+    /// Nothing more in the file.
+    End,
+    /// A line still being appended (follow mode): read it once whole.
+    Partial,
+    /// A line in `line`, `bytes` long with its line ending.
+    Line { bytes: u64 },
+    /// A line over the limit, `bytes` long with its line ending.
+    Oversized { bytes: u64, size: u64, prefix: Vec<u8>, fingerprint: u64 },
+}
+
+impl Partition {
+    /// Reads the next line into `line` (empty), holding at most `max`
+    /// bytes of it (plus its line ending): a longer line is read past, not
+    /// into memory.
+    fn read_line(&mut self, line: &mut Vec<u8>, max: u64, follow: bool) -> std::io::Result<LineRead> {
+        loop {
+            let buf = self.reader.fill_buf()?;
+            if buf.is_empty() {
+                if let Some(skipped) = self.skipping.take() {
+                    if follow {
+                        // Go on from here once more is appended; nothing is re-read.
+                        self.skipping = Some(skipped);
+                        return Ok(LineRead::Partial);
+                    }
+                    return Ok(skipped.finish(false));
+                }
+                if line.is_empty() {
+                    return Ok(LineRead::End);
+                }
+                if follow {
+                    self.reader.seek_relative(-(line.len() as i64))?;
+                    line.clear();
+                    return Ok(LineRead::Partial);
+                }
+                return Ok(LineRead::Line { bytes: line.len() as u64 });
+            }
+            let newline = find_newline(buf);
+            let chunk = &buf[..newline.map_or(buf.len(), |at| at)];
+            let taken = newline.map_or(buf.len(), |at| at + 1);
+            // The limit is on the record without its line ending: one more
+            // byte may be the `\r` of a `\r\n`.
+            if self.skipping.is_none() && (line.len() + chunk.len()) as u64 > max + 1 {
+                self.skipping = Some(Skipped::new(line));
+                line.clear();
+            }
+            match &mut self.skipping {
+                Some(skipped) => {
+                    skipped.feed(chunk);
+                    skipped.consumed += taken as u64;
+                    self.reader.consume(taken);
+                    if newline.is_some() {
+                        return Ok(self.skipping.take().expect("skipping a line").finish(true));
+                    }
+                }
+                None => {
+                    line.extend_from_slice(&buf[..taken]);
+                    self.reader.consume(taken);
+                    if newline.is_some() {
+                        return Ok(LineRead::Line { bytes: line.len() as u64 });
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// NDJSON input files read in round-robin batches.
@@ -102,6 +245,8 @@ pub struct LocalSource {
     /// Whether a last line without its newline is still being written
     /// (left for later) rather than the file's final record.
     follow: bool,
+    /// Longest line handed out whole; longer ones come as oversized.
+    max_record_bytes: u64,
 }
 
 impl LocalSource {
@@ -123,7 +268,13 @@ impl LocalSource {
                 open_partition(path, position, root)
             })
             .collect::<Result<_, _>>()?;
-        Ok(LocalSource { partitions, line: Vec::new(), next_start: 0, follow: false })
+        Ok(LocalSource { partitions, line: Vec::new(), next_start: 0, follow: false, max_record_bytes: crate::config::DEFAULT_MAX_RECORD_BYTES })
+    }
+
+    /// Lines longer than `max` bytes (without their line ending) are not
+    /// read into memory: they come as [`InputRecord::oversized`].
+    pub fn set_max_record_bytes(&mut self, max: u64) {
+        self.max_record_bytes = max;
     }
 
     /// Checks that every input can be opened, without reading it.
@@ -148,37 +299,46 @@ impl LocalSource {
         for index in (start..count).chain(0..start) {
             let partition = &mut self.partitions[index];
             let mut taken = 0;
+            let mut last_fingerprint = None;
             while taken < share && !partition.exhausted && out.len() < max {
                 self.line.clear();
                 let read = partition
-                    .reader
-                    .read_until(b'\n', &mut self.line)
+                    .read_line(&mut self.line, self.max_record_bytes, self.follow)
                     .map_err(|source| SourceError::Read { path: partition.path.clone(), source })?;
-                if read == 0 {
-                    partition.exhausted = true;
-                    break;
-                }
-                if self.follow && self.line.last() != Some(&b'\n') {
-                    // A line still being appended: read it once it is whole.
-                    partition
-                        .reader
-                        .seek_relative(-(read as i64))
-                        .map_err(|source| SourceError::Read { path: partition.path.clone(), source })?;
-                    partition.exhausted = true;
-                    break;
-                }
                 let position = SourcePosition { partition: index as u32, offset: partition.position.next_line };
+                let record = match read {
+                    LineRead::End | LineRead::Partial => {
+                        partition.exhausted = true;
+                        break;
+                    }
+                    LineRead::Line { bytes } => {
+                        partition.position.byte += bytes;
+                        let mut value = std::mem::take(&mut self.line);
+                        trim_line_ending(&mut value);
+                        last_fingerprint = None;
+                        match value.len() as u64 {
+                            size if size > self.max_record_bytes => {
+                                last_fingerprint = Some(line_fingerprint(&value));
+                                value.truncate(OVERSIZED_PREFIX_BYTES);
+                                InputRecord { position, value, oversized: Some(size) }
+                            }
+                            _ => InputRecord { position, value, oversized: None },
+                        }
+                    }
+                    LineRead::Oversized { bytes, size, prefix, fingerprint } => {
+                        partition.position.byte += bytes;
+                        last_fingerprint = Some(fingerprint);
+                        InputRecord { position, value: prefix, oversized: Some(size) }
+                    }
+                };
                 partition.position.next_line += 1;
-                partition.position.byte += read as u64;
-                let mut value = std::mem::take(&mut self.line);
-                trim_line_ending(&mut value);
-                out.push(InputRecord { position, value });
+                out.push(record);
                 taken += 1;
             }
             // Once per partition and batch, not per line: the last line read.
             if taken > 0 {
                 let last = out.last().expect("this partition just pushed a record");
-                partition.position.last_line = Some(line_fingerprint(&last.value));
+                partition.position.last_line = Some(last_fingerprint.unwrap_or_else(|| line_fingerprint(&last.value)));
             }
         }
         Ok(())
@@ -256,9 +416,7 @@ fn open_partition(path: &Path, position: LocalPosition, root: Option<&Path>) -> 
         }
     }
     if let Some(expected) = position.last_line {
-        let mut line = line_ending_at(&mut file, position.byte).map_err(read_error)?;
-        trim_line_ending(&mut line);
-        if line_fingerprint(&line) != expected {
+        if fingerprint_of_line_ending_at(&mut file, position.byte).map_err(read_error)? != expected {
             return Err(SourceError::Rewritten { path: path.to_path_buf(), committed: position.byte });
         }
     }
@@ -268,35 +426,57 @@ fn open_partition(path: &Path, position: LocalPosition, root: Option<&Path>) -> 
         reader: BufReader::with_capacity(READ_BUFFER_BYTES, file),
         position,
         exhausted: false,
+        skipping: None,
     })
 }
 
-/// The line of `file` that ends at byte `end`, with its line ending: read
-/// backwards a block at a time to the newline before it (or the file start).
-fn line_ending_at(file: &mut File, end: u64) -> std::io::Result<Vec<u8>> {
+/// Where the line of `file` that ends at byte `end` starts: found by
+/// reading backwards a block at a time to the newline before it (or the
+/// file's start), without holding the line.
+fn line_start_before(file: &mut File, end: u64) -> std::io::Result<u64> {
     const BLOCK: u64 = 64 << 10;
-    // Blocks read so far, nearest to `end` first.
-    let mut blocks: Vec<Vec<u8>> = Vec::new();
-    let mut start = end;
-    while start > 0 {
-        let from = start.saturating_sub(BLOCK);
-        let mut block = vec![0; (start - from) as usize];
+    let mut block = vec![0; BLOCK as usize];
+    // The line's own last byte (its newline, or the file's last byte) aside.
+    let mut searched_end = end.saturating_sub(1);
+    while searched_end > 0 {
+        let from = searched_end.saturating_sub(BLOCK);
+        let block = &mut block[..(searched_end - from) as usize];
         file.seek(SeekFrom::Start(from))?;
-        file.read_exact(&mut block)?;
-        start = from;
-        // The line's own last byte (its newline, or the file's last byte)
-        // aside, the line starts after the last newline.
-        let searched = if blocks.is_empty() { &block[..block.len() - 1] } else { &block[..] };
-        let newline = searched.iter().rposition(|&byte| byte == b'\n');
-        blocks.push(match newline {
-            Some(newline) => block.split_off(newline + 1),
-            None => block,
-        });
-        if newline.is_some() {
-            break;
+        file.read_exact(block)?;
+        if let Some(newline) = memchr::memrchr(b'\n', block) {
+            return Ok(from + newline as u64 + 1);
         }
+        searched_end = from;
     }
-    Ok(blocks.into_iter().rev().flatten().collect())
+    Ok(0)
+}
+
+/// The fingerprint ([`line_fingerprint`]) of the line of `file` that ends
+/// at byte `end`, its line ending left out; read in blocks, whatever its
+/// length.
+fn fingerprint_of_line_ending_at(file: &mut File, end: u64) -> std::io::Result<u64> {
+    const BLOCK: usize = 64 << 10;
+    let start = line_start_before(file, end)?;
+    file.seek(SeekFrom::Start(start))?;
+    let mut remaining = end - start;
+    let mut skipped = Skipped::new(&[]);
+    let mut block = vec![0; BLOCK];
+    let mut newline = false;
+    while remaining > 0 {
+        let len = remaining.min(BLOCK as u64) as usize;
+        file.read_exact(&mut block[..len])?;
+        remaining -= len as u64;
+        let mut chunk = &block[..len];
+        if remaining == 0 && chunk.last() == Some(&b'\n') {
+            chunk = &chunk[..len - 1];
+            newline = true;
+        }
+        skipped.feed(chunk);
+    }
+    match skipped.finish(newline) {
+        LineRead::Oversized { fingerprint, .. } => Ok(fingerprint),
+        _ => unreachable!("finish gives an oversized read"),
+    }
 }
 
 /// Opens `path` (without blocking on a FIFO) and checks that what was
@@ -329,6 +509,8 @@ fn trim_line_ending(line: &mut Vec<u8>) {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write as _;
+
     use super::*;
 
     #[test]
@@ -426,13 +608,52 @@ mod tests {
     fn the_line_before_a_position_is_found_across_blocks_and_at_the_file_start() {
         let dir = tempfile::tempdir().unwrap();
         let long = "x".repeat(150_000);
-        let text = format!("first\n{long}\nlast-without-newline");
+        let text = format!("first\n{long}\r\nlast-without-newline");
         let path = write(dir.path(), "a", &text);
         let mut file = File::open(&path).unwrap();
-        assert_eq!(line_ending_at(&mut file, 6).unwrap(), b"first\n");
-        assert_eq!(line_ending_at(&mut file, 6 + 150_001).unwrap(), format!("{long}\n").into_bytes());
-        assert_eq!(line_ending_at(&mut file, text.len() as u64).unwrap(), b"last-without-newline");
-        assert_eq!(line_ending_at(&mut file, 0).unwrap(), b"");
+        assert_eq!(fingerprint_of_line_ending_at(&mut file, 6).unwrap(), line_fingerprint(b"first"));
+        assert_eq!(fingerprint_of_line_ending_at(&mut file, 6 + 150_002).unwrap(), line_fingerprint(long.as_bytes()));
+        assert_eq!(fingerprint_of_line_ending_at(&mut file, text.len() as u64).unwrap(), line_fingerprint(b"last-without-newline"));
+        assert_eq!(fingerprint_of_line_ending_at(&mut file, 0).unwrap(), line_fingerprint(b""));
+    }
+
+    #[test]
+    fn a_line_over_the_record_limit_is_read_past_not_into_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = "y".repeat(300_000);
+        let a = write(dir.path(), "a", &format!("short\n{long}\r\nafter\n"));
+        let mut source = LocalSource::open(&[a.clone()], &[]).unwrap();
+        source.set_max_record_bytes(1000);
+        let mut batch = Vec::new();
+        source.next_batch(10, &mut batch).unwrap();
+        let sizes: Vec<(u64, Option<u64>, usize)> = batch.iter().map(|r| (r.position.offset, r.oversized, r.value.len())).collect();
+        assert_eq!(sizes, vec![(0, None, 5), (1, Some(300_000), OVERSIZED_PREFIX_BYTES), (2, None, 5)]);
+        // Resuming right after the long line checks its fingerprint.
+        let mut source = LocalSource::open(&[a.clone()], &[]).unwrap();
+        source.set_max_record_bytes(1000);
+        let mut two = Vec::new();
+        source.next_batch(2, &mut two).unwrap();
+        let resume = source.positions();
+        assert_eq!(resume[0].last_line, Some(line_fingerprint(long.as_bytes())));
+        assert!(LocalSource::open(&[a], &resume).is_ok());
+    }
+
+    #[test]
+    fn a_long_line_still_being_appended_is_not_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = write(dir.path(), "a", &"z".repeat(5000));
+        let mut source = LocalSource::open(&[a.clone()], &[]).unwrap();
+        source.set_max_record_bytes(100);
+        source.set_follow(true);
+        let mut batch = Vec::new();
+        source.next_batch(10, &mut batch).unwrap();
+        assert!(batch.is_empty(), "the line is not complete yet");
+        std::fs::OpenOptions::new().append(true).open(&a).unwrap().write_all(format!("{}\nnext\n", "z".repeat(5000)).as_bytes()).unwrap();
+        source.look_again().unwrap();
+        source.next_batch(10, &mut batch).unwrap();
+        let sizes: Vec<Option<u64>> = batch.iter().map(|r| r.oversized).collect();
+        assert_eq!(sizes, vec![Some(10_000), None]);
+        assert_eq!(source.positions()[0].byte, 10_006);
     }
 
     #[test]

@@ -10,15 +10,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::batch::{BatchOutcome, BatchRunner};
 use crate::committer::{CommitError, Committer, LocalCommitter};
 use crate::config::JobConfig;
 use crate::lock::{LockError, DirLock};
 use crate::hot_swap::{CommitReport, HotSwap, JobObserver, NoObserver, PluginSlot, SwapPolicy};
-use crate::plugin::{Event, LoadedPlugin, PluginError, ProcessError, Processor};
+use crate::plugin::{Event, JobContext, LoadedPlugin, PluginError, ProcessError, Processor};
 use crate::sink::Lineage;
 use crate::source::{InputRecord, LocalSource, SourceError};
 use crate::state_store::{RocksStore, StateError, StateStore};
-use crate::transaction::{DeadLetter, SourcePosition, Transaction};
+use crate::transaction::Transaction;
 
 /// Why a job stopped before finishing its inputs.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,41 @@ pub enum TaskError {
     /// from the last commit.
     #[error("an earlier commit of job `{job}` failed; open the job again to recover from its last commit")]
     Failed { job: String },
+    /// The plugin failed on too many events in a row; nothing of the
+    /// transaction in progress was committed.
+    #[error("job `{job}` stopped before committing anything more: {message}; fix the plugin (push a new version) and resume the job")]
+    PluginFailing { job: String, message: String },
+}
+
+impl TaskError {
+    /// Whether opening the job again may help (the disk or a commit
+    /// failed), or only a person can (a replaced input, a bad config, a
+    /// broken plugin).
+    pub fn is_retryable(&self) -> bool {
+        !matches!(
+            self,
+            TaskError::Source(
+                SourceError::Shrunk { .. } | SourceError::Changed { .. } | SourceError::Replaced { .. } | SourceError::Outside { .. } | SourceError::Rewritten { .. }
+            ) | TaskError::Misconfigured { .. }
+                | TaskError::Config(_)
+                | TaskError::PluginFailing { .. }
+        )
+    }
+
+    /// The error a batch's failure becomes for job `job`; `None` when the
+    /// job was asked to stop (its open transaction is redone by the next run).
+    pub fn from_batch(err: ProcessError, job: &str) -> Option<TaskError> {
+        Some(match err {
+            ProcessError::Host(state) => TaskError::State(state),
+            ProcessError::Instantiate(plugin) => TaskError::Plugin(plugin),
+            ProcessError::Misconfigured(message) => TaskError::Misconfigured { job: job.to_string(), message },
+            ProcessError::FailingInARow(message) => TaskError::PluginFailing { job: job.to_string(), message },
+            ProcessError::Stopped => return None,
+            // Batches end plugin failures as dead letters; were one to come
+            // through, the job stops rather than lose the event.
+            ProcessError::Plugin(message) => TaskError::PluginFailing { job: job.to_string(), message },
+        })
+    }
 }
 
 /// What a run did.
@@ -106,166 +142,22 @@ impl RunSummary {
     }
 }
 
-/// What one batch did to the transaction.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BatchOutcome {
-    /// Events applied.
-    pub applied: u64,
-    /// Events dead-lettered.
-    pub dead_lettered: u64,
-    /// Output records the batch added (dead letters not included).
-    pub outputs: u64,
-    /// Plugin calls that trapped or broke a limit.
-    pub traps: u64,
-    /// Why the first of them failed.
-    pub first_failure: Option<String>,
-}
-
-impl BatchOutcome {
-    fn add(&mut self, other: BatchOutcome) {
-        self.applied += other.applied;
-        self.dead_lettered += other.dead_lettered;
-        self.outputs += other.outputs;
-        self.traps += other.traps;
-        if self.first_failure.is_none() {
-            self.first_failure = other.first_failure;
-        }
-    }
-}
-
-/// Runs `events` through `processor` into `txn`. Rejected events become dead
-/// letters; if the plugin fails on the batch, the batch is dropped and its
-/// events are retried one at a time, so only the failing ones are
-/// dead-lettered. Errs only when the host itself fails.
-pub fn process_batch(
-    processor: &mut dyn Processor,
-    txn: &mut Transaction,
-    events: &[Event],
-) -> Result<BatchOutcome, ProcessError> {
-    txn.reset_batch_budget();
-    let before = txn.outputs.len();
-    let mut outcome = process_or_isolate(processor, txn, events)?;
-    outcome.outputs = (txn.outputs.len() - before) as u64;
-    Ok(outcome)
-}
-
-/// [`process_batch`] without resetting the budget: the retries of a
-/// failed batch share the batch's budget.
-fn process_or_isolate(
-    processor: &mut dyn Processor,
-    txn: &mut Transaction,
-    events: &[Event],
-) -> Result<BatchOutcome, ProcessError> {
-    let mut outcome = BatchOutcome::default();
-    match run_once(processor, txn, events) {
-        Ok(rejected) => {
-            outcome.dead_lettered = rejected;
-            outcome.applied = events.len() as u64 - rejected;
-        }
-        Err(ProcessError::Plugin(reason)) if events.len() == 1 => {
-            dead_letter(txn, &events[0], reason.clone());
-            outcome.dead_lettered = 1;
-            outcome.traps = 1;
-            outcome.first_failure = Some(reason);
-        }
-        Err(ProcessError::Plugin(reason)) => {
-            tracing::warn!(events = events.len(), %reason, "plugin failed on a batch; retrying its events one by one");
-            outcome.traps = 1;
-            outcome.first_failure = Some(reason);
-            for event in events {
-                outcome.add(process_or_isolate(processor, txn, std::slice::from_ref(event))?);
-            }
-        }
-        Err(host) => return Err(host),
-    }
-    Ok(outcome)
-}
-
-/// Like [`process_batch`], for a plugin version on trial: a failing batch
-/// is dropped from the transaction and reported in
-/// [`BatchOutcome::first_failure`], not retried event by event (the
-/// version is about to be rolled back, and the batch redone).
-pub fn process_batch_on_trial(
-    processor: &mut dyn Processor,
-    txn: &mut Transaction,
-    events: &[Event],
-) -> Result<BatchOutcome, ProcessError> {
-    txn.reset_batch_budget();
-    let before = txn.outputs.len();
-    match run_once(processor, txn, events) {
-        Ok(rejected) => Ok(BatchOutcome {
-            applied: events.len() as u64 - rejected,
-            dead_lettered: rejected,
-            outputs: (txn.outputs.len() - before) as u64,
-            ..BatchOutcome::default()
-        }),
-        Err(ProcessError::Plugin(reason)) => Ok(BatchOutcome { traps: 1, first_failure: Some(reason), ..BatchOutcome::default() }),
-        // A version on trial that emits to an undeclared output, or cannot
-        // even start again, fails its trial; the previous version goes on.
-        Err(ProcessError::Misconfigured(reason)) => Ok(BatchOutcome { first_failure: Some(reason), ..BatchOutcome::default() }),
-        Err(ProcessError::Instantiate(err)) => Ok(BatchOutcome { first_failure: Some(err.to_string()), ..BatchOutcome::default() }),
-        Err(host) => Err(host),
-    }
-}
-
-/// [`process_batch_on_trial`] while `hot_swap` has a version on trial, else [`process_batch`].
-pub fn process_batch_with(
-    hot_swap: Option<&HotSwap>,
-    processor: &mut dyn Processor,
-    txn: &mut Transaction,
-    events: &[Event],
-) -> Result<BatchOutcome, ProcessError> {
-    if hot_swap.is_some_and(HotSwap::on_trial) {
-        process_batch_on_trial(processor, txn, events)
-    } else {
-        process_batch(processor, txn, events)
-    }
-}
-
-/// One plugin call over `events`; returns how many it rejected.
-fn run_once(processor: &mut dyn Processor, txn: &mut Transaction, events: &[Event]) -> Result<u64, ProcessError> {
-    txn.begin_batch(events.iter().map(|e| SourcePosition { partition: e.partition, offset: e.offset }));
-    let mut rejections = match processor.process(events, txn) {
-        Ok(rejections) => rejections,
-        Err(err) => {
-            txn.drop_batch();
-            return Err(err);
-        }
-    };
-    rejections.sort_by_key(|r| r.index);
-    rejections.dedup_by_key(|r| r.index);
-    if let Some(bad) = rejections.iter().find(|r| r.index as usize >= events.len()) {
-        txn.drop_batch();
-        return Err(ProcessError::Plugin(format!(
-            "plugin rejected event {}, but the batch has {} events",
-            bad.index,
-            events.len()
-        )));
-    }
-    let rejected: Vec<u32> = rejections.iter().map(|r| r.index).collect();
-    txn.drop_outputs_of(&rejected);
-    txn.keep_batch();
-    for rejection in &rejections {
-        dead_letter(txn, &events[rejection.index as usize], rejection.reason.clone());
-    }
-    Ok(rejections.len() as u64)
-}
-
-fn dead_letter(txn: &mut Transaction, event: &Event, reason: String) {
-    let source = SourcePosition { partition: event.partition, offset: event.offset };
-    txn.push_dead_letter(DeadLetter { source, reason, record: event.value.clone() });
-}
-
-/// Turns input records into plugin events, moving their bytes.
-pub fn to_events(records: &mut Vec<InputRecord>, events: &mut Vec<Event>) {
+/// Turns input records into plugin events, moving their bytes; records
+/// over the job's record limit are dead-lettered in `txn` instead. Returns
+/// how many were.
+pub fn to_events(records: &mut Vec<InputRecord>, events: &mut Vec<Event>, txn: &mut Transaction) -> u64 {
     events.clear();
-    events.extend(records.drain(..).map(|record| Event {
-        partition: record.position.partition,
-        offset: record.position.offset,
-        timestamp_ms: None,
-        key: None,
-        value: record.value,
-    }));
+    let limit = txn.limits().max_record_bytes;
+    let mut oversized = 0;
+    for record in records.drain(..) {
+        if let Some(size) = record.oversized {
+            crate::batch::dead_letter_oversized(txn, record.position, record.value, size, limit);
+            oversized += 1;
+            continue;
+        }
+        events.push(Event { partition: record.position.partition, offset: record.position.offset, timestamp_ms: None, key: None, value: record.value });
+    }
+    oversized
 }
 
 /// A transaction holding this many bytes commits before its interval is up,
@@ -285,6 +177,8 @@ pub struct LocalTask {
     committed_positions: Vec<crate::source::LocalPosition>,
     hot_swap: Option<HotSwap>,
     observer: Arc<dyn JobObserver>,
+    context: JobContext,
+    batches: BatchRunner,
     /// Set when a run failed: what is in memory can no longer be committed.
     failed: bool,
     _locks: Vec<DirLock>,
@@ -298,15 +192,30 @@ impl LocalTask {
     /// recovers the last commit (cutting uncommitted output), and positions
     /// the inputs after the last committed record.
     pub fn open(config: &JobConfig, plugin: &LoadedPlugin) -> Result<LocalTask, TaskError> {
+        LocalTask::open_in(config, plugin, JobContext::new(&config.name))
+    }
+
+    /// Like [`LocalTask::open`], with the plugin's instances in `context`
+    /// (stopped by its signal, seated in the host's CPU sharing).
+    pub fn open_in(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<LocalTask, TaskError> {
         let plugin = plugin.clone();
         let limits = config.limits;
-        LocalTask::open_with(config, move || Ok(Box::new(plugin.instantiate(limits)?)))
+        let instance_context = context.clone();
+        LocalTask::open_with_in(config, context, move || Ok(Box::new(plugin.instantiate_in(limits, instance_context)?)))
     }
 
     /// Like [`LocalTask::open`], with the processor made by `make_processor`
     /// (benchmarks use it to run the same logic natively).
     pub fn open_with(
         config: &JobConfig,
+        make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
+    ) -> Result<LocalTask, TaskError> {
+        LocalTask::open_with_in(config, JobContext::new(&config.name), make_processor)
+    }
+
+    fn open_with_in(
+        config: &JobConfig,
+        context: JobContext,
         make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<LocalTask, TaskError> {
         config.validate()?;
@@ -330,7 +239,8 @@ impl LocalTask {
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
         let (committer, recovered) = LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
-        let source = LocalSource::open_confined(&local.inputs, &recovered.positions, local.confine_to.as_deref())?;
+        let mut source = LocalSource::open_confined(&local.inputs, &recovered.positions, local.confine_to.as_deref())?;
+        source.set_max_record_bytes(config.limits.max_record_bytes);
         tracing::info!(job = %config.name, plugin = %processor.digest(), resumed_from = ?recovered.positions, "local job opened");
         Ok(LocalTask {
             config: config.clone(),
@@ -342,6 +252,8 @@ impl LocalTask {
             store,
             hot_swap: None,
             observer: Arc::new(NoObserver),
+            context,
+            batches: BatchRunner::new(),
             failed: false,
             _locks: locks,
         })
@@ -350,7 +262,7 @@ impl LocalTask {
     /// Lets new plugin versions pushed into `slot` be swapped in at
     /// transaction boundaries, and reports commits and swaps to `observer`.
     pub fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
-        self.hot_swap = Some(HotSwap::new(slot, self.config.limits, policy, observer.clone()));
+        self.hot_swap = Some(HotSwap::new(slot, self.config.limits, policy, observer.clone(), self.context.clone()));
         self.observer = observer;
     }
 
@@ -432,25 +344,38 @@ impl LocalTask {
                     continue;
                 }
                 last_commit = Instant::now();
+                self.context.idle();
                 std::thread::sleep(FOLLOW_POLL);
                 self.at_boundary();
                 self.source.look_again()?;
                 continue;
             }
-            to_events(&mut records, &mut events);
-            let processed = process_batch_with(self.hot_swap.as_ref(), &mut *self.processor, &mut self.txn, &events);
-            let outcome = processed.map_err(|err| match err {
-                ProcessError::Host(state) => TaskError::State(state),
-                ProcessError::Instantiate(plugin) => TaskError::Plugin(plugin),
-                ProcessError::Misconfigured(message) => TaskError::Misconfigured { job: self.config.name.clone(), message },
-                ProcessError::Plugin(_) => unreachable!("plugin failures end as dead letters"),
-            })?;
-            self.observer.batch(events.len(), &outcome);
+            let read = records.len();
+            let oversized = to_events(&mut records, &mut events, &mut self.txn);
+            let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
+            let ran = if events.is_empty() { Ok(BatchOutcome::default()) } else { self.batches.run_with(on_trial, &mut *self.processor, &mut self.txn, &events) };
+            let mut outcome = match ran {
+                Ok(outcome) => outcome,
+                Err(err) => match TaskError::from_batch(err, &self.config.name) {
+                    Some(err) => return Err(err),
+                    None => {
+                        // Stopped mid-call: what was not committed is read again.
+                        self.abandon("the job was stopped during a plugin call", &mut uncommitted)?;
+                        summary.stopped_early = true;
+                        summary.elapsed = started.elapsed();
+                        return Ok(summary);
+                    }
+                },
+            };
+            // A version on trial is judged on the events it ran.
             if let Some(reason) = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(events.len(), &outcome)) {
+                self.observer.batch(read, &outcome);
                 self.roll_back(reason, &mut uncommitted)?;
                 continue;
             }
-            uncommitted.count_batch(events.len(), &outcome);
+            outcome.dead_lettered += oversized;
+            self.observer.batch(read, &outcome);
+            uncommitted.count_batch(read, &outcome);
             self.committer.stage(&mut self.txn)?;
             if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
                 if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
@@ -504,15 +429,35 @@ impl LocalTask {
         if let Some(swap) = &mut self.hot_swap {
             swap.roll_back(&mut self.processor, &mut self.txn, reason);
         }
+        self.reread_from_last_commit(uncommitted)
+    }
+
+    /// Drops the open transaction for a reason that is not the plugin
+    /// version's fault (a stop mid-call): a version on trial starts its
+    /// trial over, and the inputs are read again from the last commit.
+    fn abandon(&mut self, reason: &str, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
+        self.txn.abort();
+        self.committer.discard()?;
+        self.observer.aborted(reason);
+        if let Some(swap) = &mut self.hot_swap {
+            swap.aborted();
+        }
+        self.reread_from_last_commit(uncommitted)
+    }
+
+    fn reread_from_last_commit(&mut self, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
         let local = self.config.local()?;
         let follow = self.source.is_following();
         self.source = LocalSource::open_confined(&local.inputs, &self.committed_positions, local.confine_to.as_deref())?;
+        self.source.set_max_record_bytes(self.config.limits.max_record_bytes);
         self.source.set_follow(follow);
         *uncommitted = RunSummary::default();
         Ok(())
     }
 
     fn commit(&mut self, summary: &mut RunSummary, carried: &RunSummary) -> Result<(), TaskError> {
+        // The commit waits on the disk: another job may use the CPU meanwhile.
+        self.context.idle();
         let positions = self.source.positions();
         let started = Instant::now();
         self.committer.commit(&mut self.txn, &positions)?;

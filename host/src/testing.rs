@@ -24,7 +24,7 @@ use serde::Serialize;
 use crate::config::Limits;
 use crate::plugin::{Event, LoadedPlugin, PluginError, PluginInstance, PluginRuntime};
 use crate::state_store::{MemoryStore, StateStore, StoreCommit};
-use crate::task::process_batch;
+use crate::batch::BatchRunner;
 use crate::transaction::Transaction;
 
 /// Why the driver could not set up a plugin.
@@ -82,6 +82,7 @@ pub struct Sent {
 /// A plugin under test, with in-memory committed state.
 pub struct PluginTest {
     instance: PluginInstance,
+    batches: BatchRunner,
     txn: Transaction,
     store: Arc<MemoryStore>,
     next_offset: u64,
@@ -123,7 +124,7 @@ impl PluginTest {
         let store = Arc::new(MemoryStore::default());
         let names: Vec<String> = outputs.iter().map(|name| name.to_string()).collect();
         let txn = Transaction::new(store.clone(), names.into(), limits);
-        Ok(PluginTest { instance: plugin.instantiate(limits)?, txn, store, next_offset: 0 })
+        Ok(PluginTest { instance: plugin.instantiate(limits)?, batches: BatchRunner::new(), txn, store, next_offset: 0 })
     }
 
     /// Sends `events` (JSON lines) as one batch on partition 0 and commits
@@ -138,7 +139,7 @@ impl PluginTest {
                 Event { partition: 0, offset, timestamp_ms: None, key: None, value: value.as_ref().to_vec() }
             })
             .collect();
-        if let Err(err) = process_batch(&mut self.instance, &mut self.txn, &events) {
+        if let Err(err) = self.batches.run(&mut self.instance, &mut self.txn, &events) {
             panic!("the test driver could not run the plugin: {err}");
         }
         let names = self.txn.output_names().to_vec();

@@ -7,9 +7,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::{Emit, Limits};
-use crate::overlay::Overlay;
+use crate::overlay::{Overlay, ReadError};
 use crate::state_store::{StateError, StateStore};
 
 /// Where an input record came from.
@@ -91,7 +92,10 @@ pub struct Transaction {
     batch: Vec<SourcePosition>,
     batch_sequences: Vec<u32>,
     batch_outputs_start: usize,
-    budget: BatchBudget,
+    /// What the plugin call running now may use.
+    call: CallLimits,
+    /// What it used so far.
+    used: CallUsage,
     pending_bytes: u64,
     namespace: Vec<u8>,
     /// Per output index; empty: every record of every output.
@@ -103,11 +107,57 @@ pub struct Transaction {
     latest: Vec<HashMap<Vec<u8>, usize, foldhash::fast::RandomState>>,
 }
 
-/// Bytes a batch has emitted and written so far, its retries included.
-#[derive(Debug, Default, Clone, Copy)]
-struct BatchBudget {
-    output_bytes: u64,
-    state_bytes: u64,
+/// What one plugin call may use: CPU, output bytes and state bytes. A
+/// batch's first call gets the job's per-batch limits; after it fails, each
+/// event retried alone gets a share (see [`crate::batch`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallLimits {
+    /// CPU time the call may use.
+    pub cpu: Duration,
+    /// Output bytes (keys and values) the call may emit.
+    pub output_bytes: u64,
+    /// State bytes (keys and values written, keys deleted) the call may write.
+    pub state_bytes: u64,
+    /// Set when the call retries one event of a failed batch of this many
+    /// events: the limits are that event's share of the batch's.
+    pub retry_of: Option<usize>,
+    /// The job's per-batch limits, for messages.
+    pub batch: Limits,
+}
+
+impl CallLimits {
+    /// The limits of a batch's first call: the job's per-batch limits.
+    pub fn batch(limits: &Limits) -> CallLimits {
+        CallLimits {
+            cpu: Duration::from_millis(limits.cpu_budget_ms),
+            output_bytes: limits.max_output_bytes_per_batch,
+            state_bytes: limits.max_state_bytes_per_batch,
+            retry_of: None,
+            batch: *limits,
+        }
+    }
+
+    /// The dead-letter reason of a call stopped on its CPU budget.
+    pub fn cpu_exceeded_reason(&self) -> String {
+        let batch_ms = self.batch.cpu_budget_ms;
+        match self.retry_of {
+            None => format!("plugin exceeded its CPU budget of {batch_ms} ms per batch (limits.cpu_budget_ms)"),
+            Some(events) => format!(
+                "plugin exceeded its CPU budget of {} ms for this event, retried alone after its batch failed (its share of the batch's limits.cpu_budget_ms = {batch_ms} over {events} events, at least one {} ms tick)",
+                self.cpu.as_millis(),
+                crate::plugin::EPOCH_TICK.as_millis()
+            ),
+        }
+    }
+}
+
+/// What the plugin call running now has used.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CallUsage {
+    /// Output bytes emitted.
+    pub output_bytes: u64,
+    /// State bytes written.
+    pub state_bytes: u64,
 }
 
 impl Transaction {
@@ -125,7 +175,8 @@ impl Transaction {
             batch: Vec::new(),
             batch_sequences: Vec::new(),
             batch_outputs_start: 0,
-            budget: BatchBudget::default(),
+            call: CallLimits::batch(&limits),
+            used: CallUsage::default(),
             pending_bytes: 0,
             namespace: Vec::new(),
             emit: Vec::new(),
@@ -152,10 +203,24 @@ impl Transaction {
         &self.output_names
     }
 
-    /// Resets the per-batch byte budgets; a batch and the one-by-one retries
-    /// of its events share one budget.
-    pub fn reset_batch_budget(&mut self) {
-        self.budget = BatchBudget::default();
+    /// The job's limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// What the next plugin call may use.
+    pub fn set_call_limits(&mut self, call: CallLimits) {
+        self.call = call;
+    }
+
+    /// What the current plugin call may use.
+    pub fn call_limits(&self) -> &CallLimits {
+        &self.call
+    }
+
+    /// What the current (or last) plugin call used.
+    pub fn call_usage(&self) -> CallUsage {
+        self.used
     }
 
     /// Puts the plugin's state keys under `namespace` from now on: the keys
@@ -184,6 +249,7 @@ impl Transaction {
         self.batch_sequences.resize(self.batch.len(), 0);
         self.batch_outputs_start = self.outputs.len();
         self.last_plugin_error = None;
+        self.used = CallUsage::default();
     }
 
     /// About how many bytes the transaction holds (outputs, dead letters
@@ -314,16 +380,25 @@ impl Transaction {
         self.pending_bytes = 0;
     }
 
-    /// Host side of `state.get-many`.
-    pub fn get_many(&mut self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, HostCallError> {
+    /// Host side of `state.get-many`: the values of `keys`, at most `limit`
+    /// bytes in all (what the plugin could hold), or a violation naming it.
+    pub fn get_many(&mut self, keys: &[Vec<u8>], limit: u64) -> Result<Vec<Option<Vec<u8>>>, HostCallError> {
         for key in keys {
             self.check_key(key)?;
         }
-        if self.namespace.is_empty() {
-            return Ok(self.overlay.get_many(keys, &*self.store)?);
-        }
-        let keys: Vec<Vec<u8>> = keys.iter().map(|key| self.namespaced(key.clone())).collect();
-        Ok(self.overlay.get_many(&keys, &*self.store)?)
+        let read = if self.namespace.is_empty() {
+            self.overlay.get_many(keys, &*self.store, limit)
+        } else {
+            let keys: Vec<Vec<u8>> = keys.iter().map(|key| self.namespaced(key.clone())).collect();
+            self.overlay.get_many(&keys, &*self.store, limit)
+        };
+        read.map_err(|err| match err {
+            ReadError::State(state) => HostCallError::State(state),
+            ReadError::TooLarge { limit } => HostCallError::Violation(Violation(format!(
+                "plugin read {} state keys whose values total more than its memory limit of {limit} bytes (limits.memory_bytes) could hold",
+                keys.len()
+            ))),
+        })
     }
 
     /// Host side of `state.put` and `state.put-many`.
@@ -337,28 +412,42 @@ impl Transaction {
                     self.limits.max_value_bytes
                 )));
             }
-            let bytes = (key.len() + value.len()) as u64;
-            self.budget.state_bytes += bytes;
-            if self.budget.state_bytes > self.limits.max_state_bytes_per_batch {
-                return Err(Violation(format!(
-                    "plugin wrote more than the job's limit of {} state bytes in one batch (limits.max_state_bytes_per_batch)",
-                    self.limits.max_state_bytes_per_batch
-                )));
-            }
-            self.pending_bytes += bytes;
+            let bytes = (key.len() + value.len()) as u64 + STATE_ENTRY_BYTES;
+            self.count_state_bytes(bytes)?;
             let key = self.namespaced(key);
             self.overlay.put(key, value);
         }
         Ok(())
     }
 
-    /// Host side of `state.delete` and `state.delete-many`.
+    /// Host side of `state.delete` and `state.delete-many`: a delete is held
+    /// until the commit too, so its key counts as state bytes.
     pub fn delete_many(&mut self, keys: Vec<Vec<u8>>) -> Result<(), Violation> {
         for key in keys {
             self.check_key(&key)?;
+            self.count_state_bytes(key.len() as u64 + STATE_ENTRY_BYTES)?;
             let key = self.namespaced(key);
             self.overlay.delete(key);
         }
+        Ok(())
+    }
+
+    fn count_state_bytes(&mut self, bytes: u64) -> Result<(), Violation> {
+        self.used.state_bytes += bytes;
+        if self.used.state_bytes > self.call.state_bytes {
+            return Err(Violation(match self.call.retry_of {
+                None => format!(
+                    "plugin wrote more than the job's limit of {} state bytes in one batch (limits.max_state_bytes_per_batch)",
+                    self.call.state_bytes
+                ),
+                Some(_) => format!(
+                    "plugin wrote more than the {} state bytes this event had left, retried alone after its batch failed, \
+                     of the job's limit of {} per batch (limits.max_state_bytes_per_batch)",
+                    self.call.state_bytes, self.limits.max_state_bytes_per_batch
+                ),
+            }));
+        }
+        self.pending_bytes += bytes;
         Ok(())
     }
 
@@ -412,40 +501,38 @@ impl Transaction {
         }
         let sequence = &mut self.batch_sequences[event as usize];
         let record = PendingOutput { output, key, value, source, sequence: *sequence };
-        let bytes = record_bytes(&record);
-        self.budget.output_bytes += bytes;
-        self.pending_bytes += bytes + HELD_RECORD_BYTES;
-        if self.budget.output_bytes > self.limits.max_output_bytes_per_batch {
-            return Err(Violation(format!(
-                "plugin emitted more than the job's limit of {} output bytes in one batch (limits.max_output_bytes_per_batch)",
-                self.limits.max_output_bytes_per_batch
-            )));
+        // A record costs what holding it costs too: a flood of empty
+        // records is bounded like one of big ones.
+        let bytes = record_bytes(&record) + HELD_RECORD_BYTES;
+        self.used.output_bytes += bytes;
+        if self.used.output_bytes > self.call.output_bytes {
+            return Err(Violation(match self.call.retry_of {
+                None => format!(
+                    "plugin emitted more than the job's limit of {} output bytes in one batch (limits.max_output_bytes_per_batch)",
+                    self.call.output_bytes
+                ),
+                Some(_) => format!(
+                    "plugin emitted more than the {} output bytes this event had left, retried alone after its batch failed, \
+                     of the job's limit of {} per batch (limits.max_output_bytes_per_batch)",
+                    self.call.output_bytes, self.limits.max_output_bytes_per_batch
+                ),
+            }));
         }
+        self.pending_bytes += bytes;
         self.outputs.push(record);
         *sequence += 1;
         Ok(())
     }
-
-    /// Host side of `log.log`: the plugin's line goes to the host log
-    /// (target `tally::plugin`); error lines are kept for dead-letter reasons.
-    pub fn log(&mut self, level: tracing::Level, message: &str) {
-        match level {
-            tracing::Level::ERROR => tracing::error!(target: "tally::plugin", "{message}"),
-            tracing::Level::WARN => tracing::warn!(target: "tally::plugin", "{message}"),
-            tracing::Level::INFO => tracing::info!(target: "tally::plugin", "{message}"),
-            tracing::Level::DEBUG => tracing::debug!(target: "tally::plugin", "{message}"),
-            tracing::Level::TRACE => tracing::trace!(target: "tally::plugin", "{message}"),
-        }
-        if level == tracing::Level::ERROR {
-            self.last_plugin_error = Some(message.to_string());
-        }
-    }
 }
+
+/// What holding a state write or delete costs beyond its bytes, counted
+/// in the state budget.
+pub const STATE_ENTRY_BYTES: u64 = 64;
 
 /// What holding a record costs beyond its bytes (its struct and
 /// allocations), counted in [`Transaction::pending_bytes`] so that many tiny
 /// records held until the commit still bound the transaction's memory.
-const HELD_RECORD_BYTES: u64 = 128;
+pub const HELD_RECORD_BYTES: u64 = 128;
 
 /// Bytes an output record counts for: its key and value.
 fn record_bytes(record: &PendingOutput) -> u64 {
@@ -483,7 +570,7 @@ mod tests {
         txn.set_namespace(b"p0/");
         txn.put_many(vec![(b"k".to_vec(), b"zero".to_vec())]).unwrap();
         txn.set_namespace(b"p1/");
-        assert_eq!(txn.get_many(&[b"k".to_vec()]).unwrap(), vec![None]);
+        assert_eq!(txn.get_many(&[b"k".to_vec()], u64::MAX).unwrap(), vec![None]);
         txn.put_many(vec![(b"k".to_vec(), b"one".to_vec())]).unwrap();
         txn.keep_batch();
         let mut changes = txn.overlay.changes();
@@ -578,7 +665,8 @@ mod tests {
 
     #[test]
     fn rule_breaking_calls_are_refused_with_the_rule_named() {
-        let limits = Limits { max_key_bytes: 4, max_value_bytes: 8, max_output_bytes_per_batch: 10, ..Limits::default() };
+        // Two records of 8 bytes cost 2 * (8 + 128): one byte too many.
+        let limits = Limits { max_key_bytes: 4, max_value_bytes: 8, max_output_bytes_per_batch: 2 * (8 + HELD_RECORD_BYTES) - 1, ..Limits::default() };
         let mut txn = transaction(limits);
         txn.begin_batch(positions(1));
         let unknown = txn.emit_many("audit", [(0, None, b"x".to_vec())]).unwrap_err();

@@ -7,6 +7,9 @@ mod plugins {
 }
 
 mod crash;
+mod hostile;
+mod hostile_api;
+mod hostile_uploads;
 mod kafka_crash;
 mod kafka_group;
 mod kafka_run;

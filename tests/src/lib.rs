@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+pub mod components;
 pub mod kafka;
 pub mod native;
 pub mod serve;

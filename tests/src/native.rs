@@ -37,7 +37,8 @@ impl Host for DirectHost<'_> {
     // lifting of the same arguments does.
     fn get_many(&mut self, keys: &[&[u8]]) -> Vec<Option<Vec<u8>>> {
         let keys: Vec<Vec<u8>> = keys.iter().map(|key| key.to_vec()).collect();
-        match self.txn.get_many(&keys) {
+        let limit = self.txn.limits().memory_bytes;
+        match self.txn.get_many(&keys, limit) {
             Ok(values) => values,
             Err(err) => {
                 let empty = vec![None; keys.len()];

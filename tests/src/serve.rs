@@ -29,21 +29,42 @@ pub struct ServeHost {
 impl ServeHost {
     /// Writes a host file in `dir` (uploads up to `max_upload_bytes`) and starts the host.
     pub fn start(dir: &Path, max_upload_bytes: u64) -> ServeHost {
+        ServeHost::start_with(dir, &format!("max_upload_bytes = {max_upload_bytes}"), "", "")
+    }
+
+    /// Like [`ServeHost::start`], with `host` lines added to the host file's
+    /// top level and `acme`, `globex` lines to those tenants' sections.
+    pub fn start_with(dir: &Path, host: &str, acme: &str, globex: &str) -> ServeHost {
         let port = free_port();
         for tenant in ["acme", "globex"] {
             std::fs::create_dir_all(dir.join("inputs").join(tenant)).unwrap();
         }
         let config = format!(
-            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\nmax_upload_bytes = {max_upload_bytes}\nmetrics_token = {METRICS:?}\n\
-             kafka_brokers = {brokers:?}\n\
-             [tenants.acme]\ntoken = {ACME:?}\ninput_dir = \"inputs/acme\"\n\
-             [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\nmax_jobs = 3\n",
+            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\nmetrics_token = {METRICS:?}\n\
+             kafka_brokers = {brokers:?}\n{host}\n\
+             [tenants.acme]\ntoken = {ACME:?}\ninput_dir = \"inputs/acme\"\n{acme}\n\
+             [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\nmax_jobs = 3\n{globex}\n",
             brokers = crate::kafka::bootstrap(),
         );
         std::fs::write(dir.join("host.toml"), config).unwrap();
         let mut host = ServeHost { dir: dir.to_path_buf(), server: format!("http://127.0.0.1:{port}"), child: None };
         host.launch();
         host
+    }
+
+    /// The host process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the host process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| child.try_wait().unwrap().is_none())
+    }
+
+    /// `host:port` of the admin API.
+    pub fn address(&self) -> &str {
+        self.server.trim_start_matches("http://")
     }
 
     /// Starts the host process (again) and waits until it answers.
@@ -91,10 +112,16 @@ impl ServeHost {
 
     /// Sends SIGTERM and waits for a clean exit; returns whether it exited 0.
     pub fn terminate(&mut self) -> bool {
+        self.terminate_within(Duration::from_secs(60))
+    }
+
+    /// Sends SIGTERM and waits up to `limit` for a clean exit (then kills
+    /// it); returns whether it exited 0 in time.
+    pub fn terminate_within(&mut self, limit: Duration) -> bool {
         let Some(mut child) = self.child.take() else { return false };
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 return status.success();

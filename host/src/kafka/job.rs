@@ -23,10 +23,11 @@ use super::topics::{self, TopicLayout};
 use super::{namespace, source_id, split_source_id, KafkaJobError, QuietEof};
 use crate::config::{Guarantee, JobConfig, KafkaConfig};
 use crate::lock::DirLock;
-use crate::plugin::{Event, LoadedPlugin, PluginError, ProcessError, Processor};
+use crate::batch::BatchRunner;
+use crate::plugin::{Event, JobContext, LoadedPlugin, PluginError, Processor};
 use crate::state_store::{RocksStore, StateStore};
 use crate::hot_swap::{CommitReport, HotSwap, JobObserver, NoObserver, PluginSlot, SwapPolicy};
-use crate::task::{process_batch_with, RunSummary, TaskError, MAX_TRANSACTION_BYTES};
+use crate::task::{RunSummary, TaskError, MAX_TRANSACTION_BYTES};
 use crate::transaction::Transaction;
 
 /// How long a transactional call (init, send offsets, commit, abort) may take.
@@ -63,6 +64,8 @@ pub struct KafkaJob {
     instance: String,
     hot_swap: Option<HotSwap>,
     observer: Arc<dyn JobObserver>,
+    context: JobContext,
+    batches: BatchRunner,
     /// The changelog restorer, made by the first session and kept: its
     /// consumer never joins the group, so a new session can use it as it
     /// is, and closing it costs 100 ms (rdkafka polls for the close in
@@ -78,6 +81,9 @@ enum SessionError {
     Restart(String),
     /// Retrying does not help.
     Fatal(KafkaJobError),
+    /// The job was asked to stop during a plugin call: the open
+    /// transaction is aborted, and redone by the next run.
+    Stopped,
 }
 
 impl SessionError {
@@ -105,14 +111,29 @@ impl KafkaJob {
     /// Opens Kafka job `config` running `plugin`: locks its state
     /// directory, and checks (or creates) its topics.
     pub fn open(config: &JobConfig, plugin: &LoadedPlugin) -> Result<KafkaJob, KafkaJobError> {
+        KafkaJob::open_in(config, plugin, JobContext::new(&config.name))
+    }
+
+    /// Like [`KafkaJob::open`], with the plugin's instances in `context`
+    /// (stopped by its signal, seated in the host's CPU sharing).
+    pub fn open_in(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<KafkaJob, KafkaJobError> {
         let plugin = plugin.clone();
         let limits = config.limits;
-        KafkaJob::open_with(config, move || Ok(Box::new(plugin.instantiate(limits)?)))
+        let instance_context = context.clone();
+        KafkaJob::open_with_in(config, context, move || Ok(Box::new(plugin.instantiate_in(limits, instance_context)?)))
     }
 
     /// Like [`KafkaJob::open`], with the processor made by `make_processor`.
     pub fn open_with(
         config: &JobConfig,
+        make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
+    ) -> Result<KafkaJob, KafkaJobError> {
+        KafkaJob::open_with_in(config, JobContext::new(&config.name), make_processor)
+    }
+
+    fn open_with_in(
+        config: &JobConfig,
+        context: JobContext,
         make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<KafkaJob, KafkaJobError> {
         config.validate().map_err(TaskError::from)?;
@@ -138,6 +159,8 @@ impl KafkaJob {
             instance,
             hot_swap: None,
             observer: Arc::new(NoObserver),
+            context,
+            batches: BatchRunner::new(),
             restorer: None,
             _lock: lock,
         })
@@ -146,7 +169,7 @@ impl KafkaJob {
     /// Lets new plugin versions pushed into `slot` be swapped in at
     /// transaction boundaries, and reports commits and swaps to `observer`.
     pub fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
-        self.hot_swap = Some(HotSwap::new(slot, self.config.limits, policy, observer.clone()));
+        self.hot_swap = Some(HotSwap::new(slot, self.config.limits, policy, observer.clone(), self.context.clone()));
         self.observer = observer;
     }
 
@@ -182,12 +205,17 @@ impl KafkaJob {
                     break;
                 }
                 Err(SessionError::Fatal(err)) => return Err(err),
+                Err(SessionError::Stopped) => {
+                    summary.stopped_early = true;
+                    break;
+                }
                 Err(SessionError::Restart(reason)) => {
                     tracing::warn!(job = %self.config.name, %reason, "Kafka session failed; rejoining the group and restoring state");
                     if session_started.elapsed() > Duration::from_secs(30) {
                         backoff = Duration::from_millis(250);
                     }
                     let resume_at = Instant::now() + backoff;
+                    self.context.idle();
                     while Instant::now() < resume_at {
                         if stop.load(Ordering::Relaxed) {
                             summary.stopped_early = true;
@@ -393,6 +421,10 @@ impl KafkaJob {
             }
             let room = batch_size.saturating_sub(progress.pending.len());
             let wait = if progress.pending.is_empty() { wait.min(IDLE_FETCH_WAIT) } else { Duration::ZERO };
+            if !wait.is_zero() {
+                // Waiting for records: another job of the tenant may use the CPU.
+                self.context.idle();
+            }
             let read = fetch.read(wait, room, |item| self.fetched(&mut progress, item, &mut failure));
             if let Some(reason) = failure {
                 return Err(SessionError::Restart(reason));
@@ -441,13 +473,17 @@ impl KafkaJob {
                 if !progress.at_end.is_empty() {
                     progress.at_end.remove(&(topic, partition));
                 }
-                let event = Event {
-                    partition: source_id(topic, partition),
-                    offset: record.offset() as u64,
-                    timestamp_ms: record.timestamp_ms(),
-                    key: record.key().map(<[u8]>::to_vec),
-                    value: record.payload().unwrap_or_default().to_vec(),
+                let payload = record.payload().unwrap_or_default();
+                let source = source_id(topic, partition);
+                let offset = record.offset() as u64;
+                let value = if payload.len() as u64 > self.config.limits.max_record_bytes {
+                    // Kept as a prefix for the dead letter, never whole.
+                    progress.oversized.insert((source, offset), payload.len());
+                    payload[..crate::source::OVERSIZED_PREFIX_BYTES].to_vec()
+                } else {
+                    payload.to_vec()
                 };
+                let event = Event { partition: source, offset, timestamp_ms: record.timestamp_ms(), key: record.key().map(<[u8]>::to_vec), value };
                 progress.first.entry(event.partition).or_insert(event.offset as i64);
                 progress.pending.push(event);
             }
@@ -561,17 +597,42 @@ impl KafkaJob {
                 }
             }
             self.txn.set_namespace(&namespace(split_source_id(batch[0].partition).1));
-            let processed = process_batch_with(self.hot_swap.as_ref(), &mut *self.processor, &mut self.txn, batch);
-            let outcome = processed.map_err(|err| match err {
-                ProcessError::Host(state) => SessionError::fatal(state),
-                ProcessError::Instantiate(plugin) => SessionError::fatal(plugin),
-                ProcessError::Misconfigured(message) => {
-                    SessionError::fatal(TaskError::Misconfigured { job: self.config.name.clone(), message })
-                }
-                ProcessError::Plugin(_) => unreachable!("plugin failures end as dead letters"),
-            })?;
+            let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
+            let fitting: Vec<Event>;
+            let mut to_run = batch;
+            let mut too_large = 0;
+            if !progress.oversized.is_empty() {
+                let limit = self.config.limits.max_record_bytes;
+                fitting = batch
+                    .iter()
+                    .filter(|event| match progress.oversized.remove(&(event.partition, event.offset)) {
+                        None => true,
+                        Some(size) => {
+                            let source = crate::transaction::SourcePosition { partition: event.partition, offset: event.offset };
+                            crate::batch::dead_letter_oversized(&mut self.txn, source, event.value.clone(), size as u64, limit);
+                            too_large += 1;
+                            false
+                        }
+                    })
+                    .cloned()
+                    .collect();
+                to_run = &fitting;
+            }
+            let mut outcome = if to_run.is_empty() {
+                crate::batch::BatchOutcome::default()
+            } else {
+                self.batches.run_with(on_trial, &mut *self.processor, &mut self.txn, to_run).map_err(|err| {
+                    match TaskError::from_batch(err, &self.config.name) {
+                        Some(err) => SessionError::fatal(err),
+                        None => SessionError::Stopped,
+                    }
+                })?
+            };
+            // A version on trial is judged on the events it ran.
+            let judged = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(to_run.len(), &outcome));
+            outcome.dead_lettered += too_large;
             self.observer.batch(batch.len(), &outcome);
-            if let Some(reason) = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(batch.len(), &outcome)) {
+            if let Some(reason) = judged {
                 return Ok(Some(reason));
             }
             progress.uncommitted.count_batch(batch.len(), &outcome);
@@ -655,6 +716,10 @@ impl KafkaJob {
         commits: &mut Commits<'_, '_>,
     ) -> Result<bool, SessionError> {
         let Some(mut in_flight) = commits.in_flight.take() else { return Ok(true) };
+        if !in_flight.is_finished() {
+            // Waiting for Kafka: another job of the tenant may use the CPU.
+            self.context.idle();
+        }
         match in_flight.join() {
             Ok(finished) => {
                 self.commit_took_effect(consumer, in_flight.done, finished, progress, summary);
@@ -778,6 +843,10 @@ struct CommitDone {
 struct Progress {
     /// Records read but not yet run through the plugin.
     pending: Vec<Event>,
+    /// Of them, those over `limits.max_record_bytes`: (source id, offset)
+    /// and their size. They hold only a prefix, and are dead-lettered
+    /// instead of run.
+    oversized: HashMap<(u32, u64), usize>,
     /// Next offset per source id, of the records in the open transaction.
     positions: BTreeMap<u32, i64>,
     /// First offset per source id read since the last commit (where a
@@ -796,6 +865,7 @@ impl Progress {
     /// The open transaction is gone: what was read for it is read again.
     fn forget_uncommitted(&mut self) {
         self.pending.clear();
+        self.oversized.clear();
         self.positions.clear();
         self.first.clear();
         self.at_end.clear();

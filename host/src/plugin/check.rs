@@ -68,6 +68,32 @@ pub fn check_is_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
     Ok(())
 }
 
+/// Checks, before anything is compiled, that `bytes` are a component
+/// whose own imports are all ones this host links: a plugin importing
+/// `wasi:sockets` is refused for the cost of reading its import section.
+/// (Parsing only: validation is part of compiling.)
+pub fn check_imports(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
+    check_is_component(name, bytes)?;
+    let invalid = |err: wasmparser::BinaryReaderError| PluginError::Invalid { name: name.to_string(), reason: err.to_string() };
+    let mut imports = Vec::new();
+    // Nested modules and components have imports of their own, satisfied
+    // inside the component: only the outermost ones reach the host.
+    let mut depth = 0usize;
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        match payload.map_err(invalid)? {
+            wasmparser::Payload::ModuleSection { .. } | wasmparser::Payload::ComponentSection { .. } => depth += 1,
+            wasmparser::Payload::End(_) => depth = depth.saturating_sub(1),
+            wasmparser::Payload::ComponentImportSection(reader) if depth == 0 => {
+                for import in reader {
+                    imports.push(import.map_err(invalid)?.name.name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    check_import_names(name, &imports)
+}
+
 /// Compiles a component (the slow step: do it off the hot path).
 pub fn compile(engine: &Engine, name: &str, bytes: &[u8]) -> Result<Component, PluginError> {
     check_is_component(name, bytes)?;
@@ -90,9 +116,9 @@ fn tally_interface(name: &str) -> Option<(&str, &str)> {
     Some(rest.split_once('@').unwrap_or((rest, "")))
 }
 
-/// Checks a component's imports and exports against what this host links.
-pub fn check_contract(name: &str, info: &ComponentInfo) -> Result<(), PluginError> {
-    for import in &info.imports {
+/// Refuses any import this host does not link, naming it.
+fn check_import_names(name: &str, imports: &[String]) -> Result<(), PluginError> {
+    for import in imports {
         match tally_interface(import) {
             Some((_, version)) if version != WIT_VERSION => {
                 return Err(PluginError::WrongWitVersion { name: name.to_string(), found: version.to_string() });
@@ -101,6 +127,12 @@ pub fn check_contract(name: &str, info: &ComponentInfo) -> Result<(), PluginErro
             _ => return Err(PluginError::ForbiddenImport { name: name.to_string(), import: import.clone() }),
         }
     }
+    Ok(())
+}
+
+/// Checks a component's imports and exports against what this host links.
+pub fn check_contract(name: &str, info: &ComponentInfo) -> Result<(), PluginError> {
+    check_import_names(name, &info.imports)?;
     let entry_points: Vec<(&str, &str)> =
         info.exports.iter().filter_map(|export| tally_interface(export)).filter(|(i, _)| *i == REQUIRED_EXPORT).collect();
     if entry_points.iter().any(|(_, version)| *version == WIT_VERSION) {

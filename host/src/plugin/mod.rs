@@ -16,6 +16,8 @@
 
 mod bindings;
 pub mod check;
+pub mod compiler;
+pub mod context;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -27,10 +29,11 @@ use wasmtime::{Config, Engine, ResourceLimiter, Store, UpdateDeadline};
 
 pub use bindings::{Event, Rejection, WIT_PACKAGE, WIT_VERSION};
 pub use check::{ComponentInfo, PluginError};
+pub use context::{JobContext, StopSignal};
 
 use crate::config::Limits;
 use crate::state_store::{MemoryStore, StateError};
-use crate::transaction::{HostCallError, Transaction, Violation};
+use crate::transaction::{CallLimits, HostCallError, Transaction, Violation};
 
 /// Why a batch failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +51,14 @@ pub enum ProcessError {
     /// The plugin could not be re-instantiated after a failure.
     #[error(transparent)]
     Instantiate(#[from] PluginError),
+    /// The job was asked to stop, and the call was interrupted: its batch
+    /// (and transaction) must be dropped and read again by the next run.
+    #[error("the job was asked to stop during a plugin call")]
+    Stopped,
+    /// The plugin failed on too many events in a row: it is broken, and the
+    /// job must stop rather than dead-letter its whole input.
+    #[error("{0}")]
+    FailingInARow(String),
 }
 
 /// Something that turns a batch of events into state changes and outputs
@@ -109,22 +120,61 @@ impl PluginRuntime {
         self.load(&file_name(path), &bytes)
     }
 
-    /// Compiles and checks a plugin; `name` is used in messages.
+    /// Compiles and checks a plugin; `name` is used in messages. Its
+    /// imports are checked before it is compiled.
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<LoadedPlugin, PluginError> {
+        check::check_imports(name, bytes)?;
         let component = check::compile(&self.engine, name, bytes)?;
-        let info = check::component_info(&self.engine, &component);
+        self.prepare(name, &digest(bytes), bytes.len(), &component)
+    }
+
+    /// Loads a plugin compiled earlier by this host's engine configuration
+    /// (see [`compiler`]) from `path`.
+    ///
+    /// The file must have been written by Tally's own compiler: compiled
+    /// code is run as it is, so it must never come from a tenant.
+    pub fn load_compiled(&self, name: &str, digest: &str, size: usize, path: &Path) -> Result<LoadedPlugin, PluginError> {
+        // SAFETY: the file holds the output of `Component::serialize` by
+        // this binary's compiler (Tally's compile worker, into the host's
+        // own data directory, which tenants cannot write); wasmtime checks
+        // that it was made for this engine's version and configuration.
+        let component = unsafe { wasmtime::component::Component::deserialize_file(&self.engine, path) }
+            .map_err(|err| PluginError::Invalid { name: name.to_string(), reason: format!("its compiled form `{}` cannot be loaded: {err:#}", path.display()) })?;
+        self.prepare(name, digest, size, &component)
+    }
+
+    /// A hash of what compiled code depends on in this engine (its version
+    /// and configuration): part of a compiled plugin's cache key.
+    pub fn compatibility_key(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut hasher);
+        format!("{:016x}", hasher.finish())
+    }
+
+    /// The engine's compiled form of `bytes` (for the compile worker).
+    pub fn precompile(&self, name: &str, bytes: &[u8]) -> Result<Vec<u8>, PluginError> {
+        check::check_imports(name, bytes)?;
+        let component = check::compile(&self.engine, name, bytes)?;
+        check::check_contract(name, &check::component_info(&self.engine, &component))?;
+        component.serialize().map_err(|err| PluginError::Invalid { name: name.to_string(), reason: format!("cannot serialize its compiled form: {err:#}") })
+    }
+
+    /// Checks a compiled component against the contract and links it.
+    fn prepare(&self, name: &str, digest: &str, size: usize, component: &wasmtime::component::Component) -> Result<LoadedPlugin, PluginError> {
+        let info = check::component_info(&self.engine, component);
         check::check_contract(name, &info)?;
         let instantiate_error = |err: wasmtime::Error| PluginError::Instantiate { name: name.to_string(), reason: format!("{err:#}") };
         let mut linker = Linker::<StoreData>::new(&self.engine);
         bindings::PluginWorld::add_to_linker::<_, HasSelf<StoreData>>(&mut linker, |data| data).map_err(instantiate_error)?;
-        let pre = linker.instantiate_pre(&component).map_err(instantiate_error)?;
+        let pre = linker.instantiate_pre(component).map_err(instantiate_error)?;
         let pre = bindings::PluginWorldPre::new(pre).map_err(instantiate_error)?;
         Ok(LoadedPlugin {
             inner: Arc::new(LoadedInner {
                 engine: self.engine.clone(),
                 name: name.to_string(),
-                digest: digest(bytes),
-                size: bytes.len(),
+                digest: digest.to_string(),
+                size,
                 info,
                 pre,
             }),
@@ -162,6 +212,12 @@ fn spawn_epoch_ticker(engine: &Engine) {
 const MAX_INSTANCES: usize = 64;
 const MAX_MEMORIES: usize = 16;
 const MAX_TABLES: usize = 64;
+/// What one table element costs the host (a pointer), counted in the
+/// plugin's memory limit with its linear memories.
+const TABLE_ELEMENT_BYTES: u64 = std::mem::size_of::<usize>() as u64;
+/// What an instance costs the host beyond its memories and tables (its
+/// context, globals and bookkeeping), counted in the memory limit too.
+const INSTANCE_BYTES: u64 = 64 << 10;
 
 /// CPU time the calling thread has used.
 fn thread_cpu_time() -> Duration {
@@ -233,42 +289,71 @@ impl LoadedPlugin {
         &self.inner.info
     }
 
-    /// A fresh sandboxed instance with `limits`.
+    /// A fresh sandboxed instance with `limits`, on its own (its log lines
+    /// tagged with the plugin's name; nothing can stop a call but its budget).
     pub fn instantiate(&self, limits: Limits) -> Result<PluginInstance, PluginError> {
-        Ok(PluginInstance { sandbox: Sandbox::new(self, limits)?, plugin: self.clone(), limits, cpu: Duration::ZERO, traps: 0 })
+        self.instantiate_in(limits, JobContext::new(self.name()))
+    }
+
+    /// A fresh sandboxed instance with `limits`, for the job of `context`.
+    pub fn instantiate_in(&self, limits: Limits, context: JobContext) -> Result<PluginInstance, PluginError> {
+        let sandbox = Sandbox::new(self, limits, &context)?;
+        Ok(PluginInstance { sandbox: Some(sandbox), plugin: self.clone(), limits, context, cpu: Duration::ZERO, traps: 0 })
     }
 }
 
 /// What a plugin's `Store` holds: the transaction it works on (the
 /// caller's, swapped in for the duration of a call; an empty placeholder in
-/// between), its memory limit and its CPU budget.
+/// between), its limits, and its job's context.
 pub struct StoreData {
     txn: Transaction,
+    context: JobContext,
     memory_limit: u64,
     memory_used: u64,
     memory_exceeded: bool,
-    cpu_budget: Duration,
+    /// The CPU budget of the call running now.
+    call: CallLimits,
     call_started: Duration,
+    /// Thread CPU time already added to the job's meters.
+    cpu_metered: Duration,
     cpu_exceeded: bool,
+    stopped: bool,
     violation: Option<Violation>,
     misconfigured: Option<String>,
     host_failure: Option<StateError>,
 }
 
-impl ResourceLimiter for StoreData {
-    /// Counts every memory of the store against one limit.
-    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        let growth = desired.saturating_sub(current) as u64;
-        if self.memory_used + growth > self.memory_limit {
+impl StoreData {
+    /// Counts `bytes` more of the host's memory against the plugin's limit.
+    fn grow(&mut self, bytes: u64, what: &str) -> wasmtime::Result<bool> {
+        if self.memory_used.saturating_add(bytes) > self.memory_limit {
             self.memory_exceeded = true;
-            return Err(wasmtime::Error::msg("plugin exceeded its memory limit"));
+            return Err(wasmtime::Error::msg(format!("plugin exceeded its memory limit growing {what}")));
         }
-        self.memory_used += growth;
+        self.memory_used += bytes;
+        self.context.meters.memory_bytes.set(self.memory_used.min(i64::MAX as u64) as i64);
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(desired <= 1 << 20)
+    /// Adds the CPU time used since the last look to the job's meters.
+    fn meter_cpu(&mut self) -> Duration {
+        let now = thread_cpu_time();
+        let delta = now.saturating_sub(self.cpu_metered.max(self.call_started));
+        self.context.meters.cpu_seconds.inc_by(delta.as_secs_f64());
+        self.cpu_metered = now;
+        now.saturating_sub(self.call_started)
+    }
+}
+
+impl ResourceLimiter for StoreData {
+    /// Counts every memory of the store against one limit.
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        self.grow(desired.saturating_sub(current) as u64, "a linear memory")
+    }
+
+    /// Tables count against the same limit, at what each element costs.
+    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        self.grow((desired.saturating_sub(current) as u64).saturating_mul(TABLE_ELEMENT_BYTES), "a table")
     }
 
     fn instances(&self) -> usize {
@@ -301,14 +386,16 @@ impl bindings::types::Host for StoreData {}
 
 impl bindings::state::Host for StoreData {
     fn get(&mut self, key: Vec<u8>) -> wasmtime::Result<Option<Vec<u8>>> {
-        match self.txn.get_many(std::slice::from_ref(&key)) {
+        let limit = self.memory_limit;
+        match self.txn.get_many(std::slice::from_ref(&key), limit) {
             Ok(mut values) => Ok(values.pop().flatten()),
             Err(err) => Err(self.fail(err)),
         }
     }
 
     fn get_many(&mut self, keys: Vec<Vec<u8>>) -> wasmtime::Result<Vec<Option<Vec<u8>>>> {
-        self.txn.get_many(&keys).map_err(|err| self.fail(err))
+        let limit = self.memory_limit;
+        self.txn.get_many(&keys, limit).map_err(|err| self.fail(err))
     }
 
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> wasmtime::Result<()> {
@@ -339,6 +426,9 @@ impl bindings::output::Host for StoreData {
     }
 }
 
+/// Longest plugin error line kept as a trap's dead-letter reason.
+const MAX_LOGGED_ERROR_BYTES: usize = 1024;
+
 impl bindings::log::Host for StoreData {
     fn log(&mut self, level: bindings::Level, message: String) -> wasmtime::Result<()> {
         let level = match level {
@@ -348,16 +438,22 @@ impl bindings::log::Host for StoreData {
             bindings::Level::Warn => tracing::Level::WARN,
             bindings::Level::Error => tracing::Level::ERROR,
         };
-        self.txn.log(level, &message);
+        self.context.log.write(level, &message);
+        if level == tracing::Level::ERROR {
+            // A panic message, with the Rust SDK: the reason of the trap that follows.
+            self.txn.last_plugin_error = Some(context::sanitize(&message, MAX_LOGGED_ERROR_BYTES));
+        }
         Ok(())
     }
 }
 
 /// A running, sandboxed instance of a plugin.
 pub struct PluginInstance {
-    sandbox: Sandbox,
+    /// `None` after a trap: a fresh one is made for the next call.
+    sandbox: Option<Sandbox>,
     plugin: LoadedPlugin,
     limits: Limits,
+    context: JobContext,
     cpu: Duration,
     traps: u64,
 }
@@ -370,27 +466,40 @@ struct Sandbox {
 
 impl Sandbox {
     /// A fresh store with `limits`, and the plugin instantiated in it.
-    fn new(plugin: &LoadedPlugin, limits: Limits) -> Result<Sandbox, PluginError> {
+    fn new(plugin: &LoadedPlugin, limits: Limits, context: &JobContext) -> Result<Sandbox, PluginError> {
         let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), limits);
         let data = StoreData {
             txn: placeholder,
+            context: context.clone(),
             memory_limit: limits.memory_bytes,
             memory_used: 0,
             memory_exceeded: false,
-            cpu_budget: Duration::from_millis(limits.cpu_budget_ms),
+            call: CallLimits::batch(&limits),
             call_started: thread_cpu_time(),
+            cpu_metered: Duration::ZERO,
             cpu_exceeded: false,
+            stopped: false,
             violation: None,
             misconfigured: None,
             host_failure: None,
         };
         let mut store = Store::new(&plugin.inner.engine, data);
         store.limiter(|data| data as &mut dyn ResourceLimiter);
-        // At every epoch tick: stop the plugin once the call has used its CPU
-        // budget (host calls made by the plugin count too; waiting does not).
+        // What a host call may copy out of the plugin (its arguments, and
+        // the lists it returns): no more than its memory limit, so aliased
+        // lists cannot make the host build more than the plugin could hold.
+        store.set_hostcall_fuel(usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX));
+        // At every epoch tick: stop the call if the job is stopping or the
+        // call has used its CPU budget (host calls made by the plugin count
+        // too; waiting does not), and take the job's turn on the CPU.
         store.epoch_deadline_callback(|mut context| {
             let data = context.data_mut();
-            if thread_cpu_time().saturating_sub(data.call_started) > data.cpu_budget {
+            data.context.run();
+            if data.context.stopping() {
+                data.stopped = true;
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            if data.meter_cpu() > data.call.cpu {
                 data.cpu_exceeded = true;
                 return Ok(UpdateDeadline::Interrupt);
             }
@@ -398,18 +507,37 @@ impl Sandbox {
         });
         // Instantiation runs guest code too (start functions, allocator setup).
         store.set_epoch_deadline(1);
-        let bindings = plugin.inner.pre.instantiate(&mut store).map_err(|err| PluginError::Instantiate {
+        let instance_bytes = INSTANCE_BYTES;
+        store.data_mut().grow(instance_bytes, "its instance").map_err(|err| PluginError::Instantiate {
             name: plugin.name().to_string(),
             reason: format!("{err:#}"),
         })?;
+        let bindings = plugin.inner.pre.instantiate(&mut store).map_err(|err| {
+            let data = store.data();
+            let reason = if data.memory_exceeded {
+                format!("it needs more than its memory limit of {} bytes (limits.memory_bytes) to start", limits.memory_bytes)
+            } else if data.cpu_exceeded {
+                format!("it used more than its CPU budget of {} ms (limits.cpu_budget_ms) to start", limits.cpu_budget_ms)
+            } else {
+                format!("{err:#}")
+            };
+            PluginError::Instantiate { name: plugin.name().to_string(), reason }
+        })?;
+        store.data_mut().meter_cpu();
         Ok(Sandbox { store, bindings })
     }
 }
 
+/// The marker of wasmtime's hostcall-fuel trap: a call copied more than the
+/// store allows out of the plugin.
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+
 impl PluginInstance {
     /// Why the last call failed, as a dead-letter reason.
-    fn failure(&mut self, err: wasmtime::Error, logged: Option<String>) -> ProcessError {
-        let data = self.sandbox.store.data_mut();
+    fn failure(&self, data: &mut StoreData, err: wasmtime::Error, logged: Option<String>) -> ProcessError {
+        if data.stopped {
+            return ProcessError::Stopped;
+        }
         if let Some(state) = data.host_failure.take() {
             return ProcessError::Host(state);
         }
@@ -421,14 +549,19 @@ impl PluginInstance {
         }
         if data.memory_exceeded {
             return ProcessError::Plugin(format!(
-                "plugin exceeded its memory limit of {} MiB (limits.memory_bytes)",
-                self.limits.memory_bytes >> 20
+                "plugin exceeded its memory limit of {} MiB (limits.memory_bytes = {}; linear memories and tables count)",
+                self.limits.memory_bytes >> 20,
+                self.limits.memory_bytes
             ));
         }
         if data.cpu_exceeded {
+            self.context.meters.cpu_budget_breaches.inc();
+            return ProcessError::Plugin(data.call.cpu_exceeded_reason());
+        }
+        if format!("{err:#}").contains(HOSTCALL_FUEL_EXHAUSTED) {
             return ProcessError::Plugin(format!(
-                "plugin exceeded its CPU budget of {} ms per batch (limits.cpu_budget_ms)",
-                self.limits.cpu_budget_ms
+                "plugin passed more than its memory limit of {} bytes (limits.memory_bytes) between itself and the host in one call",
+                self.limits.memory_bytes
             ));
         }
         let trap = err.downcast_ref::<wasmtime::Trap>().map_or_else(|| format!("{err}"), |trap| trap.to_string());
@@ -441,20 +574,40 @@ impl PluginInstance {
 
 impl Processor for PluginInstance {
     fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
-        let Sandbox { store, bindings } = &mut self.sandbox;
-        store.data_mut().call_started = thread_cpu_time();
+        self.context.run();
+        if self.context.stopping() {
+            return Err(ProcessError::Stopped);
+        }
+        let sandbox = match &mut self.sandbox {
+            Some(sandbox) => sandbox,
+            None => match Sandbox::new(&self.plugin, self.limits, &self.context) {
+                Ok(sandbox) => self.sandbox.insert(sandbox),
+                Err(_) if self.context.stopping() => return Err(ProcessError::Stopped),
+                Err(err) => return Err(err.into()),
+            },
+        };
+        let Sandbox { store, bindings } = sandbox;
+        let data = store.data_mut();
+        data.call = txn.call_limits().clone();
+        data.call_started = thread_cpu_time();
+        data.cpu_metered = data.call_started;
         store.set_epoch_deadline(1);
         std::mem::swap(&mut store.data_mut().txn, txn);
         let result = bindings.tally_plugin_aggregator().call_process(&mut *store, events);
         std::mem::swap(&mut store.data_mut().txn, txn);
-        self.cpu += thread_cpu_time().saturating_sub(store.data().call_started);
+        self.cpu += store.data_mut().meter_cpu();
         match result {
             Ok(rejections) => Ok(rejections),
             Err(err) => {
-                self.traps += 1;
-                let failure = self.failure(err, txn.last_plugin_error.take());
-                // After a trap the guest's memory may be inconsistent: start over.
-                self.sandbox = Sandbox::new(&self.plugin, self.limits)?;
+                let Some(mut sandbox) = self.sandbox.take() else { unreachable!("the call ran in a sandbox") };
+                let failure = self.failure(sandbox.store.data_mut(), err, txn.last_plugin_error.take());
+                if !matches!(failure, ProcessError::Stopped) {
+                    self.traps += 1;
+                    self.context.meters.failed(&failure.to_string());
+                }
+                // After a trap the guest's memory may be inconsistent: the
+                // next call starts over in a fresh instance.
+                self.context.meters.memory_bytes.set(0);
                 Err(failure)
             }
         }
@@ -465,6 +618,7 @@ impl Processor for PluginInstance {
     }
 
     fn usage(&self) -> PluginUsage {
-        PluginUsage { cpu: self.cpu, memory_bytes: self.sandbox.store.data().memory_used, traps: self.traps }
+        let memory_bytes = self.sandbox.as_ref().map_or(0, |sandbox| sandbox.store.data().memory_used);
+        PluginUsage { cpu: self.cpu, memory_bytes, traps: self.traps }
     }
 }

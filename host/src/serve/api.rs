@@ -15,20 +15,57 @@
 //! | `GET /healthz`                          | `ok`, no token needed                 |
 //!
 //! Another tenant's job answers 404, exactly like a job that does not exist.
+//!
+//! Served by hyper on tokio, hardened against clients that lie or stall:
+//! at most [`MAX_CONNECTIONS`] connections ([`MAX_CONNECTIONS_PER_PEER`]
+//! from one address), request headers within [`HEADER_TIMEOUT`], the token
+//! checked before any body byte is read, a body over `max_upload_bytes`
+//! refused from its `Content-Length` or cut off while it is read (never a
+//! buffer sized from what the client announces), a body within
+//! [`BODY_TIMEOUT`], a whole request within [`REQUEST_TIMEOUT`], and a
+//! panic in one request answered with a 500 instead of taking the API
+//! down. The work of a request (compiles, disk, locks) runs on a bounded
+//! pool of blocking threads, never on the threads that serve connections.
 
-use std::io::Read;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequestParts, Path, RawQuery, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
 use base64::Engine as _;
+use http_body_util::BodyExt as _;
 use serde::Deserialize;
-use tiny_http::{Header, Method, Request, Response, Server};
+use tokio::sync::Semaphore;
 
 use super::{ApiError, Host};
+use crate::sync::lock;
 
-/// Threads answering requests; pushes compile on them, off the job threads.
-const WORKERS: usize = 4;
+/// Most connections open at once; more are closed as they arrive.
+pub const MAX_CONNECTIONS: usize = 512;
+/// Most connections open at once from one address.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 128;
+/// Longest a client may take to send a request's headers (each request of
+/// a kept-alive connection, and the wait for it).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a client may take to send a request's body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest a request may take in all, its compile (and the wait for its
+/// turn at the compiler) included.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
+/// Longest a connection stays open.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(600);
+/// Largest request head (request line and headers), in bytes.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+/// Requests doing work (compiles, disk, locks) at once; more wait.
+pub const MAX_WORKING_REQUESTS: usize = 16;
 
 /// Body of a deploy request.
 #[derive(Debug, Deserialize)]
@@ -40,174 +77,305 @@ pub struct DeployRequest {
     pub plugin: String,
 }
 
-/// What a handler answers.
-enum Reply {
-    Json(u16, serde_json::Value),
-    Text(String),
+/// What every handler shares.
+#[derive(Clone)]
+struct Api {
+    host: Arc<Host>,
+    /// Turns at doing work on the blocking pool.
+    working: Arc<Semaphore>,
+}
+
+impl Api {
+    /// Runs `work` on the blocking pool, within the bound on working
+    /// requests; a panic in it is a 500, not a dead worker.
+    async fn run<T: Send + 'static>(&self, work: impl FnOnce(&Arc<Host>) -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+        let _permit = self.working.clone().acquire_owned().await.map_err(|_| ApiError::new(503, "the host is shutting down"))?;
+        let host = self.host.clone();
+        match tokio::task::spawn_blocking(move || work(&host)).await {
+            Ok(result) => result,
+            Err(err) if err.is_panic() => {
+                tracing::error!("an admin request panicked; the API goes on");
+                Err(ApiError::internal("the host failed on this request (a bug: it was logged); nothing else is affected"))
+            }
+            Err(_) => Err(ApiError::new(503, "the host is shutting down")),
+        }
+    }
 }
 
 /// Serves the admin API on the configured address until `stop` is set,
 /// then stops every job (each commits what it processed).
 pub fn serve(host: Arc<Host>, stop: Arc<AtomicBool>) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(MAX_WORKING_REQUESTS + 4)
+        .thread_name("tally-api")
+        .enable_all()
+        .build()
+        .map_err(|err| format!("cannot start the admin API's runtime: {err}"))?;
     let listen = host.config().listen;
-    let server = Arc::new(Server::http(listen).map_err(|err| format!("cannot listen on {listen}: {err}; set `listen` in the host file to a free address"))?);
-    tracing::info!(%listen, "admin API listening");
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|index| {
-            let (server, host, stop) = (server.clone(), host.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name(format!("api-{index}"))
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        match server.recv_timeout(Duration::from_millis(200)) {
-                            Ok(Some(request)) => handle(&host, request),
-                            Ok(None) => {}
-                            Err(err) => tracing::warn!(error = %err, "admin API connection failed"),
-                        }
-                    }
-                })
-                .expect("spawning an API thread")
-        })
-        .collect();
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let result = runtime.block_on(accept_until_stopped(host.clone(), listen, stop));
     tracing::info!("shutting down: stopping every job");
     host.shutdown();
-    server.unblock();
-    for worker in workers {
-        let _ = worker.join();
-    }
-    Ok(())
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
 }
 
-fn handle(host: &Host, mut request: Request) {
-    let method = request.method().clone();
-    let url = request.url().to_string();
-    let reply = route(host, &mut request).unwrap_or_else(|err| Reply::Json(err.status, serde_json::json!({ "error": err.message })));
-    let response = match reply {
-        Reply::Json(status, body) => {
-            if status >= 400 {
-                tracing::info!(%method, %url, status, "request refused");
+/// Open connections, in all and per address.
+#[derive(Default)]
+struct Connections {
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One open connection's place; freed when dropped.
+struct ConnectionSlot {
+    connections: Arc<Connections>,
+    peer: IpAddr,
+}
+
+impl Connections {
+    fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<ConnectionSlot> {
+        let mut open = lock(&self.open);
+        let total: usize = open.values().sum();
+        let from_peer = open.get(&peer).copied().unwrap_or(0);
+        if total >= MAX_CONNECTIONS || from_peer >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *open.entry(peer).or_default() += 1;
+        Some(ConnectionSlot { connections: self.clone(), peer })
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut open = lock(&self.connections.open);
+        if let Some(count) = open.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.peer);
             }
-            Response::from_string(body.to_string()).with_status_code(status).with_header(content_type("application/json"))
         }
-        Reply::Text(text) => Response::from_string(text).with_header(content_type("text/plain; version=0.0.4")),
-    };
-    let unauthorized = response.status_code().0 == 401;
-    let response = if unauthorized {
-        response.with_header(Header::from_bytes(&b"WWW-Authenticate"[..], &b"Bearer"[..]).expect("a valid header"))
-    } else {
+    }
+}
+
+async fn accept_until_stopped(host: Arc<Host>, listen: SocketAddr, stop: Arc<AtomicBool>) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|err| format!("cannot listen on {listen}: {err}; set `listen` in the host file to a free address"))?;
+    tracing::info!(%listen, "admin API listening");
+    let app = router(Api { host, working: Arc::new(Semaphore::new(MAX_WORKING_REQUESTS)) });
+    let connections = Arc::new(Connections::default());
+    let mut check_stop = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // Out of file descriptors, say: wait a little, go on.
+                        tracing::warn!(error = %err, "cannot accept an admin connection");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Some(slot) = connections.admit(peer.ip()) else {
+                    tracing::warn!(%peer, "too many admin connections; closing a new one");
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                tokio::spawn(async move {
+                    let _slot = slot;
+                    let mut http = hyper::server::conn::http1::Builder::new();
+                    http.timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
+                        .max_buf_size(MAX_HEAD_BYTES)
+                        .keep_alive(true);
+                    let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                    match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
+                        Ok(Err(err)) => tracing::debug!(%peer, error = %err, "admin connection ended"),
+                        Ok(Ok(())) => {}
+                        Err(_) => tracing::debug!(%peer, "admin connection open too long; closed"),
+                    }
+                });
+            }
+            _ = check_stop.tick() => {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+fn router(api: Api) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { text("ok\n") }))
+        .route("/metrics", get(metrics))
+        .route("/v1/jobs", get(list).post(deploy))
+        .route("/v1/jobs/{job}", get(status).delete(delete))
+        .route("/v1/jobs/{job}/pause", post(pause))
+        .route("/v1/jobs/{job}/resume", post(resume))
+        .route("/v1/jobs/{job}/plugin", post(push))
+        .route("/v1/jobs/{job}/plugin/history", get(history))
+        .route("/v1/jobs/{job}/plugin/rollback", post(rollback))
+        .route("/v1/jobs/{job}/state", get(state))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(api)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, REQUEST_TIMEOUT))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_panic: Box<dyn std::any::Any + Send>| {
+            tracing::error!("an admin request panicked; the API goes on");
+            ApiError::internal("the host failed on this request (a bug: it was logged); nothing else is affected").into_response()
+        }))
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_client_error() {
+            tracing::info!(status = self.status, "admin request refused");
+        }
+        let mut response = (status, [(header::CONTENT_TYPE, "application/json")], serde_json::json!({ "error": self.message }).to_string()).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         response
-    };
-    if let Err(err) = request.respond(response) {
-        tracing::debug!(error = %err, "client went away before the answer");
     }
 }
 
-fn content_type(value: &str) -> Header {
-    Header::from_bytes(&b"Content-Type"[..], value.as_bytes()).expect("a valid header")
+fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    let body = serde_json::to_string(value).unwrap_or_else(|err| serde_json::json!({ "error": format!("reply not serializable: {err}") }).to_string());
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-fn route(host: &Host, request: &mut Request) -> Result<Reply, ApiError> {
-    let url = request.url().to_string();
-    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let method = request.method().clone();
-    match (&method, segments.as_slice()) {
-        (Method::Get, ["healthz"]) => return Ok(Reply::Text("ok\n".into())),
-        (Method::Get, ["metrics"]) => {
-            let token = bearer(request)?;
-            return match &host.config().metrics_token {
-                Some(expected) if super::config::same_secret(expected, &token) => Ok(Reply::Text(host.render_metrics())),
-                Some(_) => Err(ApiError::new(403, "this token may not read /metrics; use the host's metrics_token")),
-                None => Err(ApiError::new(404, "/metrics is off: set metrics_token in the host file to serve it")),
-            };
-        }
-        _ => {}
-    }
-    let tenant = tenant(host, request)?;
-    let ok = |body: serde_json::Value| Ok(Reply::Json(200, body));
-    match (method, segments.as_slice()) {
-        (Method::Get, ["v1", "jobs"]) => ok(json(&host.list(&tenant))),
-        (Method::Post, ["v1", "jobs"]) => {
-            let body = read_body(host, request)?;
-            let deploy: DeployRequest = serde_json::from_slice(&body).map_err(|err| {
-                ApiError::bad_request(format!("the deploy request must be JSON {{\"job\": \"<TOML>\", \"plugin\": \"<base64 component>\"}}: {err}"))
-            })?;
-            let plugin = base64::engine::general_purpose::STANDARD
-                .decode(deploy.plugin.trim())
-                .map_err(|err| ApiError::bad_request(format!("`plugin` must be the component's bytes in base64: {err}")))?;
-            let status = host.deploy(&tenant, &deploy.job, &plugin)?;
-            Ok(Reply::Json(201, json(&status)))
-        }
-        (Method::Get, ["v1", "jobs", name]) => ok(json(&host.job(&tenant, name)?.status())),
-        (Method::Delete, ["v1", "jobs", name]) => {
-            host.delete(&tenant, name)?;
-            ok(serde_json::json!({ "deleted": name }))
-        }
-        (Method::Post, ["v1", "jobs", name, "pause"]) => ok(json(&host.set_paused(&tenant, name, true)?)),
-        (Method::Post, ["v1", "jobs", name, "resume"]) => ok(json(&host.set_paused(&tenant, name, false)?)),
-        (Method::Post, ["v1", "jobs", name, "plugin"]) => {
-            host.job(&tenant, name)?;
-            let body = read_body(host, request)?;
-            Ok(Reply::Json(202, json(&host.push(&tenant, name, &body)?)))
-        }
-        (Method::Get, ["v1", "jobs", name, "plugin", "history"]) => ok(json(&host.history(&tenant, name)?)),
-        (Method::Post, ["v1", "jobs", name, "plugin", "rollback"]) => Ok(Reply::Json(202, json(&host.rollback(&tenant, name)?))),
-        (Method::Get, ["v1", "jobs", name, "state"]) => {
-            let key = query_param(query, "key").ok_or_else(|| ApiError::bad_request("give the key as ?key=<url-encoded key>"))?;
-            ok(json(&host.state_get(&tenant, name, &key)?))
-        }
-        (_, ["v1", "jobs", ..]) => Err(ApiError::new(405, format!("{} {path} is not part of the admin API; see `tally --help`", request.method()))),
-        _ => Err(ApiError::new(404, format!("{path} is not part of the admin API (it lives under /v1/jobs)"))),
+fn text(body: impl Into<String>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body.into()).into_response()
+}
+
+/// The tenant whose bearer token a request carries: checked from the
+/// headers alone, before any of the body is read.
+struct Tenant(String);
+
+impl FromRequestParts<Api> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Tenant, ApiError> {
+        let token = bearer(&parts.headers)?;
+        api.host
+            .config()
+            .tenant_of(&token)
+            .map(|tenant| Tenant(tenant.to_string()))
+            .ok_or_else(|| ApiError::new(401, "the token is not recognised; check --token or TALLY_TOKEN"))
     }
 }
 
-/// A reply body as JSON (the reply types have string keys and no maps
-/// with other keys, so this cannot fail).
-fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
-    serde_json::to_value(value).unwrap_or_else(|err| serde_json::json!({ "error": format!("reply not serializable: {err}") }))
-}
-
-/// The bearer token of the request.
-fn bearer(request: &Request) -> Result<String, ApiError> {
-    let header = request.headers().iter().find(|header| header.field.equiv("Authorization"));
-    let Some(header) = header else {
+/// The bearer token of a request.
+fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Err(ApiError::new(401, "missing `Authorization: Bearer <token>` header; pass --token or set TALLY_TOKEN"));
     };
-    match header.value.as_str().strip_prefix("Bearer ") {
+    match value.to_str().ok().and_then(|value| value.strip_prefix("Bearer ")) {
         Some(token) => Ok(token.trim().to_string()),
         None => Err(ApiError::new(401, "the Authorization header must be `Bearer <token>`")),
     }
 }
 
-/// The tenant whose token the request carries.
-fn tenant(host: &Host, request: &Request) -> Result<String, ApiError> {
-    let token = bearer(request)?;
-    host.config()
-        .tenant_of(&token)
-        .map(str::to_string)
-        .ok_or_else(|| ApiError::new(401, "the token is not recognised; check --token or TALLY_TOKEN"))
+/// The request body, refused unread when its announced length is over
+/// the host's `max_upload_bytes`, and cut off once it grows past it;
+/// within [`BODY_TIMEOUT`].
+async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = api.host.config().max_upload_bytes;
+    let too_large = || ApiError::new(413, format!("the request body is larger than the host's max_upload_bytes ({limit} bytes)"));
+    let announced = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()).and_then(|value| value.parse::<u64>().ok());
+    if announced.is_some_and(|length| length > limit) {
+        return Err(too_large());
+    }
+    let limited = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+    match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
+        Err(_) => Err(ApiError::new(408, format!("the request body did not arrive within {} s", BODY_TIMEOUT.as_secs()))),
+        Ok(Err(err)) if err.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(err)) => Err(ApiError::bad_request(format!("cannot read the request body: {err}"))),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
 }
 
-/// The request body, refused unread if it is larger than the host allows.
-fn read_body(host: &Host, request: &mut Request) -> Result<Vec<u8>, ApiError> {
-    let limit = host.config().max_upload_bytes;
-    let too_large = || ApiError::new(413, format!("the request body is larger than the host's max_upload_bytes ({limit} bytes)"));
-    if request.body_length().is_some_and(|length| length as u64 > limit) {
-        return Err(too_large());
+async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let token = bearer(&headers)?;
+    match &api.host.config().metrics_token {
+        Some(expected) if super::config::same_secret(expected, &token) => Ok(text(api.run(|host| Ok(host.render_metrics())).await?)),
+        Some(_) => Err(ApiError::new(403, "this token may not read /metrics; use the host's metrics_token")),
+        None => Err(ApiError::new(404, "/metrics is off: set metrics_token in the host file to serve it")),
     }
-    let mut body = Vec::new();
-    request
-        .as_reader()
-        .take(limit + 1)
-        .read_to_end(&mut body)
-        .map_err(|err| ApiError::bad_request(format!("cannot read the request body: {err}")))?;
-    if body.len() as u64 > limit {
-        return Err(too_large());
-    }
-    Ok(body)
+}
+
+async fn list(State(api): State<Api>, Tenant(tenant): Tenant) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &api.run(move |host| Ok(host.list(&tenant))).await?))
+}
+
+async fn deploy(State(api): State<Api>, Tenant(tenant): Tenant, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let body = read_body(&api, &headers, body).await?;
+    let deploy: DeployRequest = serde_json::from_slice(&body).map_err(|err| {
+        ApiError::bad_request(format!("the deploy request must be JSON {{\"job\": \"<TOML>\", \"plugin\": \"<base64 component>\"}}: {err}"))
+    })?;
+    drop(body);
+    let plugin = base64::engine::general_purpose::STANDARD
+        .decode(deploy.plugin.trim())
+        .map_err(|err| ApiError::bad_request(format!("`plugin` must be the component's bytes in base64: {err}")))?;
+    let status = api.run(move |host| host.deploy(&tenant, &deploy.job, &plugin)).await?;
+    Ok(json(StatusCode::CREATED, &status))
+}
+
+async fn status(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &api.run(move |host| Ok(host.job(&tenant, &job)?.status())).await?))
+}
+
+async fn delete(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+    let deleted = job.clone();
+    api.run(move |host| host.delete(&tenant, &job)).await?;
+    Ok(json(StatusCode::OK, &serde_json::json!({ "deleted": deleted })))
+}
+
+async fn pause(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &api.run(move |host| host.set_paused(&tenant, &job, true)).await?))
+}
+
+async fn resume(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &api.run(move |host| host.set_paused(&tenant, &job, false)).await?))
+}
+
+async fn push(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    // The job must be the tenant's before its body is read.
+    let (check_tenant, check_job) = (tenant.clone(), job.clone());
+    api.run(move |host| host.job(&check_tenant, &check_job).map(drop)).await?;
+    let body = read_body(&api, &headers, body).await?;
+    let pushed = api.run(move |host| host.push(&tenant, &job, &body)).await?;
+    Ok(json(if pushed.accepted { StatusCode::ACCEPTED } else { StatusCode::OK }, &pushed.version))
+}
+
+async fn history(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &api.run(move |host| host.history(&tenant, &job)).await?))
+}
+
+async fn rollback(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+    let pushed = api.run(move |host| host.rollback(&tenant, &job)).await?;
+    Ok(json(if pushed.accepted { StatusCode::ACCEPTED } else { StatusCode::OK }, &pushed.version))
+}
+
+async fn state(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
+    let key = query
+        .as_deref()
+        .and_then(|query| query_param(query, "key"))
+        .ok_or_else(|| ApiError::bad_request("give the key as ?key=<url-encoded key>"))?;
+    Ok(json(StatusCode::OK, &api.run(move |host| host.state_get(&tenant, &job, &key)).await?))
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::new(404, format!("{} is not part of the admin API (it lives under /v1/jobs)", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(405, format!("{method} {} is not part of the admin API; see `tally --help`", uri.path()))
 }
 
 fn query_param(query: &str, name: &str) -> Option<String> {
@@ -215,4 +383,15 @@ fn query_param(query: &str, name: &str) -> Option<String> {
         let (key, value) = pair.split_once('=')?;
         (key == name).then(|| percent_encoding::percent_decode_str(&value.replace('+', " ")).decode_utf8_lossy().into_owned())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_parameters_are_decoded() {
+        assert_eq!(query_param("key=%7B%22a%22%3A1%7D&x=2", "key").as_deref(), Some("{\"a\":1}"));
+        assert_eq!(query_param("x=2", "key"), None);
+    }
 }

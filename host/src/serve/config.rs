@@ -9,11 +9,16 @@
 //! kafka_brokers = "127.0.0.1:9092"  # the cluster Kafka jobs use (none: no Kafka jobs)
 //! max_memory_bytes = 1073741824 # the most a job's plugin may ask for
 //! max_cpu_budget_ms = 10000
+//! # plugin_versions_kept = 5     # per job, on disk (the active one always)
+//! # plugin_log_lines_per_second = 100, max_plugin_log_line_bytes = 1024
+//! # max_compile_seconds = 30, max_compile_memory_bytes = 2147483648
 //!
 //! [tenants.acme]
 //! token = "a-long-random-secret"
 //! input_dir = "inputs/acme"     # local jobs of this tenant read only here
 //! max_jobs = 16                 # the most jobs the tenant may have
+//! cpu_share = 1                 # weight of the tenant's share of the cores
+//! max_total_memory_bytes = 4294967296  # sum of its jobs' limits.memory_bytes
 //! ```
 
 use std::collections::BTreeMap;
@@ -53,6 +58,24 @@ pub struct HostConfig {
     /// The largest CPU budget per batch a job may give its plugin (`limits.cpu_budget_ms`).
     #[serde(default = "default_max_cpu_budget_ms")]
     pub max_cpu_budget_ms: u64,
+    /// Plugin versions each job keeps on disk (the active one, and one on
+    /// trial, are always kept): older ones are removed, and can no longer
+    /// be rolled back to.
+    #[serde(default = "default_plugin_versions_kept")]
+    pub plugin_versions_kept: usize,
+    /// Lines per second each job's plugin may log; more are dropped (and
+    /// counted in `tally_plugin_log_lines_dropped_total`).
+    #[serde(default = "default_plugin_log_lines_per_second")]
+    pub plugin_log_lines_per_second: u32,
+    /// Longest plugin log line kept, in bytes; longer ones are cut.
+    #[serde(default = "default_max_plugin_log_line_bytes")]
+    pub max_plugin_log_line_bytes: usize,
+    /// Longest an upload's compile may take (CPU and wall clock), in seconds.
+    #[serde(default = "default_max_compile_seconds")]
+    pub max_compile_seconds: u64,
+    /// Most memory (address space) an upload's compile may use, in bytes.
+    #[serde(default = "default_max_compile_memory_bytes")]
+    pub max_compile_memory_bytes: u64,
     /// Tenants by name.
     pub tenants: BTreeMap<String, TenantConfig>,
 }
@@ -70,10 +93,45 @@ pub struct TenantConfig {
     /// The most jobs the tenant may have at once.
     #[serde(default = "default_max_jobs")]
     pub max_jobs: usize,
+    /// The tenant's weight in sharing the host's cores among the tenants
+    /// whose jobs are busy.
+    #[serde(default = "default_cpu_share")]
+    pub cpu_share: u32,
+    /// The most the tenant's jobs' `limits.memory_bytes` may add up to.
+    #[serde(default = "default_max_total_memory_bytes")]
+    pub max_total_memory_bytes: u64,
 }
 
 fn default_max_jobs() -> usize {
     16
+}
+
+fn default_cpu_share() -> u32 {
+    1
+}
+
+fn default_max_total_memory_bytes() -> u64 {
+    4 << 30
+}
+
+fn default_plugin_versions_kept() -> usize {
+    5
+}
+
+fn default_plugin_log_lines_per_second() -> u32 {
+    crate::plugin::context::DEFAULT_LOG_LINES_PER_SECOND
+}
+
+fn default_max_plugin_log_line_bytes() -> usize {
+    crate::plugin::context::DEFAULT_MAX_LOG_LINE_BYTES
+}
+
+fn default_max_compile_seconds() -> u64 {
+    30
+}
+
+fn default_max_compile_memory_bytes() -> u64 {
+    2 << 30
 }
 
 fn default_listen() -> SocketAddr {
@@ -151,7 +209,32 @@ impl HostConfig {
         if self.max_upload_bytes < 1024 {
             return Err("max_upload_bytes must be at least 1024".into());
         }
+        for (name, tenant) in &self.tenants {
+            if tenant.cpu_share == 0 || tenant.cpu_share > 1000 {
+                return Err(format!("tenant `{name}`: cpu_share must be between 1 and 1000, got {}", tenant.cpu_share));
+            }
+            if tenant.max_total_memory_bytes < 1 << 20 {
+                return Err(format!("tenant `{name}`: max_total_memory_bytes must be at least 1048576 (1 MiB)"));
+            }
+        }
+        if self.plugin_versions_kept == 0 {
+            return Err("plugin_versions_kept must be at least 1".into());
+        }
+        if self.plugin_log_lines_per_second == 0 || self.max_plugin_log_line_bytes < 64 {
+            return Err("plugin_log_lines_per_second must be at least 1 and max_plugin_log_line_bytes at least 64".into());
+        }
+        if self.max_compile_seconds == 0 || self.max_compile_memory_bytes < 64 << 20 {
+            return Err("max_compile_seconds must be at least 1 and max_compile_memory_bytes at least 67108864 (64 MiB)".into());
+        }
         Ok(())
+    }
+
+    /// The bounds on each job's plugin log.
+    pub fn log_limits(&self) -> crate::plugin::context::LogLimits {
+        crate::plugin::context::LogLimits {
+            lines_per_second: self.plugin_log_lines_per_second,
+            max_line_bytes: self.max_plugin_log_line_bytes,
+        }
     }
 
     /// The tenant whose token is `token`, compared in constant time.

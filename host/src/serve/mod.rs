@@ -13,19 +13,27 @@ pub mod registry;
 pub mod runner;
 
 use crate::sync::lock;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::fair_share::CpuScheduler;
 use crate::lock::DirLock;
 use crate::metrics::HostMetrics;
+use crate::plugin::compiler::{CompileError, CompileLimits, Compiler};
 use crate::plugin::{LoadedPlugin, PluginRuntime};
 
 use config::HostConfig;
 use registry::{JobDir, JobRecord, PluginVersion, VersionStatus};
 use runner::{JobRuntime, JobStatus};
+
+/// Longest a delete waits for its job to stop before it answers; the job's
+/// files are removed once it has, even if that is later.
+const DELETE_WAIT: Duration = Duration::from_secs(10);
 
 /// A refused or failed admin request: the HTTP status and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +62,26 @@ impl ApiError {
     }
 }
 
+impl From<CompileError> for ApiError {
+    fn from(err: CompileError) -> ApiError {
+        match &err {
+            CompileError::Busy(_) => ApiError::new(429, err.to_string()),
+            err if err.is_the_uploads_fault() => ApiError::new(422, err.to_string()),
+            _ => ApiError::internal(err.to_string()),
+        }
+    }
+}
+
+/// What a push did.
+#[derive(Debug, Clone)]
+pub struct Pushed {
+    /// The version, as the history shows it.
+    pub version: PluginVersion,
+    /// Whether it was offered to the job (`false`: the job already runs it,
+    /// or has it waiting or on trial, and nothing changed).
+    pub accepted: bool,
+}
+
 /// One committed state value, as an interactive query returns it.
 #[derive(Debug, Clone, Serialize)]
 pub struct StateValue {
@@ -72,10 +100,13 @@ type JobKey = (String, String);
 pub struct Host {
     config: HostConfig,
     plugins: PluginRuntime,
+    compiler: Compiler,
+    cpu: CpuScheduler,
     metrics: HostMetrics,
     jobs: Mutex<BTreeMap<JobKey, Arc<JobRuntime>>>,
-    /// Names being deployed or deleted right now.
-    deploying: Mutex<HashSet<JobKey>>,
+    /// Names being deployed or deleted right now, with the plugin memory
+    /// they will hold.
+    deploying: Mutex<HashMap<JobKey, u64>>,
     /// Jobs on disk that could not be resumed at start, and why.
     broken: Mutex<BTreeMap<JobKey, String>>,
     threads: Mutex<HashMap<JobKey, JoinHandle<()>>>,
@@ -83,15 +114,25 @@ pub struct Host {
 }
 
 impl Host {
-    /// Locks the data directory and resumes every job in it.
-    pub fn open(config: HostConfig) -> Result<Arc<Host>, String> {
+    /// Locks the data directory and resumes every job in it. Uploads are
+    /// compiled by `compile_worker` (the `tally` binary: see
+    /// [`crate::plugin::compiler`]).
+    pub fn open(config: HostConfig, compile_worker: PathBuf) -> Result<Arc<Host>, String> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|err| format!("cannot create the data directory `{}`: {err}", config.data_dir.display()))?;
         let data_lock = DirLock::acquire(&config.data_dir).map_err(|err| err.to_string())?;
         let plugins = PluginRuntime::new().map_err(|err| err.to_string())?;
+        let limits = CompileLimits { seconds: config.max_compile_seconds, memory_bytes: config.max_compile_memory_bytes };
+        let compiler = Compiler::new(compile_worker, config.data_dir.join("compiled"), limits);
+        let cpu = CpuScheduler::for_this_machine();
+        for (name, tenant) in &config.tenants {
+            cpu.set_share(name, tenant.cpu_share);
+        }
         let host = Arc::new(Host {
             config,
             plugins,
+            compiler,
+            cpu,
             metrics: HostMetrics::new(),
             jobs: Mutex::default(),
             deploying: Mutex::default(),
@@ -104,7 +145,8 @@ impl Host {
                 Ok(()) => tracing::info!(%tenant, job = %name, "job resumed"),
                 Err(err) => {
                     tracing::error!(%tenant, job = %name, error = %err, "cannot resume job; fix the cause and restart the host");
-                    lock(&host.broken).insert((tenant, name), err);
+                    let shown = runner::redact_paths(&err, &[(host.config.data_dir.display().to_string(), "<data_dir>".to_string())]);
+                    lock(&host.broken).insert((tenant, name), shown);
                 }
             }
         }
@@ -127,11 +169,11 @@ impl Host {
         let (_, config) = job_spec::parse(&text, tenant, tenant_config, &self.config)?;
         let mut record = dir.read_record()?;
         let active = record.active().ok_or("its record names no active plugin version")?.clone();
-        let plugin = self.load_version(&dir, &active.digest)?;
+        let plugin = self.load_version(tenant, &dir, &active.digest)?;
         // Pushed before the restart and not judged yet: offered again below.
         let mut pending = None;
         if let Some(version) = record.pending().cloned() {
-            match self.load_version(&dir, &version.digest) {
+            match self.load_version(tenant, &dir, &version.digest) {
                 Ok(loaded) => pending = Some(loaded),
                 Err(err) => {
                     record.failed(&version.digest, VersionStatus::Refused, &format!("could not be loaded after a host restart: {err}"));
@@ -139,7 +181,7 @@ impl Host {
                 }
             }
         }
-        let runtime = JobRuntime::new(tenant, name, config, dir, record, plugin, self.metrics.job(tenant, name));
+        let runtime = self.runtime(tenant, name, config, dir, record, plugin);
         runtime.metrics.set_plugin_info("", &active.digest);
         if let Some(plugin) = pending {
             runtime.offer(plugin);
@@ -148,13 +190,21 @@ impl Host {
         Ok(())
     }
 
-    fn load_version(&self, dir: &JobDir, digest: &str) -> Result<LoadedPlugin, String> {
+    /// A job's runtime, with its seat in the tenant's CPU share.
+    fn runtime(&self, tenant: &str, name: &str, config: crate::config::JobConfig, dir: JobDir, record: JobRecord, plugin: LoadedPlugin) -> Arc<JobRuntime> {
+        let metrics = self.metrics.job(tenant, name);
+        JobRuntime::new(tenant, name, config, dir, record, plugin, metrics, self.cpu.seat(tenant), self.config.log_limits())
+    }
+
+    /// A version kept in a job's directory: its compiled form from the
+    /// cache, compiled anew (in a worker) only if the cache lost it.
+    fn load_version(&self, tenant: &str, dir: &JobDir, digest: &str) -> Result<LoadedPlugin, String> {
         let path = dir.plugin_file(digest);
-        let plugin = self.plugins.load_file(&path).map_err(|err| err.to_string())?;
-        if plugin.digest() != digest {
-            return Err(format!("`{}` does not hold plugin version {digest} any more (its digest is {})", path.display(), plugin.digest()));
+        let bytes = std::fs::read(&path).map_err(|err| format!("cannot read plugin version {digest}: {err}"))?;
+        if crate::plugin::digest(&bytes) != digest {
+            return Err(format!("the job's file of plugin version {digest} holds other bytes now (its digest is {})", crate::plugin::digest(&bytes)));
         }
-        Ok(plugin)
+        self.compiler.load(&self.plugins, tenant, &format!("version {digest}"), &bytes).map_err(|err| err.to_string())
     }
 
     fn start(&self, tenant: &str, name: &str, runtime: Arc<JobRuntime>) {
@@ -202,14 +252,30 @@ impl Host {
         {
             let jobs = lock(&self.jobs);
             let mut deploying = lock(&self.deploying);
-            let owned = jobs.keys().chain(deploying.iter()).filter(|(owner, _)| owner == tenant).count();
+            let owned = jobs.keys().chain(deploying.iter().map(|(key, _)| key)).filter(|(owner, _)| owner == tenant).count();
             if owned >= tenant_config.max_jobs && !jobs.contains_key(&key) {
                 return Err(ApiError::new(
                     409,
                     format!("tenant `{tenant}` already has {owned} jobs, its limit (max_jobs in the host file); delete one first"),
                 ));
             }
-            if jobs.contains_key(&key) || !deploying.insert(key.clone()) {
+            let memory: u64 = jobs
+                .iter()
+                .filter(|((owner, _), _)| owner == tenant)
+                .map(|(_, job)| job.config.limits.memory_bytes)
+                .chain(deploying.iter().filter(|((owner, _), _)| owner == tenant).map(|(_, memory)| *memory))
+                .sum();
+            let asked = config.limits.memory_bytes;
+            if memory + asked > tenant_config.max_total_memory_bytes {
+                return Err(ApiError::new(
+                    409,
+                    format!(
+                        "tenant `{tenant}`'s jobs already have {memory} bytes of plugin memory (limits.memory_bytes); this job's {asked} more would pass its limit of {} (max_total_memory_bytes in the host file); lower limits.memory_bytes or delete a job",
+                        tenant_config.max_total_memory_bytes
+                    ),
+                ));
+            }
+            if jobs.contains_key(&key) || deploying.insert(key.clone(), asked).is_some() {
                 return Err(ApiError::new(
                     409,
                     format!("job `{name}` already exists; push a new plugin version with `tally plugin push {name} <file>`, or delete the job first"),
@@ -222,18 +288,21 @@ impl Host {
     }
 
     fn create(&self, tenant: &str, name: &str, config: crate::config::JobConfig, text: &str, bytes: &[u8]) -> Result<JobStatus, ApiError> {
-        let plugin = self.compile(name, bytes)?;
+        let plugin = self.compile(tenant, name, bytes)?;
         if let Some(kafka) = &config.kafka {
             // Missing topics are a bad deploy, said now, not a job failing later.
             crate::kafka::topics::prepare(&config, kafka).map_err(|err| ApiError::bad_request(err.to_string()))?;
         }
         let dir = JobDir::new(&self.config.data_dir, tenant, name);
         if dir.exists() {
-            return Err(ApiError::new(409, format!("job `{name}` still has files in the data directory ({}); delete the job first", dir.path().display())));
+            return Err(ApiError::new(409, format!("job `{name}` still has files in the data directory; delete the job first")));
         }
         if dir.path().exists() {
             // Left by a deploy or delete that did not finish: no record, so no job.
-            std::fs::remove_dir_all(dir.path()).map_err(|err| ApiError::internal(format!("cannot clear `{}`: {err}", dir.path().display())))?;
+            std::fs::remove_dir_all(dir.path()).map_err(|err| {
+                tracing::error!(path = %dir.path().display(), error = %err, "cannot clear a job directory left by an unfinished deploy");
+                ApiError::internal(format!("cannot clear the files an earlier deploy of `{name}` left: {}", err.kind()))
+            })?;
         }
         let mut record = JobRecord::default();
         record.pushed(PluginVersion::new(plugin.digest(), bytes.len() as u64, VersionStatus::Active));
@@ -245,9 +314,10 @@ impl Host {
             .and_then(|()| dir.write_record(&record));
         if let Err(err) = written {
             let _ = std::fs::remove_dir_all(dir.path());
-            return Err(ApiError::internal(err));
+            tracing::error!(%tenant, job = %name, error = %err, "cannot write a deployed job's files");
+            return Err(ApiError::internal(format!("the host cannot write job `{name}`'s files (its disk?); nothing was deployed")));
         }
-        let runtime = JobRuntime::new(tenant, name, config, dir, record, plugin.clone(), self.metrics.job(tenant, name));
+        let runtime = self.runtime(tenant, name, config, dir, record, plugin.clone());
         runtime.metrics.set_plugin_info("", plugin.digest());
         let status = runtime.status();
         self.start(tenant, name, runtime);
@@ -255,9 +325,10 @@ impl Host {
         Ok(status)
     }
 
-    /// Compiles and checks an upload, off every job's processing path.
-    fn compile(&self, name: &str, bytes: &[u8]) -> Result<LoadedPlugin, ApiError> {
-        self.plugins.load(&format!("upload for job {name}"), bytes).map_err(|err| ApiError::new(422, err.to_string()))
+    /// Checks and compiles an upload in a bounded worker, in `tenant`'s
+    /// turn, off every job's processing path (or takes it from the cache).
+    fn compile(&self, tenant: &str, name: &str, bytes: &[u8]) -> Result<LoadedPlugin, ApiError> {
+        Ok(self.compiler.load(&self.plugins, tenant, &format!("upload for job {name}"), bytes)?)
     }
 
     /// Pauses or resumes `tenant`'s job `name`.
@@ -270,7 +341,7 @@ impl Host {
     /// Stops `tenant`'s job `name` (committing what it processed) and
     /// deletes its directory: state, outputs and plugin versions. A Kafka
     /// job's topics and consumer group stay on the brokers.
-    pub fn delete(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
+    pub fn delete(self: &Arc<Self>, tenant: &str, name: &str) -> Result<(), ApiError> {
         let key = (tenant.to_string(), name.to_string());
         if lock(&self.broken).contains_key(&key) {
             JobDir::new(&self.config.data_dir, tenant, name).remove().map_err(ApiError::internal)?;
@@ -279,44 +350,83 @@ impl Host {
         }
         let job = self.job(tenant, name)?;
         // Held until the files are gone: no deploy of the name meanwhile.
-        if !lock(&self.deploying).insert(key.clone()) {
+        if lock(&self.deploying).insert(key.clone(), job.config.limits.memory_bytes).is_some() {
             return Err(ApiError::new(409, format!("job `{name}` is being deployed or deleted right now; try again")));
         }
         job.mark_deleted();
         job.end();
         let thread = lock(&self.threads).remove(&key);
-        if let Some(thread) = thread {
-            let _ = thread.join();
+        let finish = {
+            let (job, key, tenant, name) = (job.clone(), key.clone(), tenant.to_string(), name.to_string());
+            move |host: &Host| {
+                if let Some(thread) = thread {
+                    let _ = thread.join();
+                }
+                let removed = job.dir.remove();
+                lock(&host.jobs).remove(&key);
+                host.metrics.remove(&job.metrics.labels, &job.status().plugin);
+                lock(&host.deploying).remove(&key);
+                match &removed {
+                    Ok(()) => tracing::info!(%tenant, job = %name, "job deleted"),
+                    Err(err) => tracing::error!(%tenant, job = %name, error = %err, "job stopped, but its files could not all be removed"),
+                }
+                removed
+            }
+        };
+        // The job stops within a tick even mid-call; a job stuck elsewhere
+        // (a Kafka restore, say) is finished off in the background.
+        let (done, finished) = std::sync::mpsc::channel();
+        let host = self.clone();
+        std::thread::Builder::new()
+            .name(format!("delete-{tenant}.{name}"))
+            .spawn(move || {
+                let removed = finish(&host);
+                let _ = done.send(removed);
+            })
+            .map_err(|err| ApiError::internal(format!("cannot start the delete: {err}")))?;
+        match finished.recv_timeout(DELETE_WAIT) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(ApiError::internal("the job stopped, but some of its files could not be removed; the host's log says which")),
+            Err(_) => Err(ApiError::new(202, format!("job `{name}` is stopping; its files are removed once it has"))),
         }
-        let removed = job.dir.remove();
-        lock(&self.jobs).remove(&key);
-        self.metrics.remove(&job.metrics.labels, &job.status().plugin);
-        lock(&self.deploying).remove(&key);
-        removed.map_err(|err| ApiError::internal(format!("job stopped, but its files could not all be removed: {err}")))?;
-        tracing::info!(%tenant, job = %name, "job deleted");
-        Ok(())
     }
 
     /// Compiles and checks `bytes`, then offers them to the job: they are
-    /// swapped in at its next transaction boundary.
-    pub fn push(&self, tenant: &str, name: &str, bytes: &[u8]) -> Result<PluginVersion, ApiError> {
+    /// swapped in at its next transaction boundary. The version the job
+    /// runs, or has waiting or on trial, is not pushed again.
+    pub fn push(&self, tenant: &str, name: &str, bytes: &[u8]) -> Result<Pushed, ApiError> {
         let job = self.job(tenant, name)?;
-        let plugin = self.compile(name, bytes)?;
-        job.dir.write_file(&job.dir.plugin_file(plugin.digest()), bytes).map_err(ApiError::internal)?;
+        let digest = crate::plugin::digest(bytes);
+        if let Some(current) = job.record().undecided_or_active(&digest) {
+            return Ok(Pushed { version: current.clone(), accepted: false });
+        }
+        let plugin = self.compile(tenant, name, bytes)?;
+        job.dir.write_file(&job.dir.plugin_file(plugin.digest()), bytes).map_err(|err| {
+            tracing::error!(%tenant, job = %name, error = %err, "cannot write a pushed plugin version");
+            ApiError::internal("the host cannot write the plugin version (its disk?); nothing was pushed")
+        })?;
         let version = PluginVersion::new(plugin.digest(), bytes.len() as u64, VersionStatus::Pending);
-        job.push(plugin, version.clone()).map_err(ApiError::internal)?;
+        let removed = job.push(plugin, version.clone(), self.config.plugin_versions_kept).map_err(ApiError::internal)?;
+        // A compiled form is shared by every job with the same plugin.
+        let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs).values().cloned().collect();
+        for digest in removed {
+            let in_use = jobs.iter().any(|other| other.record().versions.iter().any(|version| version.digest == digest && !version.removed));
+            if !in_use {
+                self.compiler.remove(&self.plugins, &digest);
+            }
+        }
         tracing::info!(%tenant, job = %name, plugin = %version.digest, "plugin version pushed");
-        Ok(version)
+        Ok(Pushed { version, accepted: true })
     }
 
     /// Pushes the version that ran before the active one again.
-    pub fn rollback(&self, tenant: &str, name: &str) -> Result<PluginVersion, ApiError> {
+    pub fn rollback(&self, tenant: &str, name: &str) -> Result<Pushed, ApiError> {
         let job = self.job(tenant, name)?;
         let previous = job.record().previous().cloned().ok_or_else(|| {
             ApiError::new(409, format!("job `{name}` has no earlier version to go back to; `tally plugin history {name}` lists its versions"))
         })?;
         let bytes = std::fs::read(job.dir.plugin_file(&previous.digest))
-            .map_err(|err| ApiError::internal(format!("cannot read version {}: {err}", previous.digest)))?;
+            .map_err(|err| ApiError::internal(format!("cannot read version {}: {}", previous.digest, err.kind())))?;
         self.push(tenant, name, &bytes)
     }
 

@@ -47,13 +47,20 @@ pub struct PluginVersion {
     /// Why it was rolled back or refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Its component was removed from the job's directory (past
+    /// `plugin_versions_kept`): it can no longer be rolled back to.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
+
+/// Most entries a job's history keeps; older entries of removed versions go.
+pub const MAX_HISTORY_ENTRIES: usize = 200;
 
 impl PluginVersion {
     /// A version pushed now.
     pub fn new(digest: &str, size: u64, status: VersionStatus) -> PluginVersion {
         let pushed_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
-        PluginVersion { digest: digest.to_string(), size, pushed_at, status, reason: None }
+        PluginVersion { digest: digest.to_string(), size, pushed_at, status, reason: None, removed: false }
     }
 }
 
@@ -80,7 +87,50 @@ impl JobRecord {
     /// The version that ran before the active one (what `rollback` returns to).
     pub fn previous(&self) -> Option<&PluginVersion> {
         let active = self.active()?;
-        self.versions.iter().rev().find(|version| version.status == VersionStatus::Retired && version.digest != active.digest)
+        self.versions
+            .iter()
+            .rev()
+            .find(|version| version.status == VersionStatus::Retired && version.digest != active.digest && !version.removed)
+    }
+
+    /// The version with `digest` if it is the active one, or waiting or on
+    /// trial: pushing it again changes nothing.
+    pub fn undecided_or_active(&self, digest: &str) -> Option<&PluginVersion> {
+        self.versions.iter().rev().find(|version| {
+            version.digest == digest && matches!(version.status, VersionStatus::Active | VersionStatus::Pending | VersionStatus::OnTrial)
+        })
+    }
+
+    /// Keeps the components of the active version, of those waiting or on
+    /// trial, and of the newest `kept` versions pushed; marks the others
+    /// removed and returns their digests (their files are to be deleted).
+    /// The history itself keeps at most [`MAX_HISTORY_ENTRIES`] entries.
+    pub fn prune(&mut self, kept: usize) -> Vec<String> {
+        let mut keep: Vec<&str> = Vec::new();
+        for version in self.versions.iter().rev() {
+            let live = matches!(version.status, VersionStatus::Active | VersionStatus::Pending | VersionStatus::OnTrial);
+            let newest = keep.len() < kept && !version.removed;
+            if (live || newest) && !keep.contains(&version.digest.as_str()) {
+                keep.push(&version.digest);
+            }
+        }
+        let keep: Vec<String> = keep.into_iter().map(str::to_string).collect();
+        let mut removed = Vec::new();
+        for version in &mut self.versions {
+            if !version.removed && !keep.contains(&version.digest) {
+                version.removed = true;
+                if !removed.contains(&version.digest) {
+                    removed.push(version.digest.clone());
+                }
+            }
+        }
+        while self.versions.len() > MAX_HISTORY_ENTRIES {
+            match self.versions.iter().position(|version| version.removed) {
+                Some(oldest) => drop(self.versions.remove(oldest)),
+                None => break,
+            }
+        }
+        removed
     }
 
     /// Records a push.
@@ -91,6 +141,9 @@ impl JobRecord {
     /// `digest`, still waiting, was replaced by a newer push before the job
     /// took it.
     pub fn superseded(&mut self, digest: &str, by: &str) {
+        if digest == by {
+            return;
+        }
         if let Some(version) = self.versions.iter_mut().rev().find(|version| version.digest == digest && version.status == VersionStatus::Pending) {
             version.status = VersionStatus::Refused;
             version.reason = Some(format!("superseded by {by} before the job took it"));
@@ -302,6 +355,26 @@ mod tests {
         let statuses: Vec<VersionStatus> = record.versions.iter().map(|version| version.status).collect();
         use VersionStatus::*;
         assert_eq!(statuses, [Retired, Active, Refused, Refused, OnTrial]);
+    }
+
+    #[test]
+    fn old_versions_are_pruned_but_the_active_and_undecided_ones_stay() {
+        let mut record = JobRecord::default();
+        record.pushed(PluginVersion::new("sha256:a", 1, VersionStatus::Active));
+        for digest in ["b", "c", "d"] {
+            let digest = format!("sha256:{digest}");
+            record.pushed(PluginVersion::new(&digest, 1, VersionStatus::Pending));
+            record.activated(&digest);
+        }
+        record.pushed(PluginVersion::new("sha256:e", 1, VersionStatus::Pending));
+        assert_eq!(record.undecided_or_active("sha256:e").map(|v| v.status), Some(VersionStatus::Pending));
+        assert_eq!(record.undecided_or_active("sha256:b"), None, "a retired version may be pushed again");
+        assert_eq!(record.prune(3), ["sha256:a", "sha256:b"], "kept: e (waiting), d (active), and the newest three: e, d, c");
+        assert_eq!(record.previous().unwrap().digest, "sha256:c");
+        assert!(record.versions.iter().filter(|v| v.removed).count() == 2);
+        assert!(record.prune(3).is_empty(), "pruning twice removes nothing more");
+        assert_eq!(record.prune(1), ["sha256:c"], "the active and the waiting versions stay, however few are kept");
+        assert!(record.previous().is_none(), "a removed version cannot be rolled back to");
     }
 
     #[test]

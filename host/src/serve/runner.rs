@@ -11,13 +11,16 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::batch::BatchOutcome;
 use crate::config::JobConfig;
+use crate::fair_share::CpuSeat;
 use crate::hot_swap::{CommitReport, JobObserver, PluginSlot, SwapEvent};
 use crate::kafka::{KafkaJob, KafkaRunOptions};
 use crate::metrics::JobMetrics;
-use crate::plugin::LoadedPlugin;
+use crate::plugin::context::{LogLimits, PluginLog};
+use crate::plugin::{JobContext, LoadedPlugin};
 use crate::state_store::StateStore;
-use crate::task::{BatchOutcome, LocalTask};
+use crate::task::LocalTask;
 
 use super::registry::{JobDir, JobRecord, VersionStatus};
 
@@ -75,6 +78,17 @@ pub struct JobStatus {
     pub last_error: Option<String>,
     /// What the last push led to.
     pub last_swap: Option<String>,
+    /// CPU seconds the job's plugin calls used since the host started,
+    /// counted as they run.
+    pub cpu_seconds: f64,
+    /// Plugin calls that trapped or broke a limit since the host started.
+    pub traps: u64,
+    /// Of them, calls stopped for exceeding their CPU budget.
+    pub cpu_budget_breaches: u64,
+    /// Plugin log lines dropped by the rate limit.
+    pub log_lines_dropped: u64,
+    /// The plugin's last failure, and how many seconds ago it was.
+    pub last_plugin_failure: Option<String>,
 }
 
 impl JobStatus {
@@ -96,6 +110,11 @@ impl JobStatus {
             rollbacks: 0,
             last_error: Some(reason.to_string()),
             last_swap: None,
+            cpu_seconds: 0.0,
+            traps: 0,
+            cpu_budget_breaches: 0,
+            log_lines_dropped: 0,
+            last_plugin_failure: None,
         }
     }
 }
@@ -114,8 +133,12 @@ pub struct JobRuntime {
     pub slot: Arc<PluginSlot>,
     /// Its metrics.
     pub metrics: JobMetrics,
-    /// Set to make the current run commit and return.
-    stop: AtomicBool,
+    /// Host paths and what a tenant sees instead, longest first.
+    redactions: Vec<(String, String)>,
+    /// What its plugin instances share: the stop signal (set to make the
+    /// current run commit and return, and any plugin call stop at its next
+    /// epoch tick), the CPU seat, the log, the live meters.
+    context: JobContext,
     /// Set (under the record lock) once a delete began: nothing more is written.
     deleted: AtomicBool,
     control: Mutex<Control>,
@@ -137,31 +160,39 @@ struct Control {
     halted: bool,
 }
 
-/// Why a job's run ended with an error.
+/// Why a job's run ended with an error, and what the job does next.
 struct Failure {
     message: String,
-    /// Whether reopening may help (Kafka or disk trouble), or only a person
-    /// can (a replaced input, an offset rewind, a bad configuration).
-    retry: bool,
+    then: AfterFailure,
+}
+
+/// What a failed job does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterFailure {
+    /// Reopen from the last commit, with backoff (Kafka or disk trouble).
+    Retry,
+    /// Wait for a resume: only a person can fix this (a replaced input, an
+    /// offset rewind, a bad configuration).
+    Halt,
+    /// Pause, across restarts too: the plugin is broken (it failed on many
+    /// events in a row); push a fixed version and resume.
+    Pause,
 }
 
 impl Failure {
     fn retry(message: String) -> Failure {
-        Failure { message, retry: true }
+        Failure { message, then: AfterFailure::Retry }
     }
 }
 
 impl From<crate::task::TaskError> for Failure {
     fn from(err: crate::task::TaskError) -> Failure {
-        use crate::source::SourceError;
-        use crate::task::TaskError;
-        let retry = !matches!(
-            err,
-            TaskError::Source(SourceError::Shrunk { .. } | SourceError::Changed { .. } | SourceError::Replaced { .. } | SourceError::Outside { .. })
-                | TaskError::Misconfigured { .. }
-                | TaskError::Config(_)
-        );
-        Failure { message: err.to_string(), retry }
+        let then = match &err {
+            crate::task::TaskError::PluginFailing { .. } => AfterFailure::Pause,
+            err if err.is_retryable() => AfterFailure::Retry,
+            _ => AfterFailure::Halt,
+        };
+        Failure { message: err.to_string(), then }
     }
 }
 
@@ -170,7 +201,7 @@ impl From<crate::kafka::KafkaJobError> for Failure {
         use crate::kafka::KafkaJobError;
         match err {
             KafkaJobError::Task(task) => task.into(),
-            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } => Failure { message: err.to_string(), retry: false },
+            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } => Failure { message: err.to_string(), then: AfterFailure::Halt },
             other => Failure::retry(other.to_string()),
         }
     }
@@ -189,7 +220,9 @@ struct StatusInner {
 }
 
 impl JobRuntime {
-    /// A job that will run `plugin` (its active version).
+    /// A job that will run `plugin` (its active version), on `seat` of its
+    /// tenant's share of the cores, logging within `log_limits`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         tenant: &str,
         name: &str,
@@ -198,16 +231,29 @@ impl JobRuntime {
         record: JobRecord,
         plugin: LoadedPlugin,
         metrics: JobMetrics,
+        seat: Arc<CpuSeat>,
+        log_limits: LogLimits,
     ) -> Arc<JobRuntime> {
         let paused = record.paused;
+        let log = PluginLog::new(Some(tenant), name, log_limits).count_drops_in(metrics.log_lines_dropped());
+        let context = JobContext::with(Arc::new(AtomicBool::new(paused)), Some(seat), log, metrics.plugin_meters());
+        let mut redactions = vec![(dir.path().display().to_string(), format!("<job {name}>"))];
+        if let Some(input_dir) = config.local.as_ref().and_then(|local| local.confine_to.as_ref()) {
+            redactions.push((input_dir.display().to_string(), "<input_dir>".to_string()));
+            if let Ok(canonical) = input_dir.canonicalize() {
+                redactions.push((canonical.display().to_string(), "<input_dir>".to_string()));
+            }
+        }
+        redactions.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
         Arc::new(JobRuntime {
+            redactions,
             tenant: tenant.to_string(),
             name: name.to_string(),
             config,
             dir,
             slot: PluginSlot::new(),
             metrics,
-            stop: AtomicBool::new(paused),
+            context,
             deleted: AtomicBool::new(false),
             control: Mutex::new(Control { paused, ..Control::default() }),
             wake: Condvar::new(),
@@ -245,6 +291,7 @@ impl JobRuntime {
     pub fn status(&self) -> JobStatus {
         // Never holds both locks: the observer takes record, then status.
         let pending_plugin = lock(&self.record).pending().map(|version| version.digest.clone());
+        let meters = &self.context.meters;
         let status = lock(&self.status);
         JobStatus {
             name: self.name.clone(),
@@ -263,9 +310,20 @@ impl JobRuntime {
             lag_unit: if self.is_kafka() { "records" } else { "bytes" },
             commits: self.metrics.commits(),
             rollbacks: self.metrics.rollbacks(),
-            last_error: status.last_error.clone(),
+            last_error: status.last_error.as_deref().map(|error| self.redact(error)),
             last_swap: status.last_swap.clone(),
+            cpu_seconds: (meters.cpu_seconds.get() * 1000.0).round() / 1000.0,
+            traps: meters.traps.get(),
+            cpu_budget_breaches: meters.cpu_budget_breaches.get(),
+            log_lines_dropped: meters.log_lines_dropped.get(),
+            last_plugin_failure: meters.last_failure().map(|(ago, reason)| format!("{reason} ({}s ago)", ago.as_secs())),
         }
+    }
+
+    /// `message` as the job's tenant may see it: the host's own paths (its
+    /// data directory, the tenant's input directory) left out.
+    pub fn redact(&self, message: &str) -> String {
+        redact_paths(message, &self.redactions)
     }
 
     /// The job's record (plugin history).
@@ -281,18 +339,26 @@ impl JobRuntime {
 
     /// Offers a compiled, checked version to the job; it is swapped in at
     /// the next transaction boundary and judged on its first transaction.
-    pub fn push(&self, plugin: LoadedPlugin, version: super::registry::PluginVersion) -> Result<(), String> {
+    /// Keeps the components of `kept` versions on disk (and those the job
+    /// runs or will): returns the digests whose files were removed.
+    pub fn push(&self, plugin: LoadedPlugin, version: super::registry::PluginVersion, kept: usize) -> Result<Vec<String>, String> {
         // Under the record lock, so the record and the slot agree.
         let mut record = lock(&self.record);
         if self.deleted.load(Ordering::SeqCst) {
             return Err(format!("job `{}` is being deleted", self.name));
+        }
+        if record.undecided_or_active(plugin.digest()).is_some() {
+            // Pushed twice at once: the first push stands.
+            return Ok(Vec::new());
         }
         let displaced = self.offer(plugin.clone());
         let mut updated = record.clone();
         updated.pushed(version);
         if let Some(displaced) = &displaced {
             updated.superseded(displaced.digest(), plugin.digest());
+            lock(&self.plugins).remove(displaced.digest());
         }
+        let removed = updated.prune(kept);
         if let Err(err) = self.dir.write_record(&updated) {
             // Not recorded, so not offered either.
             let _ = self.slot.take_if(plugin.digest());
@@ -302,7 +368,10 @@ impl JobRuntime {
             return Err(err);
         }
         *record = updated;
-        Ok(())
+        for digest in &removed {
+            let _ = std::fs::remove_file(self.dir.plugin_file(digest));
+        }
+        Ok(removed)
     }
 
     /// Makes `plugin` known to the job and puts it in the slot; returns the
@@ -335,7 +404,7 @@ impl JobRuntime {
             control.halted = false;
         }
         // A job being ended stays stopped whatever a resume says.
-        self.stop.store(paused || control.ended, Ordering::SeqCst);
+        self.context.stop.store(paused || control.ended, Ordering::SeqCst);
         drop(control);
         self.wake.notify_all();
         Ok(())
@@ -344,7 +413,7 @@ impl JobRuntime {
     /// Makes the job commit what it processed and its thread return.
     pub fn end(&self) {
         lock(&self.control).ended = true;
-        self.stop.store(true, Ordering::SeqCst);
+        self.context.stop.store(true, Ordering::SeqCst);
         self.wake.notify_all();
     }
 
@@ -386,14 +455,25 @@ impl JobRuntime {
             let opened_at = Instant::now();
             let result = if self.is_kafka() { self.run_kafka() } else { self.run_local() };
             *lock(&self.store) = None;
+            // Whatever comes next, this thread does not work for a while.
+            self.context.idle();
             match result {
                 Ok(()) => backoff = Duration::from_secs(1),
-                Err(Failure { message, retry: false }) => {
+                Err(Failure { message, then: AfterFailure::Halt }) => {
                     tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job stopped: retrying cannot fix this; resume it once fixed");
                     lock(&self.status).last_error =
                         Some(format!("{message} (the job waits: fix this, then `tally jobs resume {}`)", self.name));
                     self.set_state(JobState::Failed);
                     lock(&self.control).halted = true;
+                }
+                Err(Failure { message, then: AfterFailure::Pause }) => {
+                    tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job paused: its plugin keeps failing");
+                    lock(&self.status).last_error =
+                        Some(format!("{message} (the job is paused: push a fixed version with `tally plugin push {0}`, then `tally jobs resume {0}`)", self.name));
+                    if let Err(err) = self.set_paused(true) {
+                        tracing::error!(tenant = %self.tenant, job = %self.name, error = %err, "cannot record the pause");
+                        lock(&self.control).halted = true;
+                    }
                 }
                 Err(Failure { message, .. }) => {
                     tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job failed; reopening it from its last commit");
@@ -437,28 +517,39 @@ impl JobRuntime {
     }
 
     fn run_local(self: &Arc<Self>) -> Result<(), Failure> {
-        let plugin = self.active_plugin().map_err(|message| Failure { message, retry: false })?;
-        let mut task = LocalTask::open(&self.config, &plugin)?;
+        let plugin = self.active_plugin().map_err(|message| Failure { message, then: AfterFailure::Halt })?;
+        let mut task = LocalTask::open_in(&self.config, &plugin, self.context.clone())?;
         task.attach(self.slot.clone(), self.config.hot_swap, self.observer());
         *lock(&self.store) = Some((task.store(), 0));
         while self.wait_while_paused() {
             self.set_state(JobState::Running);
-            task.run_following(&self.stop)?;
+            task.run_following(&self.context.stop)?;
         }
         Ok(())
     }
 
     fn run_kafka(self: &Arc<Self>) -> Result<(), Failure> {
-        let plugin = self.active_plugin().map_err(|message| Failure { message, retry: false })?;
-        let mut job = KafkaJob::open(&self.config, &plugin)?;
+        let plugin = self.active_plugin().map_err(|message| Failure { message, then: AfterFailure::Halt })?;
+        let mut job = KafkaJob::open_in(&self.config, &plugin, self.context.clone())?;
         job.attach(self.slot.clone(), self.config.hot_swap, self.observer());
         *lock(&self.store) = Some((job.store(), job.partitions()));
         while self.wait_while_paused() {
             self.set_state(JobState::Running);
-            job.run_until(&self.stop, KafkaRunOptions::default())?;
+            job.run_until(&self.context.stop, KafkaRunOptions::default())?;
         }
         Ok(())
     }
+}
+
+/// `message` with each of `redactions`' paths replaced by its stand-in.
+pub fn redact_paths(message: &str, redactions: &[(String, String)]) -> String {
+    let mut message = message.to_string();
+    for (path, shown) in redactions {
+        if !path.is_empty() && message.contains(path.as_str()) {
+            message = message.replace(path.as_str(), shown);
+        }
+    }
+    message
 }
 
 /// Turns a job's reports into its status, metrics and plugin history.
@@ -507,14 +598,21 @@ impl JobObserver for Observer {
                 record.activated(digest);
                 status.plugin = digest.clone();
                 status.last_swap = Some(format!("{digest} is active"));
+                // Retired versions leave memory (a rollback loads one again).
+                let pending = record.pending().map(|version| version.digest.clone());
+                lock(&runtime.plugins).retain(|kept, _| kept == digest || Some(kept) == pending.as_ref());
             }
             SwapEvent::RolledBack { digest, restored, reason } => {
                 record.failed(digest, VersionStatus::RolledBack, reason);
                 status.last_swap = Some(format!("{digest} was rolled back to {restored}: {reason}"));
+                lock(&runtime.plugins).remove(digest);
             }
             SwapEvent::Refused { digest, reason } => {
                 record.failed(digest, VersionStatus::Refused, reason);
                 status.last_swap = Some(format!("{digest} could not start: {reason}"));
+                if record.undecided_or_active(digest).is_none() {
+                    lock(&runtime.plugins).remove(digest);
+                }
             }
         }
         if let SwapEvent::Activated { digest } = event {
