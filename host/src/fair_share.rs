@@ -13,6 +13,14 @@
 //! job over its tenant's seats, or holding one for [`SLICE`] while another
 //! of its tenant's jobs waits, gives it up there and queues again; a job
 //! about to wait (for input, a commit, a pause) gives it up at once.
+//!
+//! A job whose plugin calls mostly fail (more than [`DEMOTE_AT_FAILED_SHARE`]
+//! of its recent plugin CPU went to calls that trapped or broke a limit) is
+//! demoted: while another tenant's jobs work, it runs at most
+//! [`DEMOTED_DUTY`] of the time. Its calls produce nothing; its tenant's
+//! share of the cores is for jobs that do. (Two cores share caches and
+//! memory bandwidth: a neighbour burning its core still slows a job on the
+//! other one by a tenth or more.)
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,8 +37,22 @@ pub const ACTIVE_WINDOW: Duration = Duration::from_millis(250);
 /// How long a job may keep a seat while another job of its tenant waits.
 pub const SLICE: Duration = Duration::from_millis(20);
 
-/// How often a waiting job looks whether it was asked to stop.
-const WAIT_STEP: Duration = Duration::from_millis(10);
+/// Above this share of a job's recent plugin CPU spent in failing calls,
+/// the job is demoted.
+pub const DEMOTE_AT_FAILED_SHARE: f64 = 0.25;
+/// The share of the time a demoted job may run while other tenants' jobs work.
+pub const DEMOTED_DUTY: f64 = 0.1;
+/// How long plugin CPU is remembered for demotion (its decay time).
+const HEALTH_MEMORY: Duration = Duration::from_secs(2);
+/// Plugin CPU (decayed seconds) a job must have used before it can be demoted.
+const HEALTH_MIN_CPU: f64 = 0.05;
+/// Longest a demoted job sleeps at once.
+const MAX_DEMOTED_PAUSE: Duration = Duration::from_millis(500);
+
+/// How often a waiting job looks again without being woken (a tenant that
+/// went idle frees seats without waking anyone). A stop wakes it at once
+/// ([`CpuSeat::wake`]).
+const WAIT_STEP: Duration = Duration::from_millis(50);
 
 /// The host's cores, shared among tenants by their weights.
 #[derive(Clone)]
@@ -88,7 +110,8 @@ impl CpuScheduler {
     /// A seat of `tenant` for one job thread; not taken yet.
     pub fn seat(&self, tenant: &str) -> Arc<CpuSeat> {
         lock(&self.inner.state).tenants.entry(tenant.to_string()).or_insert_with(|| Tenant::new(1));
-        Arc::new(CpuSeat { inner: self.inner.clone(), tenant: tenant.to_string(), held: Mutex::new(None) })
+        let health = Health { failed: 0.0, total: 0.0, at: Instant::now(), running_since: None };
+        Arc::new(CpuSeat { inner: self.inner.clone(), tenant: tenant.to_string(), held: Mutex::new(None), health: Mutex::new(health) })
     }
 
     /// How many seats `tenant` may hold at once now.
@@ -110,6 +133,32 @@ impl Inner {
         let seats = (self.cores as f64 * f64::from(own.share) / active.max(1) as f64).round() as usize;
         seats.clamp(1, self.cores)
     }
+
+    fn others_active(&self, state: &State, tenant: &str, now: Instant) -> bool {
+        state.tenants.iter().any(|(name, other)| name != tenant && other.active(now))
+    }
+}
+
+/// A job's recent plugin CPU, decayed, and how much of it failed.
+struct Health {
+    failed: f64,
+    total: f64,
+    at: Instant,
+    /// Since when a demoted job has been running without a pause.
+    running_since: Option<Instant>,
+}
+
+impl Health {
+    fn decay(&mut self, now: Instant) {
+        let factor = (-now.duration_since(self.at).as_secs_f64() / HEALTH_MEMORY.as_secs_f64()).exp();
+        self.failed *= factor;
+        self.total *= factor;
+        self.at = now;
+    }
+
+    fn demoted(&self) -> bool {
+        self.total > HEALTH_MIN_CPU && self.failed > DEMOTE_AT_FAILED_SHARE * self.total
+    }
 }
 
 /// One job thread's claim on its tenant's share of the cores.
@@ -118,6 +167,7 @@ pub struct CpuSeat {
     tenant: String,
     /// When the seat was taken, while it is held.
     held: Mutex<Option<Instant>>,
+    health: Mutex<Health>,
 }
 
 impl CpuSeat {
@@ -126,6 +176,7 @@ impl CpuSeat {
     /// the tenant holds more than its share, and waits for one when it has
     /// none. Returns at once (without a seat) once `stop` is set.
     pub fn run(&self, stop: &AtomicBool) {
+        self.pause_if_demoted(stop);
         let mut held = lock(&self.held);
         let mut state = lock(&self.inner.state);
         let now = Instant::now();
@@ -161,6 +212,62 @@ impl CpuSeat {
             }
             state = self.inner.changed.wait_timeout(state, WAIT_STEP).map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
         }
+    }
+
+    /// Counts a plugin call of the job: the CPU it used, and whether it failed.
+    pub fn report_call(&self, cpu: Duration, failed: bool) {
+        let mut health = lock(&self.health);
+        health.decay(Instant::now());
+        health.total += cpu.as_secs_f64();
+        if failed {
+            health.failed += cpu.as_secs_f64();
+        }
+    }
+
+    /// Whether the job is demoted now (its calls mostly fail).
+    pub fn is_demoted(&self) -> bool {
+        let mut health = lock(&self.health);
+        health.decay(Instant::now());
+        health.demoted()
+    }
+
+    /// A demoted job that ran for a tick while other tenants' jobs work
+    /// sleeps, seat given up, long enough to keep to [`DEMOTED_DUTY`].
+    fn pause_if_demoted(&self, stop: &AtomicBool) {
+        let now = Instant::now();
+        let others_active = self.inner.others_active(&lock(&self.inner.state), &self.tenant, now);
+        let pause = {
+            let mut health = lock(&self.health);
+            health.decay(now);
+            if !health.demoted() || !others_active {
+                // Running time counts from here, should others come.
+                health.running_since = Some(now);
+                return;
+            }
+            let ran = now.duration_since(*health.running_since.get_or_insert(now));
+            if ran < crate::plugin::EPOCH_TICK {
+                return;
+            }
+            health.running_since = None;
+            ran.mul_f64(1.0 / DEMOTED_DUTY - 1.0).min(MAX_DEMOTED_PAUSE)
+        };
+        self.idle();
+        let until = now + pause;
+        let mut state = lock(&self.inner.state);
+        while !stop.load(Ordering::Relaxed) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self.inner.changed.wait_timeout(state, left).map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
+        }
+        drop(state);
+        lock(&self.health).running_since = Some(Instant::now());
+    }
+
+    /// Wakes the jobs waiting for a seat, so that one asked to stop sees it.
+    pub fn wake(&self) {
+        self.inner.changed.notify_all();
     }
 
     /// Gives the seat up (the job thread is about to wait).
@@ -215,6 +322,31 @@ mod tests {
         stopping.store(true, Ordering::Relaxed);
         waiter.join().unwrap();
         assert!(lock(&noisy[1].held).is_none());
+    }
+
+    #[test]
+    fn a_job_whose_calls_mostly_fail_is_demoted_while_others_work() {
+        let scheduler = CpuScheduler::new(2);
+        let stop = AtomicBool::new(false);
+        let failing = scheduler.seat("noisy");
+        failing.report_call(Duration::from_millis(80), false);
+        failing.report_call(Duration::from_millis(20), true);
+        assert!(!failing.is_demoted(), "a fifth of its CPU in failing calls is bad input, not a broken plugin");
+        failing.report_call(Duration::from_millis(200), true);
+        assert!(failing.is_demoted());
+        // Alone, a demoted job runs on.
+        failing.run(&stop);
+        std::thread::sleep(crate::plugin::EPOCH_TICK * 2);
+        let started = Instant::now();
+        failing.run(&stop);
+        assert!(started.elapsed() < Duration::from_millis(50), "no other tenant works: no pause");
+        // Beside a working tenant, it pauses nine ticks for each it ran.
+        let good = scheduler.seat("good");
+        good.run(&stop);
+        std::thread::sleep(crate::plugin::EPOCH_TICK * 2);
+        let started = Instant::now();
+        failing.run(&stop);
+        assert!(started.elapsed() >= crate::plugin::EPOCH_TICK * 9, "paused {:?}", started.elapsed());
     }
 
     #[test]

@@ -33,7 +33,8 @@ impl ServeHost {
     }
 
     /// Like [`ServeHost::start`], with `host` lines added to the host file's
-    /// top level and `acme`, `globex` lines to those tenants' sections.
+    /// top level and `acme`, `globex` lines to those tenants' sections
+    /// (globex may have 3 jobs unless its lines set `max_jobs`).
     pub fn start_with(dir: &Path, host: &str, acme: &str, globex: &str) -> ServeHost {
         let port = free_port();
         for tenant in ["acme", "globex"] {
@@ -43,8 +44,9 @@ impl ServeHost {
             "listen = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\nmetrics_token = {METRICS:?}\n\
              kafka_brokers = {brokers:?}\n{host}\n\
              [tenants.acme]\ntoken = {ACME:?}\ninput_dir = \"inputs/acme\"\n{acme}\n\
-             [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\nmax_jobs = 3\n{globex}\n",
+             [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\n{globex_jobs}{globex}\n",
             brokers = crate::kafka::bootstrap(),
+            globex_jobs = if globex.contains("max_jobs") { "" } else { "max_jobs = 3\n" },
         );
         std::fs::write(dir.join("host.toml"), config).unwrap();
         let mut host = ServeHost { dir: dir.to_path_buf(), server: format!("http://127.0.0.1:{port}"), child: None };

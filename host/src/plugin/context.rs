@@ -54,6 +54,23 @@ impl JobContext {
         }
     }
 
+    /// Counts a plugin call for the job's CPU seat (a job whose calls mostly
+    /// fail is demoted: see [`crate::fair_share`]).
+    pub fn report_call(&self, cpu: Duration, failed: bool) {
+        if let Some(seat) = &self.seat {
+            seat.report_call(cpu, failed);
+        }
+    }
+
+    /// Asks the job to stop: between batches, inside a plugin call at its
+    /// next epoch tick, and while it waits for a CPU seat.
+    pub fn stop_now(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(seat) = &self.seat {
+            seat.wake();
+        }
+    }
+
     /// Gives the CPU seat up: the job thread is about to wait (for input,
     /// a commit, a pause), so another job of its tenant may run.
     pub fn idle(&self) {

@@ -595,7 +595,9 @@ impl Processor for PluginInstance {
         std::mem::swap(&mut store.data_mut().txn, txn);
         let result = bindings.tally_plugin_aggregator().call_process(&mut *store, events);
         std::mem::swap(&mut store.data_mut().txn, txn);
-        self.cpu += store.data_mut().meter_cpu();
+        let cpu = store.data_mut().meter_cpu();
+        self.cpu += cpu;
+        self.context.report_call(cpu, result.is_err() && !store.data().stopped);
         match result {
             Ok(rejections) => Ok(rejections),
             Err(err) => {

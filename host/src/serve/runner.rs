@@ -89,6 +89,9 @@ pub struct JobStatus {
     pub log_lines_dropped: u64,
     /// The plugin's last failure, and how many seconds ago it was.
     pub last_plugin_failure: Option<String>,
+    /// Whether the job is demoted now: its plugin calls mostly fail, so it
+    /// runs only a tenth of the time while other tenants' jobs work.
+    pub demoted: bool,
 }
 
 impl JobStatus {
@@ -115,6 +118,7 @@ impl JobStatus {
             cpu_budget_breaches: 0,
             log_lines_dropped: 0,
             last_plugin_failure: None,
+            demoted: false,
         }
     }
 }
@@ -317,6 +321,7 @@ impl JobRuntime {
             cpu_budget_breaches: meters.cpu_budget_breaches.get(),
             log_lines_dropped: meters.log_lines_dropped.get(),
             last_plugin_failure: meters.last_failure().map(|(ago, reason)| format!("{reason} ({}s ago)", ago.as_secs())),
+            demoted: self.context.seat.as_ref().is_some_and(|seat| seat.is_demoted()),
         }
     }
 
@@ -404,7 +409,11 @@ impl JobRuntime {
             control.halted = false;
         }
         // A job being ended stays stopped whatever a resume says.
-        self.context.stop.store(paused || control.ended, Ordering::SeqCst);
+        if paused || control.ended {
+            self.context.stop_now();
+        } else {
+            self.context.stop.store(false, Ordering::SeqCst);
+        }
         drop(control);
         self.wake.notify_all();
         Ok(())
@@ -413,7 +422,7 @@ impl JobRuntime {
     /// Makes the job commit what it processed and its thread return.
     pub fn end(&self) {
         lock(&self.control).ended = true;
-        self.context.stop.store(true, Ordering::SeqCst);
+        self.context.stop_now();
         self.wake.notify_all();
     }
 
