@@ -607,4 +607,32 @@ mod tests {
             assert!(err.contains(expected), "expected {expected:?} in: {err}");
         }
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+            /// A job file of any bytes is read or refused with a message,
+            /// never a panic; a config read is one that validates.
+            #[test]
+            fn any_job_file_is_read_or_refused(text in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..400).prop_map(|bytes| String::from_utf8_lossy(&bytes).into_owned()),
+                prop::collection::vec(prop::sample::select(vec![
+                    "name = \"j\"", "plugin = \"p.wasm\"", "outputs = [\"totals\"]", "[local]", "inputs = [\"a\"]",
+                    "output_dir = \"o\"", "state_dir = \"s\"", "[kafka]", "brokers = \"b:1\"", "[limits]",
+                    "memory_bytes = 0", "cpu_budget_ms = 18446744073709551615", "batch_size = 0", "commit_interval_ms = 1",
+                    "max_record_bytes = 1", "emit = { totals = \"latest_per_key\" }", "[kafka.client]", "\"x.y\" = \"1\"",
+                ]), 0..14).prop_map(|lines| lines.join("\n")),
+            ]) {
+                let (_dir, path) = write_job(&text);
+                match JobConfig::from_file(&path) {
+                    Ok(job) => prop_assert!(job.validate().is_ok()),
+                    Err(err) => prop_assert!(!err.to_string().is_empty()),
+                }
+            }
+        }
+    }
 }

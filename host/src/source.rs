@@ -155,7 +155,10 @@ impl Skipped {
     fn finish(mut self, newline: bool) -> LineRead {
         if self.held_cr {
             if newline {
+                // The `\r` was the line ending's: out of the size, and out of
+                // the prefix if it got that far.
                 self.size -= 1;
+                self.prefix.truncate(self.size.min(OVERSIZED_PREFIX_BYTES as u64) as usize);
             } else {
                 self.hasher.update(b"\r");
             }
@@ -662,5 +665,125 @@ mod tests {
         let a = write(dir.path(), "a", "a0\n");
         let err = LocalSource::open(&[a], &[LocalPosition { next_line: 5, byte: 100, last_line: None }]).err().unwrap().to_string();
         assert!(err.contains("has 3 bytes, but 100 bytes of it were already processed"), "{err}");
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The records a file's bytes hold: each line without its ending,
+        /// and whether it is over `max` bytes.
+        fn expected(bytes: &[u8], max: u64) -> Vec<(Vec<u8>, Option<u64>)> {
+            let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+            if lines.last().is_some_and(|last| last.is_empty()) {
+                lines.pop();
+            }
+            let ends_without_newline = !bytes.is_empty() && bytes.last() != Some(&b'\n');
+            let count = lines.len();
+            lines
+                .into_iter()
+                .enumerate()
+                .map(|(index, line)| {
+                    // `\r\n` ends a line; a last line without `\n` keeps its `\r`.
+                    let line = match line.split_last() {
+                        Some((b'\r', rest)) if !(ends_without_newline && index == count - 1) => rest,
+                        _ => line,
+                    };
+                    let size = line.len() as u64;
+                    if size > max {
+                        (line[..line.len().min(OVERSIZED_PREFIX_BYTES)].to_vec(), Some(size))
+                    } else {
+                        (line.to_vec(), None)
+                    }
+                })
+                .collect()
+        }
+
+        fn content() -> impl Strategy<Value = Vec<u8>> {
+            let piece = prop_oneof![
+                Just(b"\n".to_vec()),
+                Just(b"\r\n".to_vec()),
+                Just(b"\r".to_vec()),
+                prop::collection::vec(any::<u8>(), 0..40),
+                "[a-z{}\":,]{0,30}".prop_map(String::into_bytes),
+                (1usize..3000).prop_map(|len| vec![b'x'; len]),
+            ];
+            prop::collection::vec(piece, 0..30).prop_map(|pieces| pieces.concat())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+            /// Any bytes read in any batch sizes give exactly the file's
+            /// lines, each at its place, the long ones flagged and not held;
+            /// resuming from any committed position gives the rest.
+            #[test]
+            fn any_input_reads_as_its_lines_and_resumes_anywhere(bytes in content(), max in 1u64..200, batch in 1usize..7, cut in any::<prop::sample::Index>()) {
+                let dir = tempfile::tempdir().unwrap();
+                let path = write(dir.path(), "in.ndjson", "");
+                std::fs::write(&path, &bytes).unwrap();
+                let read_all = |positions: &[LocalPosition]| {
+                    let mut source = LocalSource::open(std::slice::from_ref(&path), positions).unwrap();
+                    source.set_max_record_bytes(max);
+                    let mut records = Vec::new();
+                    let mut marks = vec![source.positions()[0]];
+                    loop {
+                        let mut out = Vec::new();
+                        source.next_batch(batch, &mut out).unwrap();
+                        if out.is_empty() {
+                            break;
+                        }
+                        records.extend(out);
+                        marks.push(source.positions()[0]);
+                    }
+                    (records, marks)
+                };
+                let (records, marks) = read_all(&[]);
+                let want = expected(&bytes, max);
+                let got: Vec<(Vec<u8>, Option<u64>)> = records.iter().map(|r| (r.value.clone(), r.oversized)).collect();
+                prop_assert_eq!(&got, &want);
+                prop_assert!(records.iter().enumerate().all(|(line, r)| r.position.offset == line as u64));
+                let end = *marks.last().unwrap();
+                prop_assert_eq!(end.byte, bytes.len() as u64);
+                prop_assert_eq!(end.next_line, want.len() as u64);
+                // Resume from a position a commit could have stored.
+                let mark = marks[cut.index(marks.len())];
+                let (rest, _) = read_all(&[mark]);
+                let rest: Vec<(Vec<u8>, Option<u64>)> = rest.iter().map(|r| (r.value.clone(), r.oversized)).collect();
+                prop_assert_eq!(&rest[..], &want[mark.next_line as usize..]);
+            }
+
+            /// A followed input that grows in two parts, split anywhere (in
+            /// a long line too), gives its complete lines once each.
+            #[test]
+            fn a_followed_input_split_anywhere_reads_its_complete_lines(bytes in content(), max in 1u64..200, batch in 1usize..7, split in any::<prop::sample::Index>()) {
+                let dir = tempfile::tempdir().unwrap();
+                let path = write(dir.path(), "in.ndjson", "");
+                let at = split.index(bytes.len() + 1);
+                std::fs::write(&path, &bytes[..at]).unwrap();
+                let mut source = LocalSource::open(std::slice::from_ref(&path), &[]).unwrap();
+                source.set_max_record_bytes(max);
+                source.set_follow(true);
+                let mut records = Vec::new();
+                let mut drain = |source: &mut LocalSource| loop {
+                    let mut out = Vec::new();
+                    source.next_batch(batch, &mut out).unwrap();
+                    if out.is_empty() {
+                        break;
+                    }
+                    records.extend(out);
+                };
+                drain(&mut source);
+                std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(&bytes[at..]).unwrap();
+                source.look_again().unwrap();
+                drain(&mut source);
+                // Following, a last line without its newline is not complete yet.
+                let complete = &bytes[..bytes.iter().rposition(|&b| b == b'\n').map_or(0, |at| at + 1)];
+                let want = expected(complete, max);
+                let got: Vec<(Vec<u8>, Option<u64>)> = records.iter().map(|r| (r.value.clone(), r.oversized)).collect();
+                prop_assert_eq!(&got, &want);
+                prop_assert_eq!(source.positions()[0].byte, complete.len() as u64);
+            }
+        }
     }
 }

@@ -394,4 +394,68 @@ mod tests {
         assert_eq!(query_param("key=%7B%22a%22%3A1%7D&x=2", "key").as_deref(), Some("{\"a\":1}"));
         assert_eq!(query_param("x=2", "key"), None);
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+        use tower::ServiceExt as _;
+
+        const TOKEN: &str = "acme-token-0123456789";
+
+        fn api(dir: &std::path::Path) -> Router {
+            let text = format!("data_dir = {:?}\nmetrics_token = \"metrics-token-0123456789\"\nmax_upload_bytes = 4096\n[tenants.acme]\ntoken = {TOKEN:?}\n", dir.display());
+            let config: crate::serve::config::HostConfig = toml::from_str(&text).unwrap();
+            let host = Host::open(config, "/nonexistent/tally".into()).unwrap();
+            router(Api { host, working: Arc::new(Semaphore::new(MAX_WORKING_REQUESTS)) })
+        }
+
+        fn request() -> impl Strategy<Value = (String, String, Vec<(String, String)>, Vec<u8>)> {
+            let segment = prop::sample::select(vec![
+                "v1", "jobs", "billing", "plugin", "history", "rollback", "state", "pause", "resume", "metrics", "healthz", "..", "%2e%2e",
+                "%00", "a%2Fb", "x".repeat(300).leak(), "\u{1F600}", "",
+            ]);
+            let path = prop::collection::vec(segment, 0..6).prop_flat_map(|segments| {
+                let path = format!("/{}", segments.join("/"));
+                prop_oneof![Just(path.clone()), "[a-z=&%0-9]{0,20}".prop_map(move |query| format!("{path}?{query}"))]
+            });
+            let method = prop::sample::select(vec!["GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"]).prop_map(str::to_string);
+            let header = prop_oneof![
+                Just(("authorization".to_string(), format!("Bearer {TOKEN}"))),
+                Just(("authorization".to_string(), "Bearer metrics-token-0123456789".to_string())),
+                "[ -~]{0,40}".prop_map(|value| ("authorization".to_string(), value)),
+                "[0-9]{0,25}".prop_map(|value| ("content-length".to_string(), value)),
+                Just(("content-type".to_string(), "application/json".to_string())),
+                Just(("expect".to_string(), "100-continue".to_string())),
+            ];
+            let body = prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..64),
+                Just(br#"{"job": "name = \"x\"\noutputs = [\"t\"]\n[local]\ninputs = [\"a\"]", "plugin": "AGFzbQ0AAQA="}"#.to_vec()),
+                Just(br#"{"job": 1, "plugin": []}"#.to_vec()),
+                Just(vec![b'{'; 8000]),
+            ];
+            (method, path, prop::collection::vec(header, 0..4), body)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+            /// No request, however malformed, is a server error or a panic:
+            /// each gets a refusal or an answer.
+            #[test]
+            fn any_request_gets_an_answer_and_never_a_server_error((method, path, headers, body) in request()) {
+                let dir = tempfile::tempdir().unwrap();
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let app = api(dir.path());
+                let mut builder = axum::http::Request::builder().method(method.as_str()).uri(path.as_str());
+                for (name, value) in &headers {
+                    builder = builder.header(name.as_str(), value.as_str());
+                }
+                // A request the HTTP layer itself would refuse never reaches the router.
+                let Ok(request) = builder.body(Body::from(body)) else { return Ok(()) };
+                let response = runtime.block_on(app.oneshot(request)).unwrap();
+                prop_assert!(!response.status().is_server_error() || response.status() == StatusCode::SERVICE_UNAVAILABLE,
+                    "{method} {path} {headers:?}: {}", response.status());
+            }
+        }
+    }
 }

@@ -274,4 +274,28 @@ mod tests {
     fn unknown_fields_are_refused() {
         assert!(host("[tenants.a]\ntoken = \"0123456789abcdef\"\nadmin = true").unwrap_err().contains("unknown field"));
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+            /// A host file of any shape is read or refused with a message.
+            #[test]
+            fn any_host_file_is_read_or_refused(lines in prop::collection::vec(prop::sample::select(vec![
+                "data_dir = \"d\"", "listen = \"0.0.0.0:1\"", "listen = \"nonsense\"", "max_upload_bytes = 0",
+                "metrics_token = \"x\"", "plugin_versions_kept = 0", "max_compile_seconds = 0", "[tenants.a]",
+                "[tenants.tally-x]", "[tenants.\"a b\"]", "token = \"0123456789abcdef\"", "token = \"short\"",
+                "cpu_share = 0", "cpu_share = 4294967295", "max_total_memory_bytes = 1", "input_dir = \"i\"", "max_jobs = 0",
+            ]), 0..12)) {
+                let text = lines.join("\n");
+                match host(&text.replacen("data_dir = \"d\"", "", 1)) {
+                    Ok(config) => prop_assert!(config.validate().is_ok()),
+                    Err(message) => prop_assert!(!message.is_empty()),
+                }
+            }
+        }
+    }
 }

@@ -399,4 +399,84 @@ mod tests {
         let err = parse(&format!("{KAFKA}[limits]\nmemory_bytes = 1099511627776\n"), "acme", &tenant(None), &host()).unwrap_err();
         assert!(err.contains("at most") && err.contains("max_memory_bytes"), "{err}");
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Keys a tenant might write, the host's own among them.
+        const KEYS: &[&str] = &[
+            "name", "outputs", "plugin", "local", "kafka", "inputs", "state_dir", "output_dir", "brokers", "group", "client",
+            "limits", "memory_bytes", "cpu_budget_ms", "dead_letter_topic", "commit_interval_ms", "emit", "totals",
+            "plugin.library.paths", "bootstrap.servers", "max_record_bytes", "confine_to", "hot_swap",
+        ];
+
+        fn value() -> impl Strategy<Value = String> {
+            let leaf = prop_oneof![
+                "[a-z./_-]{0,12}".prop_map(|text| format!("{text:?}")),
+                any::<i64>().prop_map(|n| n.to_string()),
+                any::<bool>().prop_map(|b| b.to_string()),
+                Just("\"acme.usage\"".to_string()),
+                Just("\"usage.ndjson\"".to_string()),
+                Just("[\"usage.ndjson\"]".to_string()),
+                Just("\"/etc/passwd\"".to_string()),
+                Just("\"../../x\"".to_string()),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(|items| format!("[{}]", items.join(", "))),
+                    prop::collection::vec((prop::sample::select(KEYS), inner), 0..4)
+                        .prop_map(|pairs| format!("{{ {} }}", pairs.iter().map(|(k, v)| format!("{k:?} = {v}")).collect::<Vec<_>>().join(", "))),
+                ]
+            })
+        }
+
+        fn document() -> impl Strategy<Value = String> {
+            let line = prop_oneof![
+                (prop::sample::select(KEYS), value()).prop_map(|(key, value)| format!("{key:?} = {value}")),
+                (prop::sample::select(KEYS), prop::sample::select(KEYS), value()).prop_map(|(a, b, value)| format!("{a:?}.{b:?} = {value}")),
+                prop::sample::select(KEYS).prop_map(|key| format!("[{key:?}]")),
+                prop::sample::select(KEYS).prop_map(|key| format!("[[{key:?}]]")),
+                (prop::sample::select(KEYS), prop::sample::select(KEYS)).prop_map(|(a, b)| format!("[{a:?}.{b:?}]")),
+            ];
+            prop::collection::vec(line, 0..12).prop_map(|lines| lines.join("\n"))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
+
+            /// Whatever a tenant writes, the config the host runs holds
+            /// only the host's paths, brokers and client settings.
+            #[test]
+            fn no_job_file_reaches_what_the_host_owns(text in document()) {
+                let dir = tempfile::tempdir().unwrap();
+                std::fs::write(dir.path().join("usage.ndjson"), "").unwrap();
+                let inputs = dir.path().to_path_buf();
+                let tenant = tenant(Some(&inputs));
+                if let Ok((name, config)) = parse(&text, "acme", &tenant, &host()) {
+                    prop_assert!(crate::serve::config::valid_name(&name));
+                    prop_assert_eq!(&config.name, &format!("acme.{name}"));
+                    prop_assert_eq!(&config.plugin, &Path::new("/data/jobs/acme").join(&name).join("plugins"));
+                    if let Some(local) = &config.local {
+                        prop_assert!(local.inputs.iter().all(|input| input.starts_with(&inputs) && !input.components().any(|c| matches!(c, Component::ParentDir))));
+                        prop_assert!(local.state_dir.starts_with("/data/jobs/acme") && local.output_dir.starts_with("/data/jobs/acme"));
+                    }
+                    if let Some(kafka) = &config.kafka {
+                        prop_assert_eq!(kafka.brokers.as_str(), "127.0.0.1:9092");
+                        prop_assert!(kafka.client.is_empty() && kafka.group.is_none());
+                        prop_assert!(kafka.state_dir.starts_with("/data/jobs/acme"));
+                    }
+                }
+            }
+
+            /// Bytes that are not even TOML are refused with a message.
+            #[test]
+            fn any_bytes_are_refused_or_parsed_without_a_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+                let text = String::from_utf8_lossy(&bytes);
+                if let Err(message) = parse(&text, "acme", &tenant(None), &host()) {
+                    prop_assert!(!message.is_empty());
+                }
+            }
+        }
+    }
 }
