@@ -240,3 +240,42 @@ fn a_looping_plugin_is_stopped_by_pause_delete_and_sigterm() {
     deploy_looping(&host, &acme, "spinner-2");
     assert!(host.terminate_within(Duration::from_secs(10)), "SIGTERM stops a host whose plugin loops:\n{}", host.log());
 }
+
+/// Resident memory of process `pid`, in bytes.
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status.lines().find_map(|line| line.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").trim().parse().unwrap();
+    kib << 10
+}
+
+#[test]
+fn a_record_over_the_limit_in_a_followed_input_is_dead_lettered_and_not_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = ServeHost::start_with(dir.path(), "", "", "");
+    let acme = host.client(ACME);
+    let input = host.inputs("acme").join("long.ndjson");
+    std::fs::write(&input, format!("{}\n{}\n", good("a"), good("b"))).unwrap();
+    acme.deploy(&counts_job("long-lines", "long.ndjson", ""), &plugin(plugins::HOSTILE)).unwrap();
+    wait_for("the first lines to commit", Duration::from_secs(60), || number(&acme.status("long-lines").unwrap(), "records") >= 2);
+    let before = resident_bytes(host.pid().unwrap());
+    // 200 MB of one line, still being written: read past, not held, not read again.
+    let mut file = std::fs::OpenOptions::new().append(true).open(&input).unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    for _ in 0..200 {
+        std::io::Write::write_all(&mut file, &chunk).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let status = acme.status("long-lines").unwrap();
+    assert_eq!((status["state"].as_str(), number(&status, "records")), (Some("running"), 2), "{status}");
+    let during = resident_bytes(host.pid().unwrap());
+    assert!(during < before + (64 << 20), "the host holds no copy of the long line: {before} bytes resident before, {during} during");
+    std::io::Write::write_all(&mut file, format!("\n{}\n", good("a")).as_bytes()).unwrap();
+    wait_for("the rest to commit", Duration::from_secs(60), || number(&acme.status("long-lines").unwrap(), "records") >= 4);
+    let dead = tally_tests::read_dead_letters(&host.output("acme", "long-lines", "dead-letters"));
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].1, 2);
+    assert!(dead[0].2.contains("209715200 bytes") && dead[0].2.contains("limits.max_record_bytes") && dead[0].2.contains("1048576"), "{dead:?}");
+    let counts = read_counts(&host, "acme", "long-lines");
+    assert_eq!(counts.iter().map(|(offset, key, count)| (*offset, key.as_str(), *count)).collect::<Vec<_>>(), [(0, "a", 1), (1, "b", 1), (3, "a", 2)]);
+    assert!(host.terminate());
+}

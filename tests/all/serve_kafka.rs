@@ -169,3 +169,33 @@ fn a_killed_host_resumes_its_kafka_job_exactly() {
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
     delete_topics(&[&changelog]);
 }
+
+#[test]
+fn a_kafka_job_whose_plugin_loops_is_paused_and_deleted_mid_call() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let host = ServeHost::start(dir.path(), 32 << 20);
+    let job = KafkaBillingJob::create("acme.spin", 1);
+    let looping: Vec<UsageLine> = (0..50).map(|_| UsageLine { line: r#"{"k":"z","do":"loop"}"#.to_string(), effect: None }).collect();
+    produce_usage(&job.input, &looping, 1);
+    let file = format!(
+        "name = \"spinner\"\noutputs = [\"counts\"]\n[limits]\ncpu_budget_ms = 10000\nmax_failures_in_a_row = 1000000\n\
+         [kafka]\ninputs = [{:?}]\noutputs = {{ counts = {:?} }}\ndead_letter_topic = {:?}\n",
+        job.input, job.totals, job.dead_letters
+    );
+    let acme = host.client(ACME);
+    acme.deploy(&file, &std::fs::read(plugins::HOSTILE).unwrap()).unwrap();
+    wait_for("the Kafka job to be inside its looping plugin", Duration::from_secs(120), || {
+        acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap_or(0.0) > 0.3
+    });
+    acme.pause("spinner").unwrap();
+    wait_for("the looping Kafka job to pause", Duration::from_secs(10), || acme.status("spinner").unwrap()["state"] == "paused");
+    let cpu = acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap() - cpu < 0.05, "a paused Kafka job uses no CPU");
+    assert!(read_topic(&job.totals, true).is_empty() && read_topic(&job.dead_letters, true).is_empty(), "nothing was committed");
+    acme.resume("spinner").unwrap();
+    wait_for("the job to loop again", Duration::from_secs(60), || acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap() > cpu + 0.3);
+    acme.delete("spinner").unwrap_or_else(|err| panic!("the delete of a looping Kafka job answers: {err}\n{}", host.log()));
+    assert!(acme.list().unwrap().as_array().unwrap().is_empty());
+}
