@@ -35,6 +35,9 @@ const MAX_CREATE_PARTITIONS: u32 = 256;
 /// Largest job file a tenant may deploy.
 pub const MAX_JOB_FILE_BYTES: usize = 64 << 10;
 
+/// Largest `limits.max_record_bytes` a served job may ask for.
+pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+
 /// Names a tenant might try to set, each with why the host sets it: used
 /// only to explain a refusal (the types below cannot hold them anyway).
 const HOST_OWNED: &[(&str, &str)] = &[
@@ -251,6 +254,14 @@ fn check_caps(config: &JobConfig, tenant_name: &str, host: &HostConfig) -> Resul
     }
     if limits.max_state_bytes_per_batch > DEFAULT_MAX_STATE_BYTES_PER_BATCH {
         return Err(format!("limits.max_state_bytes_per_batch may be at most {DEFAULT_MAX_STATE_BYTES_PER_BATCH} on this host"));
+    }
+    // A record is read into memory whole, and into the plugin's too.
+    let records = MAX_RECORD_BYTES.min(limits.memory_bytes);
+    if limits.max_record_bytes > records {
+        return Err(format!(
+            "limits.max_record_bytes may be at most {records} on this host ({MAX_RECORD_BYTES}, and no more than limits.memory_bytes), got {}",
+            limits.max_record_bytes
+        ));
     }
     Ok(())
 }
