@@ -187,10 +187,10 @@ pub struct KafkaConfig {
     pub client: std::collections::BTreeMap<String, String>,
 }
 
-fn default_create_partitions() -> u32 {
+pub(crate) fn default_create_partitions() -> u32 {
     1
 }
-fn default_transaction_timeout_ms() -> u64 {
+pub(crate) fn default_transaction_timeout_ms() -> u64 {
     DEFAULT_TRANSACTION_TIMEOUT_MS
 }
 
@@ -267,13 +267,13 @@ impl Default for Limits {
     }
 }
 
-fn default_dead_letter_output() -> String {
+pub(crate) fn default_dead_letter_output() -> String {
     DEFAULT_DEAD_LETTER_OUTPUT.to_string()
 }
-fn default_commit_interval_ms() -> u64 {
+pub(crate) fn default_commit_interval_ms() -> u64 {
     DEFAULT_COMMIT_INTERVAL.as_millis() as u64
 }
-fn default_batch_size() -> usize {
+pub(crate) fn default_batch_size() -> usize {
     DEFAULT_BATCH_SIZE
 }
 

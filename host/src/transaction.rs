@@ -435,20 +435,22 @@ impl Transaction {
     fn count_state_bytes(&mut self, bytes: u64) -> Result<(), Violation> {
         self.used.state_bytes += bytes;
         if self.used.state_bytes > self.call.state_bytes {
-            return Err(Violation(match self.call.retry_of {
-                None => format!(
-                    "plugin wrote more than the job's limit of {} state bytes in one batch (limits.max_state_bytes_per_batch)",
-                    self.call.state_bytes
-                ),
-                Some(_) => format!(
-                    "plugin wrote more than the {} state bytes this event had left, retried alone after its batch failed, \
-                     of the job's limit of {} per batch (limits.max_state_bytes_per_batch)",
-                    self.call.state_bytes, self.limits.max_state_bytes_per_batch
-                ),
-            }));
+            return Err(self.over_bytes_limit("wrote", "state", self.call.state_bytes, self.limits.max_state_bytes_per_batch, "max_state_bytes_per_batch"));
         }
         self.pending_bytes += bytes;
         Ok(())
+    }
+
+    /// The violation of a call that `did` more `what` bytes than its
+    /// `allowed` (the job's `per_batch`, or an event's share of it).
+    fn over_bytes_limit(&self, did: &str, what: &str, allowed: u64, per_batch: u64, setting: &str) -> Violation {
+        Violation(match self.call.retry_of {
+            None => format!("plugin {did} more than the job's limit of {allowed} {what} bytes in one batch (limits.{setting})"),
+            Some(_) => format!(
+                "plugin {did} more than the {allowed} {what} bytes this event had left, retried alone after its batch failed, \
+                 of the job's limit of {per_batch} per batch (limits.{setting})"
+            ),
+        })
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), Violation> {
@@ -506,17 +508,7 @@ impl Transaction {
         let bytes = record_bytes(&record) + HELD_RECORD_BYTES;
         self.used.output_bytes += bytes;
         if self.used.output_bytes > self.call.output_bytes {
-            return Err(Violation(match self.call.retry_of {
-                None => format!(
-                    "plugin emitted more than the job's limit of {} output bytes in one batch (limits.max_output_bytes_per_batch)",
-                    self.call.output_bytes
-                ),
-                Some(_) => format!(
-                    "plugin emitted more than the {} output bytes this event had left, retried alone after its batch failed, \
-                     of the job's limit of {} per batch (limits.max_output_bytes_per_batch)",
-                    self.call.output_bytes, self.limits.max_output_bytes_per_batch
-                ),
-            }));
+            return Err(self.over_bytes_limit("emitted", "output", self.call.output_bytes, self.limits.max_output_bytes_per_batch, "max_output_bytes_per_batch"));
         }
         self.pending_bytes += bytes;
         self.outputs.push(record);

@@ -19,9 +19,9 @@ use std::path::{Component, Path, PathBuf};
 use serde::Deserialize;
 
 use crate::config::{
-    Emit, Guarantee, JobConfig, KafkaConfig, Limits, LocalConfig, DEFAULT_BATCH_SIZE, DEFAULT_COMMIT_INTERVAL,
-    DEFAULT_DEAD_LETTER_OUTPUT, DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH,
-    DEFAULT_TRANSACTION_TIMEOUT_MS,
+    default_batch_size, default_commit_interval_ms, default_create_partitions, default_dead_letter_output,
+    default_transaction_timeout_ms, Emit, Guarantee, JobConfig, KafkaConfig, Limits, LocalConfig,
+    DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH,
 };
 use crate::hot_swap::SwapPolicy;
 use crate::source::{LocalSource, SourceError};
@@ -114,22 +114,6 @@ pub struct ServedKafka {
     /// Kafka transaction timeout, in milliseconds.
     #[serde(default = "default_transaction_timeout_ms")]
     pub transaction_timeout_ms: u64,
-}
-
-fn default_dead_letter_output() -> String {
-    DEFAULT_DEAD_LETTER_OUTPUT.to_string()
-}
-fn default_commit_interval_ms() -> u64 {
-    DEFAULT_COMMIT_INTERVAL.as_millis() as u64
-}
-fn default_batch_size() -> usize {
-    DEFAULT_BATCH_SIZE
-}
-fn default_create_partitions() -> u32 {
-    1
-}
-fn default_transaction_timeout_ms() -> u64 {
-    DEFAULT_TRANSACTION_TIMEOUT_MS
 }
 
 impl ServedJob {
