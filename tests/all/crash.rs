@@ -155,3 +155,21 @@ fn sigterm_commits_what_was_processed_and_a_restart_finishes_exactly() {
     assert!(!said.contains(": 0 records"), "the restart should have had work left: {said}");
     check_exactly_once(dir.path(), &lines, &partitions);
 }
+
+#[test]
+fn sigterm_before_the_job_opens_stops_it_cleanly_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = usage_lines(12, 5_000, 10);
+    let (inputs, partitions) = write_partitions(dir.path(), &lines, FILES);
+    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "");
+    // While the plugin compiles (about 100 ms), before the job opens.
+    let child = Command::new(tally_binary()).arg("run").arg(&job).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let stopped = child.wait_with_output().unwrap();
+    assert!(stopped.status.success(), "an early SIGTERM ends the run cleanly, not with 143: {} {}", stopped.status, String::from_utf8_lossy(&stopped.stderr));
+    assert!(String::from_utf8_lossy(&stopped.stdout).contains("stopped on request"));
+    let rest = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
+    assert!(rest.status.success());
+    check_exactly_once(dir.path(), &lines, &partitions);
+}

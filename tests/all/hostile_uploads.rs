@@ -101,14 +101,23 @@ fn pushed_versions_are_kept_within_bounds_and_compiled_once() {
         wait_for("the pushed build to become active", Duration::from_secs(30), || acme.status("billing").unwrap()["plugin"] == digest.as_str());
         digests.push(digest);
     }
-    // Pushing the active build again changes nothing.
+    // Pushing the active build again changes nothing; so does pushing a
+    // waiting build a second time.
     let again = acme.push("billing", &components::with_custom_section(&billing, "build", &[7])).unwrap();
     assert_eq!(again["status"], "active", "{again}");
+    let waiting = components::with_custom_section(&billing, "build", &[8]);
+    let first = acme.push("billing", &waiting).unwrap();
+    let second = acme.push("billing", &waiting).unwrap();
+    assert_eq!((first["digest"].clone(), first["status"].as_str()), (second["digest"].clone(), Some("pending")), "{first} {second}");
+    write_input(&host, "acme", "usage.ndjson", &usage_lines(120, 10, 0));
+    wait_for("the twice-pushed build to become active", Duration::from_secs(30), || acme.status("billing").unwrap()["plugin"] == first["digest"]);
+    digests.push(first["digest"].as_str().unwrap().to_string());
     let history = acme.history("billing").unwrap();
     let versions = history.as_array().unwrap();
-    assert_eq!(versions.len(), 9, "one entry per push, none for the repeat: {history}");
+    assert_eq!(versions.len(), 10, "one entry per push, none for the repeats: {history}");
+    assert!(!history.to_string().contains("superseded"), "no version was superseded, least of all by itself: {history}");
     let kept: Vec<&str> = versions.iter().filter(|v| v["removed"] != true).map(|v| v["digest"].as_str().unwrap()).collect();
-    assert_eq!(kept, digests[5..].iter().map(String::as_str).collect::<Vec<_>>(), "the newest three are kept: {history}");
+    assert_eq!(kept, digests[6..].iter().map(String::as_str).collect::<Vec<_>>(), "the newest three are kept: {history}");
     let files = std::fs::read_dir(dir.path().join("data/jobs/acme/billing/plugins")).unwrap().count();
     assert_eq!(files, 3, "only the kept versions' components stay on disk");
     let compiled = std::fs::read_dir(dir.path().join("data/compiled")).unwrap().filter(|entry| entry.as_ref().unwrap().path().extension().is_some_and(|ext| ext == "cwasm")).count();

@@ -125,6 +125,7 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
         ("malformed TOML", acme.deploy("name = \"x\"\noutputs = [", &billing), 400, "not valid TOML"),
         ("unknown field", acme.deploy(&format!("{good_job}colour = \"red\"\n"), &billing), 400, "unknown field `colour`"),
         ("input outside the tenant's directory", acme.deploy(&local_job("other", &["../globex/usage.ndjson"], ""), &billing), 400, "without `..`"),
+        ("missing input", acme.deploy(&local_job("other", &["nowhere.ndjson"], ""), &billing), 400, "input `nowhere.ndjson` does not exist"),
         ("host-owned field", acme.deploy(&good_job.replace("[local]", "[local]\nstate_dir = \"/tmp/x\""), &billing), 400, "remove `state_dir`"),
         (
             "another tenant's topic",
@@ -156,6 +157,7 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
         let (status, message) = refused(result);
         assert_eq!(status, expected_status, "{what}: {message}");
         assert!(message.contains(expected_text), "{what}: the message should say {expected_text:?}: {message}");
+        assert!(!message.contains(&host.dir.display().to_string()), "{what}: the host's paths stay the host's: {message}");
     }
     assert_eq!(acme.list().unwrap().as_array().unwrap().len(), 1, "no job was added");
 
