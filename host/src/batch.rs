@@ -24,8 +24,7 @@ use crate::plugin::context::sanitize;
 use crate::plugin::{Event, ProcessError, Processor, Rejection, EPOCH_TICK};
 use crate::transaction::{CallLimits, CallUsage, DeadLetter, SourcePosition, Transaction};
 
-/// Longest dead-letter reason kept from a plugin, in bytes.
-pub const MAX_REASON_BYTES: usize = 1024;
+pub use crate::plugin::context::MAX_REASON_BYTES;
 
 /// Calls of one batch that run the whole (rest of the) batch at once: the
 /// first, and one again without the events it rejected. Rejections past
@@ -215,6 +214,12 @@ impl BatchRunner {
     /// [`BatchRunner::run_on_trial`] when `on_trial`, else [`BatchRunner::run`].
     pub fn run_with(&mut self, on_trial: bool, processor: &mut dyn Processor, txn: &mut Transaction, events: &[Event]) -> Result<BatchOutcome, ProcessError> {
         if on_trial { self.run_on_trial(processor, txn, events) } else { self.run(processor, txn, events) }
+    }
+
+    /// The transaction was dropped, to be redone: its failures will be
+    /// counted again when they happen again.
+    pub fn transaction_dropped(&mut self) {
+        self.failures_in_a_row = 0;
     }
 
     fn succeeded(&mut self) {

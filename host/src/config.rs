@@ -52,6 +52,11 @@ pub const DEFAULT_MAX_FAILURES_IN_A_ROW: u64 = 100;
 /// Largest input record (a line of a local input, a Kafka record's value)
 /// handed to a plugin; larger ones are dead-lettered unread.
 pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
+/// Most bytes of records one batch holds (besides `batch_size` records):
+/// a batch is handed to the plugin at once when it has this many.
+pub const MAX_BATCH_BYTES: u64 = 64 << 20;
+/// Most outputs a job may declare.
+pub const MAX_OUTPUTS: usize = 64;
 
 /// A bad job configuration.
 #[derive(Debug, thiserror::Error)]
@@ -252,6 +257,14 @@ pub struct Limits {
     pub max_record_bytes: u64,
 }
 
+impl Limits {
+    /// Most bytes of records one batch holds: [`MAX_BATCH_BYTES`], and no
+    /// more than the plugin's memory could take.
+    pub fn batch_bytes(&self) -> u64 {
+        MAX_BATCH_BYTES.min(self.memory_bytes)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -341,6 +354,9 @@ impl JobConfig {
         }
         if self.outputs.is_empty() {
             return invalid("declare at least one output the plugin emits to (outputs = [\"totals\"])".into());
+        }
+        if self.outputs.len() > MAX_OUTPUTS {
+            return invalid(format!("a job may declare at most {MAX_OUTPUTS} outputs, this one declares {}", self.outputs.len()));
         }
         let mut names: Vec<&str> = self.outputs.iter().map(String::as_str).collect();
         names.push(&self.dead_letter_output);

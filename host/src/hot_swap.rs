@@ -180,6 +180,11 @@ impl HotSwap {
     /// version for a trial transaction. Keeps `txn`'s plugin digest in step
     /// with `processor`.
     pub fn at_boundary(&mut self, processor: &mut Box<dyn Processor>, txn: &mut Transaction) {
+        if self.context.stopping() {
+            // A version started now would be stopped while it starts, and
+            // judged as refused: it waits in the slot for the next run.
+            return;
+        }
         let Some((plugin, pushed_at)) = self.slot.take() else { return };
         match plugin.instantiate_in(self.limits, self.context.clone()) {
             Ok(instance) => {
@@ -242,7 +247,7 @@ impl HotSwap {
         let Some(trial) = self.trial.take() else { return };
         *processor = trial.previous;
         txn.plugin_digest = processor.digest().to_string();
-        tracing::warn!(plugin = %trial.digest, restored = %processor.digest(), %reason, "new plugin version rolled back");
+        tracing::warn!(plugin = %trial.digest, restored = %processor.digest(), reason = %crate::plugin::context::sanitize(&reason, crate::plugin::context::MAX_REASON_BYTES), "new plugin version rolled back");
         self.observer.swapped(&SwapEvent::RolledBack { digest: trial.digest, restored: processor.digest().to_string(), reason });
     }
 }

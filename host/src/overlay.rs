@@ -21,9 +21,9 @@ pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
 /// How many bytes of committed keys and values the read cache holds
 /// before it is cleared.
 pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
-/// What one entry of a read costs beyond its value's bytes (its slot in
-/// the result), counted against a read's limit.
-pub const ENTRY_BYTES: u64 = 16;
+/// What one entry of a read costs beyond its value's bytes (its slot in the
+/// result, its key's copy and bookkeeping), counted against a read's limit.
+pub const ENTRY_BYTES: u64 = 64;
 /// Keys read from the store in one go by a bounded read.
 const STORE_READ_CHUNK: usize = 64;
 

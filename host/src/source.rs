@@ -250,6 +250,8 @@ pub struct LocalSource {
     follow: bool,
     /// Longest line handed out whole; longer ones come as oversized.
     max_record_bytes: u64,
+    /// Most bytes of lines one batch holds.
+    max_batch_bytes: u64,
 }
 
 impl LocalSource {
@@ -271,7 +273,19 @@ impl LocalSource {
                 open_partition(path, position, root)
             })
             .collect::<Result<_, _>>()?;
-        Ok(LocalSource { partitions, line: Vec::new(), next_start: 0, follow: false, max_record_bytes: crate::config::DEFAULT_MAX_RECORD_BYTES })
+        Ok(LocalSource {
+            partitions,
+            line: Vec::new(),
+            next_start: 0,
+            follow: false,
+            max_record_bytes: crate::config::DEFAULT_MAX_RECORD_BYTES,
+            max_batch_bytes: crate::config::MAX_BATCH_BYTES,
+        })
+    }
+
+    /// A batch ends once its lines hold `max` bytes (at least one line).
+    pub fn set_max_batch_bytes(&mut self, max: u64) {
+        self.max_batch_bytes = max.max(1);
     }
 
     /// Lines longer than `max` bytes (without their line ending) are not
@@ -299,11 +313,12 @@ impl LocalSource {
         let count = self.partitions.len();
         let start = self.next_start;
         self.next_start = (start + 1) % count;
+        let mut bytes = out.iter().map(|record| record.value.len() as u64).sum::<u64>();
         for index in (start..count).chain(0..start) {
             let partition = &mut self.partitions[index];
             let mut taken = 0;
             let mut last_fingerprint = None;
-            while taken < share && !partition.exhausted && out.len() < max {
+            while taken < share && !partition.exhausted && out.len() < max && bytes < self.max_batch_bytes {
                 self.line.clear();
                 let read = partition
                     .read_line(&mut self.line, self.max_record_bytes, self.follow)
@@ -335,6 +350,7 @@ impl LocalSource {
                     }
                 };
                 partition.position.next_line += 1;
+                bytes += record.value.len() as u64;
                 out.push(record);
                 taken += 1;
             }

@@ -241,6 +241,7 @@ impl LocalTask {
         let (committer, recovered) = LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
         let mut source = LocalSource::open_confined(&local.inputs, &recovered.positions, local.confine_to.as_deref())?;
         source.set_max_record_bytes(config.limits.max_record_bytes);
+        source.set_max_batch_bytes(config.limits.batch_bytes());
         tracing::info!(job = %config.name, plugin = %processor.digest(), resumed_from = ?recovered.positions, "local job opened");
         Ok(LocalTask {
             config: config.clone(),
@@ -313,6 +314,7 @@ impl LocalTask {
         if let Err(err) = &result {
             self.failed = true;
             self.txn.abort();
+            self.batches.transaction_dropped();
             // Best effort: reopening the task cuts the files back anyway.
             let _ = self.committer.discard();
             self.observer.aborted(&err.to_string());
@@ -424,6 +426,7 @@ impl LocalTask {
     /// reads the inputs again from the last commit.
     fn roll_back(&mut self, reason: String, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
         self.txn.abort();
+        self.batches.transaction_dropped();
         self.committer.discard()?;
         self.observer.aborted(&reason);
         if let Some(swap) = &mut self.hot_swap {
@@ -437,6 +440,7 @@ impl LocalTask {
     /// trial over, and the inputs are read again from the last commit.
     fn abandon(&mut self, reason: &str, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
         self.txn.abort();
+        self.batches.transaction_dropped();
         self.committer.discard()?;
         self.observer.aborted(reason);
         if let Some(swap) = &mut self.hot_swap {
@@ -450,6 +454,7 @@ impl LocalTask {
         let follow = self.source.is_following();
         self.source = LocalSource::open_confined(&local.inputs, &self.committed_positions, local.confine_to.as_deref())?;
         self.source.set_max_record_bytes(self.config.limits.max_record_bytes);
+        self.source.set_max_batch_bytes(self.config.limits.batch_bytes());
         self.source.set_follow(follow);
         *uncommitted = RunSummary::default();
         Ok(())

@@ -92,6 +92,8 @@ pub struct Transaction {
     batch: Vec<SourcePosition>,
     batch_sequences: Vec<u32>,
     batch_outputs_start: usize,
+    /// [`Transaction::pending_bytes`] when the current call began.
+    batch_pending_start: u64,
     /// What the plugin call running now may use.
     call: CallLimits,
     /// What it used so far.
@@ -175,6 +177,7 @@ impl Transaction {
             batch: Vec::new(),
             batch_sequences: Vec::new(),
             batch_outputs_start: 0,
+            batch_pending_start: 0,
             call: CallLimits::batch(&limits),
             used: CallUsage::default(),
             pending_bytes: 0,
@@ -248,6 +251,7 @@ impl Transaction {
         self.batch_sequences.clear();
         self.batch_sequences.resize(self.batch.len(), 0);
         self.batch_outputs_start = self.outputs.len();
+        self.batch_pending_start = self.pending_bytes;
         self.last_plugin_error = None;
         self.used = CallUsage::default();
     }
@@ -338,6 +342,8 @@ impl Transaction {
     pub fn drop_batch(&mut self) {
         self.overlay.drop_batch();
         self.outputs.truncate(self.batch_outputs_start);
+        // What the call added is gone again (dead letters come after).
+        self.pending_bytes = self.batch_pending_start;
     }
 
     /// Position of event `index` of the current batch.
@@ -474,7 +480,8 @@ impl Transaction {
     ) -> Result<(), HostCallError> {
         let output = self.output_names.iter().position(|declared| declared == name).ok_or_else(|| {
             HostCallError::Misconfigured(format!(
-                "plugin emitted to output `{name}`, which the job does not declare (declared: {}); add it to the job's outputs",
+                "plugin emitted to output `{}`, which the job does not declare (declared: {}); add it to the job's outputs",
+                crate::plugin::context::sanitize(name, 64),
                 self.output_names.join(", ")
             ))
         })?;

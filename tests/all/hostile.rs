@@ -205,7 +205,7 @@ fn hostile_plugins_cannot_hurt_the_host_the_neighbour_or_what_was_committed() {
 fn deploy_looping(host: &ServeHost, client: &AdminClient, name: &str) {
     let lines: Vec<String> = (0..50).map(|_| command("z", "loop", 0)).collect();
     std::fs::write(host.inputs("acme").join(format!("{name}.ndjson")), lines.join("\n") + "\n").unwrap();
-    let settings = "[limits]\ncpu_budget_ms = 10000\nmax_failures_in_a_row = 1000000";
+    let settings = "[limits]\ncpu_budget_ms = 10000\nmax_failures_in_a_row = 1000";
     client.deploy(&counts_job(name, &format!("{name}.ndjson"), settings), &plugin(plugins::HOSTILE)).unwrap();
     wait_for(&format!("`{name}` to be inside its looping plugin"), Duration::from_secs(60), || {
         client.status(name).unwrap()["cpu_seconds"].as_f64().unwrap_or(0.0) > 0.3

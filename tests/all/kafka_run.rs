@@ -222,3 +222,28 @@ fn a_job_over_two_input_topics_counts_each_record_once_and_stops_when_both_are_r
     }
     assert_eq!(last_totals, expected_totals(&lines));
 }
+
+#[test]
+fn kafka_records_over_the_record_limit_are_dead_lettered_and_the_rest_count_once() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("long", 2);
+    // Every 25th record padded past the job's limit of 200 bytes (still
+    // under the 1 KiB its dead letter keeps, where a cut once panicked).
+    let mut lines = usage_lines(23, 2_000, 0);
+    for line in lines.iter_mut().step_by(25) {
+        line.line = line.line.replacen('{', &format!("{{\"pad\":\"{}\",", "p".repeat(300)), 1);
+        line.effect = None;
+    }
+    let placed = produce_usage(&job.input, &lines, job.partitions);
+    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "[limits]\nmax_record_bytes = 200", "");
+    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    assert!(output.status.success(), "tally failed: {}", String::from_utf8_lossy(&output.stderr));
+    let totals = read_topic(&job.totals, true);
+    let dead = read_topic(&job.dead_letters, true);
+    let verdict = check(&job.input, &lines, &placed, &totals, &dead);
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
+    assert_eq!(verdict.totals, expected_totals(&lines));
+    assert_eq!(dead.len(), 80);
+    assert!(dead.iter().all(|record| record.header("tally.reason").contains("over the job's limit of 200 bytes (limits.max_record_bytes)")), "{:?}", dead[0].header("tally.reason"));
+}

@@ -179,7 +179,7 @@ fn a_kafka_job_whose_plugin_loops_is_paused_and_deleted_mid_call() {
     let looping: Vec<UsageLine> = (0..50).map(|_| UsageLine { line: r#"{"k":"z","do":"loop"}"#.to_string(), effect: None }).collect();
     produce_usage(&job.input, &looping, 1);
     let file = format!(
-        "name = \"spinner\"\noutputs = [\"counts\"]\n[limits]\ncpu_budget_ms = 10000\nmax_failures_in_a_row = 1000000\n\
+        "name = \"spinner\"\noutputs = [\"counts\"]\n[limits]\ncpu_budget_ms = 10000\nmax_failures_in_a_row = 1000\n\
          [kafka]\ninputs = [{:?}]\noutputs = {{ counts = {:?} }}\ndead_letter_topic = {:?}\n",
         job.input, job.totals, job.dead_letters
     );

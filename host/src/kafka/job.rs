@@ -355,9 +355,12 @@ impl KafkaJob {
         self.at_boundary();
         loop {
             if stop.load(Ordering::Relaxed) {
-                if self.process_or_roll_back(consumer, committer, &mut progress, commits.in_flight.is_some())?
-                    && self.commit(consumer, committer, &mut progress, summary, commits, Overlap::No)?
-                {
+                // Records read but not run are left for the next run (the
+                // committed offsets stop before them): commit what was.
+                progress.pending.clear();
+                progress.pending_bytes = 0;
+                progress.oversized.clear();
+                if self.commit(consumer, committer, &mut progress, summary, commits, Overlap::No)? {
                     return Ok(SessionEnd::Stopped);
                 }
                 continue;
@@ -429,7 +432,7 @@ impl KafkaJob {
             if let Some(reason) = failure {
                 return Err(SessionError::Restart(reason));
             }
-            if read > 0 && progress.pending.len() < batch_size {
+            if read > 0 && progress.pending.len() < batch_size && progress.pending_bytes < self.config.limits.batch_bytes() {
                 continue; // more may be waiting: fill the batch first
             }
             if !self.process_or_roll_back(consumer, committer, &mut progress, commits.in_flight.is_some())? {
@@ -479,11 +482,12 @@ impl KafkaJob {
                 let value = if payload.len() as u64 > self.config.limits.max_record_bytes {
                     // Kept as a prefix for the dead letter, never whole.
                     progress.oversized.insert((source, offset), payload.len());
-                    payload[..crate::source::OVERSIZED_PREFIX_BYTES].to_vec()
+                    payload[..payload.len().min(crate::source::OVERSIZED_PREFIX_BYTES)].to_vec()
                 } else {
                     payload.to_vec()
                 };
                 let event = Event { partition: source, offset, timestamp_ms: record.timestamp_ms(), key: record.key().map(<[u8]>::to_vec), value };
+                progress.pending_bytes += (event.value.len() + event.key.as_ref().map_or(0, Vec::len)) as u64;
                 progress.first.entry(event.partition).or_insert(event.offset as i64);
                 progress.pending.push(event);
             }
@@ -551,6 +555,7 @@ impl KafkaJob {
     /// observers stop counting it, and a trial starts over with the redo.
     fn drop_transaction(&mut self, reason: &str) {
         self.txn.abort();
+        self.batches.transaction_dropped();
         self.observer.aborted(reason);
         if let Some(swap) = &mut self.hot_swap {
             swap.aborted();
@@ -643,6 +648,7 @@ impl KafkaJob {
             }
         }
         pending.clear();
+        progress.pending_bytes = 0;
         // Without a Kafka transaction, sent records are visible at once: a
         // version on trial keeps its outputs until the trial is judged.
         let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
@@ -843,6 +849,8 @@ struct CommitDone {
 struct Progress {
     /// Records read but not yet run through the plugin.
     pending: Vec<Event>,
+    /// Bytes of their keys and values.
+    pending_bytes: u64,
     /// Of them, those over `limits.max_record_bytes`: (source id, offset)
     /// and their size. They hold only a prefix, and are dead-lettered
     /// instead of run.
@@ -865,6 +873,7 @@ impl Progress {
     /// The open transaction is gone: what was read for it is read again.
     fn forget_uncommitted(&mut self) {
         self.pending.clear();
+        self.pending_bytes = 0;
         self.oversized.clear();
         self.positions.clear();
         self.first.clear();

@@ -31,8 +31,8 @@ pub const WORKER_COMMAND: &str = "compile-worker";
 /// Exit status of a worker that refused the upload (its reason on stderr).
 const REFUSED: i32 = 2;
 
-/// Longest an upload waits for its turn to be compiled.
-const MAX_QUEUE_WAIT: Duration = Duration::from_secs(60);
+/// Longest an upload waits for its turn to be compiled, at least.
+const MIN_QUEUE_WAIT: Duration = Duration::from_secs(60);
 /// Most uploads of one tenant waiting to be compiled at once.
 const MAX_WAITING_PER_TENANT: usize = 2;
 /// Most bytes of a worker's stderr kept for a message.
@@ -46,6 +46,24 @@ pub struct CompileLimits {
     pub seconds: u64,
     /// Address space of the worker, in bytes.
     pub memory_bytes: u64,
+}
+
+impl CompileLimits {
+    /// The longest one compile may take by the wall clock.
+    pub fn wall(&self) -> Duration {
+        Duration::from_secs(self.seconds.saturating_mul(2).saturating_add(1))
+    }
+
+    /// The longest an upload waits for its turn: long enough for the
+    /// compiles of the two tenants' uploads ahead of it, at their longest.
+    pub fn queue_wait(&self) -> Duration {
+        MIN_QUEUE_WAIT.max(self.wall() * 2)
+    }
+
+    /// The longest a request that compiles may take: its wait and its compile.
+    pub fn longest_request(&self) -> Duration {
+        self.queue_wait() + self.wall() + Duration::from_secs(30)
+    }
 }
 
 /// Why an upload was not compiled.
@@ -113,11 +131,14 @@ impl Compiler {
             }
         }
         check::check_imports(name, bytes)?;
-        let _turn = self.queue.wait_turn(tenant)?;
+        let _turn = self.queue.wait_turn(tenant, self.limits.queue_wait())?;
         if !cached.exists() {
             self.compile_in_worker(name, bytes, &cached)?;
         }
-        Ok(runtime.load_compiled(name, &digest, bytes.len(), &cached)?)
+        runtime.load_compiled(name, &digest, bytes.len(), &cached).map_err(|err| {
+            tracing::error!(path = %cached.display(), error = %err, "a plugin just compiled cannot be loaded");
+            CompileError::Host { name: name.to_string(), reason: "its compiled form cannot be loaded (the host's log says why)".into() }
+        })
     }
 
     /// Forgets the compiled form of `digest` (its version was removed).
@@ -152,7 +173,7 @@ impl Compiler {
             let _ = std::io::copy(&mut stderr, &mut std::io::sink());
             message
         });
-        let wall = Duration::from_secs(limits.seconds.saturating_mul(2).saturating_add(1));
+        let wall = limits.wall();
         let status = loop {
             match child.try_wait() {
                 Ok(Some(status)) => break Some(status),
@@ -280,7 +301,7 @@ struct Turn<'a> {
 }
 
 impl CompileQueue {
-    fn wait_turn(&self, tenant: &str) -> Result<Turn<'_>, CompileError> {
+    fn wait_turn(&self, tenant: &str, longest: Duration) -> Result<Turn<'_>, CompileError> {
         let mut state = lock(&self.state);
         let waiting = state.waiting.get(tenant).map_or(0, VecDeque::len);
         if waiting >= MAX_WAITING_PER_TENANT {
@@ -299,7 +320,7 @@ impl CompileQueue {
         if queue.len() == 1 {
             state.order.push_back(tenant.to_string());
         }
-        let deadline = Instant::now() + MAX_QUEUE_WAIT;
+        let deadline = Instant::now() + longest;
         loop {
             if state.granted == Some(ticket) {
                 state.granted = None;
@@ -315,10 +336,7 @@ impl CompileQueue {
                         state.order.retain(|name| name != tenant);
                     }
                 }
-                return Err(CompileError::Busy(format!(
-                    "the host's compiler stayed busy with other uploads for {} s; try again",
-                    MAX_QUEUE_WAIT.as_secs()
-                )));
+                return Err(CompileError::Busy(format!("the host's compiler stayed busy with other uploads for {} s; try again", longest.as_secs())));
             }
             state = self.changed.wait_timeout(state, deadline - now).map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
         }
@@ -354,19 +372,19 @@ mod tests {
     #[test]
     fn tenants_take_turns_at_compiling() {
         let queue = std::sync::Arc::new(CompileQueue::default());
-        let first = queue.wait_turn("a").unwrap();
+        let first = queue.wait_turn("a", Duration::from_secs(60)).unwrap();
         let served = std::sync::Arc::new(Mutex::new(Vec::new()));
         let mut waiters = Vec::new();
         for tenant in ["a", "a", "b"] {
             let (queue, served) = (queue.clone(), served.clone());
             waiters.push(std::thread::spawn(move || {
-                let _turn = queue.wait_turn(tenant).unwrap();
+                let _turn = queue.wait_turn(tenant, Duration::from_secs(60)).unwrap();
                 served.lock().unwrap().push(tenant);
                 std::thread::sleep(Duration::from_millis(20));
             }));
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(matches!(queue.wait_turn("a"), Err(CompileError::Busy(message)) if message.contains("2 uploads waiting")));
+        assert!(matches!(queue.wait_turn("a", Duration::from_secs(60)), Err(CompileError::Busy(message)) if message.contains("2 uploads waiting")));
         drop(first);
         for waiter in waiters {
             waiter.join().unwrap();

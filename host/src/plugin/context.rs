@@ -108,7 +108,7 @@ impl PluginMeters {
     /// Records why a plugin call failed.
     pub fn failed(&self, reason: &str) {
         self.traps.inc();
-        *lock(&self.last_failure) = Some((Instant::now(), reason.to_string()));
+        *lock(&self.last_failure) = Some((Instant::now(), sanitize(reason, MAX_REASON_BYTES)));
     }
 
     /// The last failure of a plugin call and how long ago it was.
@@ -116,6 +116,10 @@ impl PluginMeters {
         lock(&self.last_failure).as_ref().map(|(at, reason)| (at.elapsed(), reason.clone()))
     }
 }
+
+/// Longest reason (a plugin's failure, rejection or error) the host keeps
+/// or shows, in bytes.
+pub const MAX_REASON_BYTES: usize = 1024;
 
 /// Bounds on a job's plugin log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,8 +229,10 @@ impl PluginLog {
 }
 
 /// `text` cut to at most `max_bytes` (at a character boundary, saying how
-/// much was cut) with every control character escaped (`\n`, `\u{1b}`), so
-/// a plugin line is one line and cannot paint or forge others.
+/// much was cut) with every control character escaped (`\n`, `\u{1b}`),
+/// and the characters that break or reorder lines too (line and paragraph
+/// separators, bidirectional controls, zero-width marks), so a plugin's
+/// text is one line and cannot paint or forge others.
 pub fn sanitize(text: &str, max_bytes: usize) -> String {
     let mut end = text.len().min(max_bytes);
     while !text.is_char_boundary(end) {
@@ -234,7 +240,10 @@ pub fn sanitize(text: &str, max_bytes: usize) -> String {
     }
     let mut line = String::with_capacity(end + 16);
     for c in text[..end].chars() {
-        if c.is_control() {
+        let breaks_lines = matches!(c, '\u{2028}' | '\u{2029}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}');
+        if breaks_lines {
+            line.extend(c.escape_unicode());
+        } else if c.is_control() {
             line.extend(c.escape_default());
         } else {
             line.push(c);
@@ -254,6 +263,7 @@ mod tests {
     fn lines_are_cut_escaped_and_rate_limited() {
         assert_eq!(sanitize("ok\n2026-12-01T00:00:00Z  INFO tally_host: forged\r\x1b[2J", 1024), "ok\\n2026-12-01T00:00:00Z  INFO tally_host: forged\\r\\u{1b}[2J");
         assert_eq!(sanitize("héllo", 2), "h … (5 more bytes cut)", "cut at a character boundary");
+        assert_eq!(sanitize("a\u{2028}b\u{202E}c", 64), "a\\u{2028}b\\u{202e}c", "no line breaks or reordering");
         let log = PluginLog::new(Some("acme"), "billing", LogLimits { lines_per_second: 5, max_line_bytes: 64 });
         for _ in 0..20 {
             log.write(tracing::Level::INFO, "line");

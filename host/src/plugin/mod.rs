@@ -382,6 +382,22 @@ impl StoreData {
     }
 }
 
+/// Most entries (keys, writes, records) one host call may carry: each
+/// costs the host work, and a call cannot be stopped halfway.
+pub const MAX_ENTRIES_PER_CALL: usize = 1 << 20;
+
+impl StoreData {
+    /// Refuses a host call `call` with more than [`MAX_ENTRIES_PER_CALL`] entries.
+    fn check_entries(&mut self, call: &str, entries: usize) -> wasmtime::Result<()> {
+        if entries > MAX_ENTRIES_PER_CALL {
+            return Err(self.fail(HostCallError::Violation(Violation(format!(
+                "plugin passed {entries} entries to {call}, more than the {MAX_ENTRIES_PER_CALL} one call may carry"
+            )))));
+        }
+        Ok(())
+    }
+}
+
 impl bindings::types::Host for StoreData {}
 
 impl bindings::state::Host for StoreData {
@@ -394,6 +410,7 @@ impl bindings::state::Host for StoreData {
     }
 
     fn get_many(&mut self, keys: Vec<Vec<u8>>) -> wasmtime::Result<Vec<Option<Vec<u8>>>> {
+        self.check_entries("state.get-many", keys.len())?;
         let limit = self.memory_limit;
         self.txn.get_many(&keys, limit).map_err(|err| self.fail(err))
     }
@@ -403,6 +420,7 @@ impl bindings::state::Host for StoreData {
     }
 
     fn put_many(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>) -> wasmtime::Result<()> {
+        self.check_entries("state.put-many", entries.len())?;
         self.txn.put_many(entries).map_err(|v| self.fail(v.into()))
     }
 
@@ -411,6 +429,7 @@ impl bindings::state::Host for StoreData {
     }
 
     fn delete_many(&mut self, keys: Vec<Vec<u8>>) -> wasmtime::Result<()> {
+        self.check_entries("state.delete-many", keys.len())?;
         self.txn.delete_many(keys).map_err(|v| self.fail(v.into()))
     }
 }
@@ -421,6 +440,7 @@ impl bindings::output::Host for StoreData {
     }
 
     fn emit_many(&mut self, output: String, records: Vec<bindings::OutputRecord>) -> wasmtime::Result<()> {
+        self.check_entries("output.emit-many", records.len())?;
         let records = records.into_iter().map(|record| (record.event, record.key, record.value));
         self.txn.emit_many(&output, records).map_err(|err| self.fail(err))
     }
@@ -519,7 +539,8 @@ impl Sandbox {
             } else if data.cpu_exceeded {
                 format!("it used more than its CPU budget of {} ms (limits.cpu_budget_ms) to start", limits.cpu_budget_ms)
             } else {
-                format!("{err:#}")
+                // Its backtrace can carry names the plugin chose.
+                context::sanitize(&format!("{err:#}"), MAX_LOGGED_ERROR_BYTES)
             };
             PluginError::Instantiate { name: plugin.name().to_string(), reason }
         })?;
@@ -565,6 +586,8 @@ impl PluginInstance {
             ));
         }
         let trap = err.downcast_ref::<wasmtime::Trap>().map_or_else(|| format!("{err}"), |trap| trap.to_string());
+        // Wasmtime's text can carry names the plugin chose.
+        let trap = context::sanitize(&trap, MAX_LOGGED_ERROR_BYTES);
         match logged {
             Some(logged) => ProcessError::Plugin(format!("plugin trapped ({trap}): {logged}")),
             None => ProcessError::Plugin(format!("plugin trapped: {trap}")),
@@ -578,26 +601,35 @@ impl Processor for PluginInstance {
         if self.context.stopping() {
             return Err(ProcessError::Stopped);
         }
+        // A fresh instance (after a trap) starts within its own budget, the
+        // job's per-batch one; its CPU counts as this call's for the CPU
+        // sharing, so a plugin failing at once after a costly start is seen.
+        let started = thread_cpu_time();
         let sandbox = match &mut self.sandbox {
             Some(sandbox) => sandbox,
             None => match Sandbox::new(&self.plugin, self.limits, &self.context) {
                 Ok(sandbox) => self.sandbox.insert(sandbox),
                 Err(_) if self.context.stopping() => return Err(ProcessError::Stopped),
-                Err(err) => return Err(err.into()),
+                Err(err) => {
+                    self.context.report_call(thread_cpu_time().saturating_sub(started), true);
+                    return Err(err.into());
+                }
             },
         };
         let Sandbox { store, bindings } = sandbox;
         let data = store.data_mut();
         data.call = txn.call_limits().clone();
-        data.call_started = thread_cpu_time();
-        data.cpu_metered = data.call_started;
+        let instantiated = thread_cpu_time();
+        data.call_started = instantiated;
+        data.cpu_metered = instantiated;
         store.set_epoch_deadline(1);
         std::mem::swap(&mut store.data_mut().txn, txn);
         let result = bindings.tally_plugin_aggregator().call_process(&mut *store, events);
         std::mem::swap(&mut store.data_mut().txn, txn);
         let cpu = store.data_mut().meter_cpu();
         self.cpu += cpu;
-        self.context.report_call(cpu, result.is_err() && !store.data().stopped);
+        let with_start = cpu + instantiated.saturating_sub(started);
+        self.context.report_call(with_start, result.is_err() && !store.data().stopped);
         match result {
             Ok(rejections) => Ok(rejections),
             Err(err) => {

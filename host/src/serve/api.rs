@@ -22,10 +22,12 @@
 //! checked before any body byte is read, a body over `max_upload_bytes`
 //! refused from its `Content-Length` or cut off while it is read (never a
 //! buffer sized from what the client announces), a body within
-//! [`BODY_TIMEOUT`], a whole request within [`REQUEST_TIMEOUT`], and a
-//! panic in one request answered with a 500 instead of taking the API
-//! down. The work of a request (compiles, disk, locks) runs on a bounded
-//! pool of blocking threads, never on the threads that serve connections.
+//! [`BODY_TIMEOUT`], a whole request within [`REQUEST_TIMEOUT`] (or, when
+//! the host's compile limits allow more, their longest), and a panic in one
+//! request answered with a 500 instead of taking the API down. At most
+//! [`MAX_UPLOADS_IN_FLIGHT`] bodies are read at once, and the work of a
+//! request (decoding, compiles, disk, locks) runs on a bounded pool of
+//! blocking threads, never on the threads that serve connections.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -58,8 +60,12 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a client may take to send a request's body.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest a request may take in all, its compile (and the wait for its
-/// turn at the compiler) included.
+/// turn at the compiler) included, unless the host's compile limits make
+/// that longer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(180);
+/// Request bodies read at once; more wait their turn before any of their
+/// bytes is read.
+pub const MAX_UPLOADS_IN_FLIGHT: usize = 4;
 /// Longest a connection stays open.
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(600);
 /// Largest request head (request line and headers), in bytes.
@@ -83,9 +89,15 @@ struct Api {
     host: Arc<Host>,
     /// Turns at doing work on the blocking pool.
     working: Arc<Semaphore>,
+    /// Turns at reading a request body.
+    uploads: Arc<Semaphore>,
 }
 
 impl Api {
+    fn new(host: Arc<Host>) -> Api {
+        Api { host, working: Arc::new(Semaphore::new(MAX_WORKING_REQUESTS)), uploads: Arc::new(Semaphore::new(MAX_UPLOADS_IN_FLIGHT)) }
+    }
+
     /// Runs `work` on the blocking pool, within the bound on working
     /// requests; a panic in it is a 500, not a dead worker.
     async fn run<T: Send + 'static>(&self, work: impl FnOnce(&Arc<Host>) -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
@@ -162,7 +174,7 @@ async fn accept_until_stopped(host: Arc<Host>, listen: SocketAddr, stop: Arc<Ato
         .await
         .map_err(|err| format!("cannot listen on {listen}: {err}; set `listen` in the host file to a free address"))?;
     tracing::info!(%listen, "admin API listening");
-    let app = router(Api { host, working: Arc::new(Semaphore::new(MAX_WORKING_REQUESTS)) });
+    let app = router(Api::new(host));
     let connections = Arc::new(Connections::default());
     let mut check_stop = tokio::time::interval(Duration::from_millis(100));
     loop {
@@ -208,6 +220,7 @@ async fn accept_until_stopped(host: Arc<Host>, listen: SocketAddr, stop: Arc<Ato
 }
 
 fn router(api: Api) -> Router {
+    let timeout = REQUEST_TIMEOUT.max(api.host.longest_request());
     Router::new()
         .route("/healthz", get(|| async { text("ok\n") }))
         .route("/metrics", get(metrics))
@@ -223,7 +236,7 @@ fn router(api: Api) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(api)
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, REQUEST_TIMEOUT))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, timeout))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_panic: Box<dyn std::any::Any + Send>| {
             tracing::error!("an admin request panicked; the API goes on");
             ApiError::internal("the host failed on this request (a bug: it was logged); nothing else is affected").into_response()
@@ -283,7 +296,7 @@ fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
 
 /// The request body, refused unread when its announced length is over
 /// the host's `max_upload_bytes`, and cut off once it grows past it;
-/// within [`BODY_TIMEOUT`].
+/// within [`BODY_TIMEOUT`], once it is its turn ([`MAX_UPLOADS_IN_FLIGHT`]).
 async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let limit = api.host.config().max_upload_bytes;
     let too_large = || ApiError::new(413, format!("the request body is larger than the host's max_upload_bytes ({limit} bytes)"));
@@ -291,6 +304,7 @@ async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, 
     if announced.is_some_and(|length| length > limit) {
         return Err(too_large());
     }
+    let _turn = api.uploads.acquire().await.map_err(|_| ApiError::new(503, "the host is shutting down"))?;
     let limited = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
     match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
         Err(_) => Err(ApiError::new(408, format!("the request body did not arrive within {} s", BODY_TIMEOUT.as_secs()))),
@@ -315,14 +329,18 @@ async fn list(State(api): State<Api>, Tenant(tenant): Tenant) -> Result<Response
 
 async fn deploy(State(api): State<Api>, Tenant(tenant): Tenant, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let body = read_body(&api, &headers, body).await?;
-    let deploy: DeployRequest = serde_json::from_slice(&body).map_err(|err| {
-        ApiError::bad_request(format!("the deploy request must be JSON {{\"job\": \"<TOML>\", \"plugin\": \"<base64 component>\"}}: {err}"))
-    })?;
-    drop(body);
-    let plugin = base64::engine::general_purpose::STANDARD
-        .decode(deploy.plugin.trim())
-        .map_err(|err| ApiError::bad_request(format!("`plugin` must be the component's bytes in base64: {err}")))?;
-    let status = api.run(move |host| host.deploy(&tenant, &deploy.job, &plugin)).await?;
+    let status = api
+        .run(move |host| {
+            let deploy: DeployRequest = serde_json::from_slice(&body).map_err(|err| {
+                ApiError::bad_request(format!("the deploy request must be JSON {{\"job\": \"<TOML>\", \"plugin\": \"<base64 component>\"}}: {err}"))
+            })?;
+            drop(body);
+            let plugin = base64::engine::general_purpose::STANDARD
+                .decode(deploy.plugin.trim())
+                .map_err(|err| ApiError::bad_request(format!("`plugin` must be the component's bytes in base64: {err}")))?;
+            host.deploy(&tenant, &deploy.job, &plugin)
+        })
+        .await?;
     Ok(json(StatusCode::CREATED, &status))
 }
 
@@ -406,7 +424,7 @@ mod tests {
             let text = format!("data_dir = {:?}\nmetrics_token = \"metrics-token-0123456789\"\nmax_upload_bytes = 4096\n[tenants.acme]\ntoken = {TOKEN:?}\n", dir.display());
             let config: crate::serve::config::HostConfig = toml::from_str(&text).unwrap();
             let host = Host::open(config, "/nonexistent/tally".into()).unwrap();
-            router(Api { host, working: Arc::new(Semaphore::new(MAX_WORKING_REQUESTS)) })
+            router(Api::new(host))
         }
 
         fn request() -> impl Strategy<Value = (String, String, Vec<(String, String)>, Vec<u8>)> {

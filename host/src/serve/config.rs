@@ -7,6 +7,7 @@
 //! max_upload_bytes = 33554432   # largest request body (plugin uploads)
 //! metrics_token = "..."         # bearer token for /metrics (optional)
 //! kafka_brokers = "127.0.0.1:9092"  # the cluster Kafka jobs use (none: no Kafka jobs)
+//! # kafka_create_topics = false  # whether tenants' jobs may create their topics
 //! max_memory_bytes = 1073741824 # the most a job's plugin may ask for
 //! max_cpu_budget_ms = 10000
 //! # plugin_versions_kept = 5     # per job, on disk (the active one always)
@@ -52,6 +53,11 @@ pub struct HostConfig {
     /// Kafka jobs are refused.
     #[serde(default)]
     pub kafka_brokers: Option<String>,
+    /// Whether served Kafka jobs may have their missing topics created
+    /// (`kafka.create_topics`). Off by default: on a shared cluster the
+    /// operator creates tenants' topics (and quotas), not the tenants.
+    #[serde(default)]
+    pub kafka_create_topics: bool,
     /// The most linear memory a job may give its plugin (`limits.memory_bytes`).
     #[serde(default = "default_max_memory_bytes")]
     pub max_memory_bytes: u64,

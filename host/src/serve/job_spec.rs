@@ -38,6 +38,11 @@ pub const MAX_JOB_FILE_BYTES: usize = 64 << 10;
 /// Largest `limits.max_record_bytes` a served job may ask for.
 pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 
+/// Largest `limits.max_failures_in_a_row` a served job may ask for: each
+/// failing event retried alone costs at least a tick of CPU (and a fresh
+/// instance), so this bounds what a broken plugin's batch costs.
+pub const MAX_FAILURES_IN_A_ROW: u64 = 1000;
+
 /// Names a tenant might try to set, each with why the host sets it: used
 /// only to explain a refusal (the types below cannot hold them anyway).
 const HOST_OWNED: &[(&str, &str)] = &[
@@ -221,6 +226,9 @@ fn check_caps(config: &JobConfig, tenant_name: &str, host: &HostConfig) -> Resul
                 return Err(format!("topic `{topic}` is not one of tenant `{tenant_name}`'s: a job may only use topics named `{prefix}<name>`"));
             }
         }
+        if kafka.create_topics && !host.kafka_create_topics {
+            return Err("this host does not create tenants' topics (kafka_create_topics in the host file): ask the operator to create them, and remove kafka.create_topics".into());
+        }
         if kafka.create_partitions > MAX_CREATE_PARTITIONS {
             return Err(format!("kafka.create_partitions may be at most {MAX_CREATE_PARTITIONS} on this host"));
         }
@@ -238,6 +246,9 @@ fn check_caps(config: &JobConfig, tenant_name: &str, host: &HostConfig) -> Resul
     }
     if limits.max_state_bytes_per_batch > DEFAULT_MAX_STATE_BYTES_PER_BATCH {
         return Err(format!("limits.max_state_bytes_per_batch may be at most {DEFAULT_MAX_STATE_BYTES_PER_BATCH} on this host"));
+    }
+    if limits.max_failures_in_a_row > MAX_FAILURES_IN_A_ROW {
+        return Err(format!("limits.max_failures_in_a_row may be at most {MAX_FAILURES_IN_A_ROW} on this host, got {}", limits.max_failures_in_a_row));
     }
     // A record is read into memory whole, and into the plugin's too.
     let records = MAX_RECORD_BYTES.min(limits.memory_bytes);

@@ -67,7 +67,11 @@ impl From<CompileError> for ApiError {
         match &err {
             CompileError::Busy(_) => ApiError::new(429, err.to_string()),
             err if err.is_the_uploads_fault() => ApiError::new(422, err.to_string()),
-            _ => ApiError::internal(err.to_string()),
+            _ => {
+                // The host's own trouble: its details (paths) stay in its log.
+                tracing::error!(error = %err, "cannot compile an upload");
+                ApiError::internal("the host could not compile the upload (its log says why); nothing changed")
+            }
         }
     }
 }
@@ -158,6 +162,11 @@ impl Host {
         &self.config
     }
 
+    /// The longest a request may take: one that compiles waits its turn and compiles.
+    pub fn longest_request(&self) -> std::time::Duration {
+        CompileLimits { seconds: self.config.max_compile_seconds, memory_bytes: self.config.max_compile_memory_bytes }.longest_request()
+    }
+
     /// Every job's metrics in Prometheus text format.
     pub fn render_metrics(&self) -> String {
         self.metrics.render()
@@ -232,8 +241,10 @@ impl Host {
     /// The statuses of `tenant`'s jobs, with those that could not be
     /// resumed when the host started (state `broken`).
     pub fn list(&self, tenant: &str) -> Vec<JobStatus> {
-        let mut statuses: Vec<JobStatus> =
-            lock(&self.jobs).iter().filter(|((owner, _), _)| owner == tenant).map(|(_, job)| job.status()).collect();
+        // Statuses are read without the jobs' lock held: a job's own locks
+        // can wait on its disk.
+        let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs).iter().filter(|((owner, _), _)| owner == tenant).map(|(_, job)| job.clone()).collect();
+        let mut statuses: Vec<JobStatus> = jobs.iter().map(|job| job.status()).collect();
         let broken = lock(&self.broken);
         statuses.extend(broken.iter().filter(|((owner, _), _)| owner == tenant).map(|((_, name), reason)| JobStatus::broken(name, reason)));
         statuses.sort_by(|a, b| a.name.cmp(&b.name));
@@ -452,7 +463,10 @@ impl Host {
             (0..partitions).map(|partition| (Some(partition), [&crate::kafka::namespace(partition)[..], key.as_bytes()].concat())).collect()
         };
         let refs: Vec<&[u8]> = keys.iter().map(|(_, key)| key.as_slice()).collect();
-        let values = store.get_many(&refs).map_err(|err| ApiError::internal(err.to_string()))?;
+        let values = store.get_many(&refs).map_err(|err| {
+            tracing::error!(%tenant, job = %name, error = %err, "cannot read a committed state value");
+            ApiError::internal("the host could not read the job's state (its log says why)")
+        })?;
         for ((partition, _), value) in keys.iter().zip(values) {
             if let Some(value) = value {
                 let value = serde_json::from_slice(&value)

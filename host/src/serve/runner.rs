@@ -17,7 +17,7 @@ use crate::fair_share::CpuSeat;
 use crate::hot_swap::{CommitReport, JobObserver, PluginSlot, SwapEvent};
 use crate::kafka::{KafkaJob, KafkaRunOptions};
 use crate::metrics::JobMetrics;
-use crate::plugin::context::{LogLimits, PluginLog};
+use crate::plugin::context::{sanitize, LogLimits, PluginLog, MAX_REASON_BYTES};
 use crate::plugin::{JobContext, LoadedPlugin};
 use crate::state_store::StateStore;
 use crate::task::LocalTask;
@@ -196,7 +196,7 @@ impl From<crate::task::TaskError> for Failure {
             err if err.is_retryable() => AfterFailure::Retry,
             _ => AfterFailure::Halt,
         };
-        Failure { message: err.to_string(), then }
+        Failure { message: sanitize(&err.to_string(), 2 * MAX_REASON_BYTES), then }
     }
 }
 
@@ -205,8 +205,8 @@ impl From<crate::kafka::KafkaJobError> for Failure {
         use crate::kafka::KafkaJobError;
         match err {
             KafkaJobError::Task(task) => task.into(),
-            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } => Failure { message: err.to_string(), then: AfterFailure::Halt },
-            other => Failure::retry(other.to_string()),
+            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } => Failure { message: sanitize(&err.to_string(), 2 * MAX_REASON_BYTES), then: AfterFailure::Halt },
+            other => Failure::retry(sanitize(&other.to_string(), 2 * MAX_REASON_BYTES)),
         }
     }
 }
@@ -462,7 +462,16 @@ impl JobRuntime {
             self.set_state(JobState::Starting);
             self.prepare_to_open();
             let opened_at = Instant::now();
-            let result = if self.is_kafka() { self.run_kafka() } else { self.run_local() };
+            // A bug of the host's must stop this job, not leave it looking
+            // alive with its thread gone.
+            let run = std::panic::AssertUnwindSafe(|| if self.is_kafka() { self.run_kafka() } else { self.run_local() });
+            let result = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+                let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                Err(Failure {
+                    message: format!("the host failed on this job (a bug, in its log: {what}); nothing past the last commit counted"),
+                    then: AfterFailure::Halt,
+                })
+            });
             *lock(&self.store) = None;
             // Whatever comes next, this thread does not work for a while.
             self.context.idle();
@@ -598,6 +607,8 @@ impl JobObserver for Observer {
         if status.on_trial.as_deref() == Some(event_digest(event)) {
             status.on_trial = None;
         }
+        // What a failed version says is kept (in the history too): cut it.
+        let cut = |reason: &str| sanitize(reason, MAX_REASON_BYTES);
         match event {
             SwapEvent::OnTrial { digest } => {
                 record.on_trial(digest);
@@ -612,12 +623,14 @@ impl JobObserver for Observer {
                 lock(&runtime.plugins).retain(|kept, _| kept == digest || Some(kept) == pending.as_ref());
             }
             SwapEvent::RolledBack { digest, restored, reason } => {
-                record.failed(digest, VersionStatus::RolledBack, reason);
+                let reason = cut(reason);
+                record.failed(digest, VersionStatus::RolledBack, &reason);
                 status.last_swap = Some(format!("{digest} was rolled back to {restored}: {reason}"));
                 lock(&runtime.plugins).remove(digest);
             }
             SwapEvent::Refused { digest, reason } => {
-                record.failed(digest, VersionStatus::Refused, reason);
+                let reason = cut(reason);
+                record.failed(digest, VersionStatus::Refused, &reason);
                 status.last_swap = Some(format!("{digest} could not start: {reason}"));
                 if record.undecided_or_active(digest).is_none() {
                     lock(&runtime.plugins).remove(digest);
