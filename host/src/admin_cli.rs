@@ -128,7 +128,11 @@ fn print_status(status: &Value, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(status);
     }
-    for field in ["name", "mode", "state", "plugin", "pending_plugin", "on_trial", "records", "throughput", "commits", "rollbacks", "last_swap", "last_error"] {
+    let fields = [
+        "name", "mode", "state", "plugin", "pending_plugin", "on_trial", "records", "throughput", "commits", "rollbacks", "cpu_seconds",
+        "traps", "cpu_budget_breaches", "log_lines_dropped", "demoted", "last_plugin_failure", "last_swap", "last_error",
+    ];
+    for field in fields {
         let value = &status[field];
         if !value.is_null() {
             println!("{:<15} {}", format!("{field}:"), text(value));
