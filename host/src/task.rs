@@ -198,10 +198,8 @@ impl LocalTask {
     /// Like [`LocalTask::open`], with the plugin's instances in `context`
     /// (stopped by its signal, seated in the host's CPU sharing).
     pub fn open_in(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<LocalTask, TaskError> {
-        let plugin = plugin.clone();
-        let limits = config.limits;
-        let instance_context = context.clone();
-        LocalTask::open_with_in(config, context, move || Ok(Box::new(plugin.instantiate_in(limits, instance_context)?)))
+        let make = plugin.processor_maker(config.limits, context.clone());
+        LocalTask::open_with_in(config, context, make)
     }
 
     /// Like [`LocalTask::open`], with the processor made by `make_processor`

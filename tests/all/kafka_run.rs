@@ -10,6 +10,19 @@ use tally_tests::*;
 
 use crate::plugins::USAGE_BILLING;
 
+/// Runs `job_file` until caught up; checks that every line counted once and
+/// the totals are exact; returns the totals and dead letters read committed.
+fn run_until_caught_up_exactly_once(job: &KafkaBillingJob, job_file: &std::path::Path, lines: &[UsageLine], placed: &[Placed]) -> (Vec<OutputRecord>, Vec<OutputRecord>) {
+    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(job_file).output().unwrap();
+    assert!(output.status.success(), "tally failed: {}", String::from_utf8_lossy(&output.stderr));
+    let totals = read_topic(&job.totals, true);
+    let dead = read_topic(&job.dead_letters, true);
+    let verdict = check(&job.input, lines, placed, &totals, &dead);
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
+    assert_eq!(verdict.totals, expected_totals(lines));
+    (totals, dead)
+}
+
 #[test]
 fn a_kafka_job_counts_every_event_once_and_labels_every_output() {
     let _serial = serial();
@@ -19,14 +32,7 @@ fn a_kafka_job_counts_every_event_once_and_labels_every_output() {
     let placed = produce_usage(&job.input, &lines, job.partitions);
     let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "", "");
 
-    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
-    assert!(output.status.success(), "tally failed: {}", String::from_utf8_lossy(&output.stderr));
-
-    let totals = read_topic(&job.totals, true);
-    let dead = read_topic(&job.dead_letters, true);
-    let verdict = check(&job.input, &lines, &placed, &totals, &dead);
-    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
-    assert_eq!(verdict.totals, expected_totals(&lines));
+    let (totals, dead) = run_until_caught_up_exactly_once(&job, &job_file, &lines, &placed);
     let rejected = lines.iter().filter(|line| line.effect.is_none()).count();
     assert_eq!(dead.len(), rejected);
     assert!(dead.iter().all(|record| !record.header("tally.reason").is_empty()));
@@ -237,13 +243,7 @@ fn kafka_records_over_the_record_limit_are_dead_lettered_and_the_rest_count_once
     }
     let placed = produce_usage(&job.input, &lines, job.partitions);
     let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "[limits]\nmax_record_bytes = 200", "");
-    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
-    assert!(output.status.success(), "tally failed: {}", String::from_utf8_lossy(&output.stderr));
-    let totals = read_topic(&job.totals, true);
-    let dead = read_topic(&job.dead_letters, true);
-    let verdict = check(&job.input, &lines, &placed, &totals, &dead);
-    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
-    assert_eq!(verdict.totals, expected_totals(&lines));
+    let (_, dead) = run_until_caught_up_exactly_once(&job, &job_file, &lines, &placed);
     assert_eq!(dead.len(), 80);
     assert!(dead.iter().all(|record| record.header("tally.reason").contains("over the job's limit of 200 bytes (limits.max_record_bytes)")), "{:?}", dead[0].header("tally.reason"));
 }

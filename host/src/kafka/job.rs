@@ -117,10 +117,8 @@ impl KafkaJob {
     /// Like [`KafkaJob::open`], with the plugin's instances in `context`
     /// (stopped by its signal, seated in the host's CPU sharing).
     pub fn open_in(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<KafkaJob, KafkaJobError> {
-        let plugin = plugin.clone();
-        let limits = config.limits;
-        let instance_context = context.clone();
-        KafkaJob::open_with_in(config, context, move || Ok(Box::new(plugin.instantiate_in(limits, instance_context)?)))
+        let make = plugin.processor_maker(config.limits, context.clone());
+        KafkaJob::open_with_in(config, context, make)
     }
 
     /// Like [`KafkaJob::open`], with the processor made by `make_processor`.

@@ -295,6 +295,13 @@ impl LoadedPlugin {
         self.instantiate_in(limits, JobContext::new(self.name()))
     }
 
+    /// What makes the job's first instance when the job opens (after its
+    /// checks, so a refused job instantiates nothing).
+    pub fn processor_maker(&self, limits: Limits, context: JobContext) -> impl FnOnce() -> Result<Box<dyn Processor>, PluginError> + use<> {
+        let plugin = self.clone();
+        move || Ok(Box::new(plugin.instantiate_in(limits, context)?) as Box<dyn Processor>)
+    }
+
     /// A fresh sandboxed instance with `limits`, for the job of `context`.
     pub fn instantiate_in(&self, limits: Limits, context: JobContext) -> Result<PluginInstance, PluginError> {
         let sandbox = Sandbox::new(self, limits, &context)?;
