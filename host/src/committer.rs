@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::sink::{Lineage, LocalSink, SinkError};
 use crate::source::LocalPosition;
-use crate::state_store::{StateError, StateStore, StoreCommit};
-use crate::transaction::Transaction;
+use tally_core::state::{StateError, StateStore, StoreCommit};
+use tally_core::transaction::Transaction;
 
 /// Metadata key prefix of committed input positions (`input/<index>`).
 const INPUT_PREFIX: &str = "input/";
@@ -197,8 +197,8 @@ fn damaged(key: &[u8]) -> CommitError {
 mod tests {
     use super::*;
     use crate::config::Limits;
-    use crate::state_store::{MemoryStore, StateError};
-    use crate::transaction::SourcePosition;
+    use tally_core::state::{MemoryStore, StateError};
+    use tally_core::transaction::SourcePosition;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     /// A store whose commits fail on demand: the crash window between the
@@ -216,10 +216,10 @@ mod tests {
         fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
             self.inner.get_meta(key)
         }
-        fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<crate::state_store::Entry>, StateError> {
+        fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<tally_core::state::Entry>, StateError> {
             self.inner.scan_meta(prefix)
         }
-        fn scan_state(&self) -> Result<Vec<crate::state_store::Entry>, StateError> {
+        fn scan_state(&self) -> Result<Vec<tally_core::state::Entry>, StateError> {
             self.inner.scan_state()
         }
         fn commit(&self, commit: StoreCommit) -> Result<(), StateError> {

@@ -25,36 +25,16 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use tally_core::limits::*;
+
 /// Commit interval when the job does not set one.
 pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 /// Events handed to the plugin per call when the job does not say.
 pub const DEFAULT_BATCH_SIZE: usize = 1024;
 /// Name of the dead-letter output when the job does not set one.
 pub const DEFAULT_DEAD_LETTER_OUTPUT: &str = "dead-letters";
-/// Linear memory a plugin instance may grow to.
-pub const DEFAULT_MEMORY_BYTES: u64 = 64 << 20;
-/// CPU budget of one plugin call (one batch), in milliseconds of the
-/// calling thread's CPU time. A batch of 1024 billing events takes about 2 ms.
-pub const DEFAULT_CPU_BUDGET_MS: u64 = 1_000;
-/// Largest state key or output record key a plugin may write.
-pub const DEFAULT_MAX_KEY_BYTES: u32 = 4 << 10;
-/// Largest state value or output record value a plugin may write.
-pub const DEFAULT_MAX_VALUE_BYTES: u32 = 1 << 20;
-/// Most output bytes (keys and values) a plugin may emit per batch.
-pub const DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH: u64 = 64 << 20;
-/// Most state bytes (keys and values) a plugin may write per batch.
-pub const DEFAULT_MAX_STATE_BYTES_PER_BATCH: u64 = 64 << 20;
 /// Largest batch a job may ask for.
 pub const MAX_BATCH_SIZE: usize = 65_536;
-/// Events in a row the plugin may fail on (trap or break a limit) before
-/// the job stops.
-pub const DEFAULT_MAX_FAILURES_IN_A_ROW: u64 = 100;
-/// Largest input record (a line of a local input, a Kafka record's value)
-/// handed to a plugin; larger ones are dead-lettered unread.
-pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
-/// Most bytes of records one batch holds (besides `batch_size` records):
-/// a batch is handed to the plugin at once when it has this many.
-pub const MAX_BATCH_BYTES: u64 = 64 << 20;
 /// Most outputs a job may declare.
 pub const MAX_OUTPUTS: usize = 64;
 
@@ -75,7 +55,7 @@ pub enum ConfigError {
 
 /// One job: a plugin over inputs, with outputs and limits.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "JobFile")]
 pub struct JobConfig {
     /// Job name; it prefixes idempotency keys, so keep it stable.
     pub name: String,
@@ -84,47 +64,94 @@ pub struct JobConfig {
     /// Outputs the plugin may emit to.
     pub outputs: Vec<String>,
     /// Where rejected and trapping events go.
-    #[serde(default = "default_dead_letter_output")]
     pub dead_letter_output: String,
     /// How often a transaction commits, in milliseconds.
-    #[serde(default = "default_commit_interval_ms")]
     pub commit_interval_ms: u64,
     /// Most events per plugin call.
-    #[serde(default = "default_batch_size")]
     pub batch_size: usize,
     /// Sandbox limits of the plugin.
-    #[serde(default)]
     pub limits: Limits,
+    /// Where the job reads and writes: files, or Kafka topics.
+    pub mode: Mode,
+    /// How a new plugin version pushed into the running job is judged.
+    pub hot_swap: tally_core::hot_swap::SwapPolicy,
+    /// Which of the plugin's records a commit writes, per output.
+    pub emit: std::collections::BTreeMap<String, Emit>,
+}
+
+/// Where a job reads and writes: its `[local]` or its `[kafka]` section.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    /// Local mode: NDJSON files in, NDJSON files out.
+    Local(LocalConfig),
+    /// Kafka mode: topics in, topics out, exactly once by Kafka transactions.
+    Kafka(KafkaConfig),
+}
+
+/// A job file as written: one of `[local]` and `[kafka]`, checked into a
+/// [`Mode`] when read.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobFile {
+    /// Job name; it prefixes idempotency keys, so keep it stable.
+    name: String,
+    /// Path of the plugin component.
+    plugin: PathBuf,
+    /// Outputs the plugin may emit to.
+    outputs: Vec<String>,
+    /// Where rejected and trapping events go.
+    #[serde(default = "default_dead_letter_output")]
+    dead_letter_output: String,
+    /// How often a transaction commits, in milliseconds.
+    #[serde(default = "default_commit_interval_ms")]
+    commit_interval_ms: u64,
+    /// Most events per plugin call.
+    #[serde(default = "default_batch_size")]
+    batch_size: usize,
+    /// Sandbox limits of the plugin.
+    #[serde(default)]
+    limits: Limits,
     /// Local mode: NDJSON files in, NDJSON files out.
     #[serde(default)]
-    pub local: Option<LocalConfig>,
+    local: Option<LocalConfig>,
     /// Kafka mode: topics in, topics out, exactly once by Kafka transactions.
     #[serde(default)]
-    pub kafka: Option<KafkaConfig>,
+    kafka: Option<KafkaConfig>,
     /// How a new plugin version pushed into the running job is judged.
     #[serde(default)]
-    pub hot_swap: crate::hot_swap::SwapPolicy,
+    hot_swap: tally_core::hot_swap::SwapPolicy,
     /// Which of the plugin's records a commit writes, per output
     /// (`emit = { totals = "latest_per_key" }`); unnamed outputs get
     /// every record.
     #[serde(default)]
-    pub emit: std::collections::BTreeMap<String, Emit>,
+    emit: std::collections::BTreeMap<String, Emit>,
 }
 
-/// Which of the plugin's records for an output a commit writes.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Emit {
-    /// Every record the plugin emits.
-    #[default]
-    EveryUpdate,
-    /// Of the records a transaction emits with the same key, only the last
-    /// (records without a key are all written): a running total's
-    /// latest value per commit, as Kafka Streams' record cache forwards it.
-    /// Each record written is one the plugin emitted, with its own lineage
-    /// and idempotency key; which intermediate ones are skipped depends on
-    /// where commits fall.
-    LatestPerKey,
+impl TryFrom<JobFile> for JobConfig {
+    type Error = String;
+
+    fn try_from(file: JobFile) -> Result<JobConfig, String> {
+        let mode = match (file.local, file.kafka) {
+            (Some(local), None) => Mode::Local(local),
+            (None, Some(kafka)) => Mode::Kafka(kafka),
+            (Some(_), Some(_)) => return Err("give either a [local] or a [kafka] section, not both".into()),
+            (None, None) => {
+                return Err("say where the job reads and writes: add a [local] section (files) or a [kafka] section (topics)".into());
+            }
+        };
+        Ok(JobConfig {
+            name: file.name,
+            plugin: file.plugin,
+            outputs: file.outputs,
+            dead_letter_output: file.dead_letter_output,
+            commit_interval_ms: file.commit_interval_ms,
+            batch_size: file.batch_size,
+            limits: file.limits,
+            mode,
+            hot_swap: file.hot_swap,
+            emit: file.emit,
+        })
+    }
 }
 
 /// Which guarantee a Kafka job gives.
@@ -227,59 +254,6 @@ pub struct LocalConfig {
     pub confine_to: Option<PathBuf>,
 }
 
-/// What one plugin instance may use. There is no "unlimited".
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
-pub struct Limits {
-    /// Linear memory, in bytes.
-    pub memory_bytes: u64,
-    /// CPU budget of one plugin call (one batch), in milliseconds of thread
-    /// CPU time; checked every [`crate::plugin::EPOCH_TICK`], so a call may
-    /// run up to one tick past it.
-    pub cpu_budget_ms: u64,
-    /// Largest state key or output record key, in bytes.
-    pub max_key_bytes: u32,
-    /// Largest state value or output value, in bytes (in Kafka mode at most
-    /// 900,000, so a record with its key and headers fits librdkafka's
-    /// default `message.max.bytes`).
-    pub max_value_bytes: u32,
-    /// Most output bytes per batch: keys and values, and 128 bytes per
-    /// record for what holding it costs.
-    pub max_output_bytes_per_batch: u64,
-    /// Most state bytes written per batch: keys and values written, keys
-    /// deleted, and 64 bytes per write or delete.
-    pub max_state_bytes_per_batch: u64,
-    /// Events in a row the plugin may fail on before the job stops (under
-    /// `tally serve`: is paused, with the reason in its status).
-    pub max_failures_in_a_row: u64,
-    /// Largest input record handed to the plugin, in bytes; a larger one is
-    /// dead-lettered with the reason, and not read into memory.
-    pub max_record_bytes: u64,
-}
-
-impl Limits {
-    /// Most bytes of records one batch holds: [`MAX_BATCH_BYTES`], and no
-    /// more than the plugin's memory could take.
-    pub fn batch_bytes(&self) -> u64 {
-        MAX_BATCH_BYTES.min(self.memory_bytes)
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            memory_bytes: DEFAULT_MEMORY_BYTES,
-            cpu_budget_ms: DEFAULT_CPU_BUDGET_MS,
-            max_key_bytes: DEFAULT_MAX_KEY_BYTES,
-            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
-            max_output_bytes_per_batch: DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH,
-            max_state_bytes_per_batch: DEFAULT_MAX_STATE_BYTES_PER_BATCH,
-            max_failures_in_a_row: DEFAULT_MAX_FAILURES_IN_A_ROW,
-            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
-        }
-    }
-}
-
 pub(crate) fn default_dead_letter_output() -> String {
     DEFAULT_DEAD_LETTER_OUTPUT.to_string()
 }
@@ -310,30 +284,36 @@ impl JobConfig {
             }
         };
         resolve(&mut self.plugin);
-        if let Some(local) = &mut self.local {
-            local.inputs.iter_mut().for_each(resolve);
-            resolve(&mut local.output_dir);
-            resolve(&mut local.state_dir);
-        }
-        if let Some(kafka) = &mut self.kafka {
-            resolve(&mut kafka.state_dir);
+        match &mut self.mode {
+            Mode::Local(local) => {
+                local.inputs.iter_mut().for_each(resolve);
+                resolve(&mut local.output_dir);
+                resolve(&mut local.state_dir);
+            }
+            Mode::Kafka(kafka) => resolve(&mut kafka.state_dir),
         }
     }
 
     /// The local section, or an error saying the job is not a local job.
     pub fn local(&self) -> Result<&LocalConfig, ConfigError> {
-        self.local.as_ref().ok_or_else(|| ConfigError::Invalid {
-            job: self.name.clone(),
-            message: "this is not a local job: it has no [local] section".into(),
-        })
+        match &self.mode {
+            Mode::Local(local) => Ok(local),
+            Mode::Kafka(_) => Err(ConfigError::Invalid {
+                job: self.name.clone(),
+                message: "this is not a local job: it has no [local] section".into(),
+            }),
+        }
     }
 
     /// The kafka section, or an error saying the job is not a Kafka job.
     pub fn kafka(&self) -> Result<&KafkaConfig, ConfigError> {
-        self.kafka.as_ref().ok_or_else(|| ConfigError::Invalid {
-            job: self.name.clone(),
-            message: "this is not a Kafka job: it has no [kafka] section".into(),
-        })
+        match &self.mode {
+            Mode::Kafka(kafka) => Ok(kafka),
+            Mode::Local(_) => Err(ConfigError::Invalid {
+                job: self.name.clone(),
+                message: "this is not a Kafka job: it has no [kafka] section".into(),
+            }),
+        }
     }
 
     /// How each output (by index, as in `outputs`) is emitted.
@@ -381,20 +361,16 @@ impl JobConfig {
         if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
             return invalid(format!("batch_size must be between 1 and {MAX_BATCH_SIZE}, got {}", self.batch_size));
         }
-        match (&self.local, &self.kafka) {
-            (Some(local), None) => self.validate_local(local)?,
-            (None, Some(kafka)) => self.validate_kafka(kafka)?,
-            (Some(_), Some(_)) => return invalid("give either a [local] or a [kafka] section, not both".into()),
-            (None, None) => {
-                return invalid("say where the job reads and writes: add a [local] section (files) or a [kafka] section (topics)".into());
-            }
+        match &self.mode {
+            Mode::Local(local) => self.validate_local(local)?,
+            Mode::Kafka(kafka) => self.validate_kafka(kafka)?,
         }
         let share = self.hot_swap.max_reject_share;
         if !(0.0..=1.0).contains(&share) {
             return invalid(format!("hot_swap.max_reject_share must be between 0 and 1, got {share}"));
         }
         let limits = &self.limits;
-        let tick_ms = crate::plugin::EPOCH_TICK.as_millis() as u64;
+        let tick_ms = tally_core::plugin::EPOCH_TICK.as_millis() as u64;
         if limits.memory_bytes < (1 << 20) || limits.max_key_bytes == 0 || limits.max_value_bytes == 0 {
             return invalid("limits must be positive, and limits.memory_bytes at least 1 MiB (1048576)".into());
         }

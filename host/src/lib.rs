@@ -1,13 +1,18 @@
-//! Tally's host: runs user aggregation logic as sandboxed WebAssembly
-//! components over streams, with exactly-once results.
+//! Tally's host: the drivers that run a job over real inputs and outputs,
+//! on the engine in `tally-core`, and `tally serve`.
 //!
-//! The data path, one module per step:
-//! [`source`] → [`task`] → [`batch`] → [`plugin`] → [`transaction`] / [`overlay`] →
-//! [`committer`] → [`sink`] and [`state_store`]. Kafka mode's source,
-//! committer and changelog are in [`kafka`].
+//! - Local mode (NDJSON files): [`source`] → [`task`] → [`committer`] →
+//!   [`sink`], state in `tally-state-rocks`.
+//! - Kafka mode (topics, exactly once by Kafka transactions): [`kafka`].
+//! - Many tenants' jobs in one process, with an admin API: [`serve`].
+//! - The admin API's client: [`client`].
+//!
+//! The dependencies point one way: the `tally` binary → [`serve`] → the
+//! drivers → `tally-core`. See `docs/architecture.md`.
 //!
 //! ```no_run
-//! use tally_host::{config::JobConfig, plugin::PluginRuntime, task::LocalTask};
+//! use tally_core::plugin::PluginRuntime;
+//! use tally_host::{config::JobConfig, task::LocalTask};
 //!
 //! let job = JobConfig::from_file("billing.toml".as_ref())?;
 //! let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
@@ -16,23 +21,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod batch;
 pub mod client;
 pub mod committer;
 pub mod config;
-pub mod fair_share;
-pub mod files;
-pub mod hot_swap;
 pub mod kafka;
 pub mod lock;
 pub mod metrics;
-pub mod overlay;
-pub mod plugin;
 pub mod serve;
 pub mod sink;
 pub mod source;
-pub mod state_store;
-pub mod sync;
 pub mod task;
-pub mod testing;
-pub mod transaction;

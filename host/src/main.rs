@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use tally_host::config::{JobConfig, LocalConfig, Limits, DEFAULT_BATCH_SIZE, DEFAULT_DEAD_LETTER_OUTPUT};
+use tally_host::config::{JobConfig, LocalConfig, Limits, Mode, DEFAULT_BATCH_SIZE, DEFAULT_DEAD_LETTER_OUTPUT};
 use tally_host::kafka::{KafkaJob, KafkaRunOptions};
-use tally_host::plugin::{LoadedPlugin, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
-use tally_host::state_store::{RocksStore, StateStore};
+use tally_core::plugin::{LoadedPlugin, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
+use tally_core::state::StateStore;
+use tally_state_rocks::RocksStore;
 use tally_host::task::LocalTask;
 
 /// mimalloc instead of glibc's malloc: the job loop allocates and frees
@@ -231,7 +232,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::CompileWorker { name, input, output } = &cli.command {
         // Its stderr is its answer: no log lines there.
-        return tally_host::plugin::compiler::worker_main(name, input, output);
+        return tally_core::plugin::compiler::worker_main(name, input, output);
     }
     init_logging(cli.log_json);
     let admin = Admin { server: cli.server, token: cli.token };
@@ -317,10 +318,9 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 commit_interval_ms: args.commit_interval_ms,
                 batch_size: args.batch_size,
                 limits: Limits::default(),
-                kafka: None,
                 hot_swap: Default::default(),
                 emit: Default::default(),
-                local: Some(LocalConfig {
+                mode: Mode::Local(LocalConfig {
                     inputs: args.inputs,
                     output_dir: args.output_dir.ok_or_else(|| missing("output-dir"))?,
                     state_dir: args.state_dir.ok_or_else(|| missing("state-dir"))?,
@@ -332,7 +332,7 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         }
     };
     let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
-    if job.kafka.is_some() {
+    if matches!(job.mode, Mode::Kafka(_)) {
         return run_kafka_job(&job, &plugin, args.until_caught_up, &stop);
     }
     if args.until_caught_up {
@@ -451,8 +451,8 @@ fn list_state(state_dir: &Path, json: bool) -> anyhow::Result<()> {
     let per_partition = state_dir.join("instance-id").exists();
     let mut out = std::io::stdout().lock();
     for (key, value) in store.scan_state()? {
-        let (partition, key) = match key.split_first_chunk::<4>() {
-            Some((partition, rest)) if per_partition => (Some(u32::from_be_bytes(*partition)), rest),
+        let (partition, key) = match tally_host::kafka::keys::split_namespaced(&key) {
+            Some((partition, rest)) if per_partition => (Some(partition), rest),
             _ => (None, &key[..]),
         };
         if json {

@@ -2,7 +2,7 @@
 //! `tally serve`. Counts are of committed work: a transaction that is
 //! aborted (and redone) is counted once, when its redo commits.
 
-use crate::sync::lock;
+use tally_core::sync::lock;
 use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -12,9 +12,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::hot_swap::{CommitReport, SwapEvent};
-use crate::batch::BatchOutcome;
-use crate::plugin::context::PluginMeters;
+use tally_core::hot_swap::SwapEvent;
+use tally_core::observe::CommitReport;
+use tally_core::batch::BatchOutcome;
+use tally_core::plugin::context::PluginMeters;
 
 /// Labels of every job metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -302,8 +303,8 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::batch::BatchOutcome;
-    use crate::task::RunSummary;
+    use tally_core::batch::BatchOutcome;
+    use tally_core::observe::RunSummary;
 
     fn commit_of(records: u64, outputs: u64) -> CommitReport {
         CommitReport {

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use rustc_hash::FxHashSet;
 use serde::de::IgnoredAny;
 
-use crate::transaction::{DeadLetter, PendingOutput, SourcePosition};
+use tally_core::transaction::{DeadLetter, PendingOutput, SourcePosition};
 
 /// A failure writing outputs.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::transaction::SourcePosition;
+use tally_core::transaction::SourcePosition;
 
 /// Read buffer per input file.
 const READ_BUFFER_BYTES: usize = 1 << 20;

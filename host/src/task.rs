@@ -1,25 +1,31 @@
-//! The task: the job loop that reads batches from the source, runs them
-//! through the plugin into a transaction, and commits on the interval.
+//! Local mode's job loop: reads batches of NDJSON lines from the input
+//! files, runs them through the [`Task`] into a transaction, and commits on
+//! the interval through the [`LocalCommitter`]. The order of the steps at a
+//! transaction's edges is the core task's (see `tally_core::task`).
 //!
 //! A batch the plugin traps on is dropped and its events are retried one by
 //! one, so the event to blame is dead-lettered alone with the reason and
-//! the events around it are applied exactly once (DESIGN invariant 5).
+//! the events around it are applied exactly once (see
+//! `docs/architecture.md`, invariant 5).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::batch::{BatchOutcome, BatchRunner};
+use tally_core::hot_swap::{PluginSlot, SwapPolicy};
+use tally_core::observe::{JobObserver, RunSummary};
+use tally_core::plugin::{Event, JobContext, LoadedPlugin, PluginError, Processor};
+use tally_core::state::{StateError, StateStore};
+use tally_core::task::{Committed, Ran, RunError, Task};
+use tally_core::transaction::Transaction;
+use tally_state_rocks::RocksStore;
+
 use crate::committer::{CommitError, Committer, LocalCommitter};
 use crate::config::JobConfig;
-use crate::lock::{LockError, DirLock};
-use crate::hot_swap::{CommitReport, HotSwap, JobObserver, NoObserver, PluginSlot, SwapPolicy};
-use crate::plugin::{Event, JobContext, LoadedPlugin, PluginError, ProcessError, Processor};
+use crate::lock::{DirLock, LockError};
 use crate::sink::Lineage;
 use crate::source::{InputRecord, LocalSource, SourceError};
-use crate::state_store::{RocksStore, StateError, StateStore};
-use crate::transaction::Transaction;
 
 /// Why a job stopped before finishing its inputs.
 #[derive(Debug, thiserror::Error)]
@@ -40,10 +46,10 @@ pub enum TaskError {
     /// The plugin could not be loaded or instantiated.
     #[error(transparent)]
     Plugin(#[from] PluginError),
-    /// The job's configuration does not fit the plugin; nothing of the
-    /// transaction in progress was committed.
-    #[error("job `{job}` stopped before committing anything more: {message}")]
-    Misconfigured { job: String, message: String },
+    /// A batch failed in a way that ends the run (the store, the
+    /// configuration, a plugin failing on everything).
+    #[error(transparent)]
+    Run(#[from] RunError),
     /// The job configuration is invalid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
@@ -51,10 +57,6 @@ pub enum TaskError {
     /// from the last commit.
     #[error("an earlier commit of job `{job}` failed; open the job again to recover from its last commit")]
     Failed { job: String },
-    /// The plugin failed on too many events in a row; nothing of the
-    /// transaction in progress was committed.
-    #[error("job `{job}` stopped before committing anything more: {message}; fix the plugin (push a new version) and resume the job")]
-    PluginFailing { job: String, message: String },
 }
 
 impl TaskError {
@@ -62,83 +64,19 @@ impl TaskError {
     /// failed), or only a person can (a replaced input, a bad config, a
     /// broken plugin).
     pub fn is_retryable(&self) -> bool {
-        !matches!(
-            self,
+        match self {
             TaskError::Source(
-                SourceError::Shrunk { .. } | SourceError::Changed { .. } | SourceError::Replaced { .. } | SourceError::Outside { .. } | SourceError::Rewritten { .. }
-            ) | TaskError::Misconfigured { .. }
-                | TaskError::Config(_)
-                | TaskError::PluginFailing { .. }
-        )
+                SourceError::Shrunk { .. } | SourceError::Changed { .. } | SourceError::Replaced { .. } | SourceError::Outside { .. } | SourceError::Rewritten { .. },
+            )
+            | TaskError::Config(_) => false,
+            TaskError::Run(run) => run.is_retryable(),
+            _ => true,
+        }
     }
 
-    /// The error a batch's failure becomes for job `job`; `None` when the
-    /// job was asked to stop (its open transaction is redone by the next run).
-    pub fn from_batch(err: ProcessError, job: &str) -> Option<TaskError> {
-        Some(match err {
-            ProcessError::Host(state) => TaskError::State(state),
-            ProcessError::Instantiate(plugin) => TaskError::Plugin(plugin),
-            ProcessError::Misconfigured(message) => TaskError::Misconfigured { job: job.to_string(), message },
-            ProcessError::FailingInARow(message) => TaskError::PluginFailing { job: job.to_string(), message },
-            ProcessError::Stopped => return None,
-            // Batches end plugin failures as dead letters; were one to come
-            // through, the job stops rather than lose the event.
-            ProcessError::Plugin(message) => TaskError::PluginFailing { job: job.to_string(), message },
-        })
-    }
-}
-
-/// What a run did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RunSummary {
-    /// Records read from the inputs in this run.
-    pub records: u64,
-    /// Records applied by the plugin.
-    pub applied: u64,
-    /// Records sent to the dead-letter output.
-    pub dead_lettered: u64,
-    /// Output records written (dead letters not included).
-    pub outputs: u64,
-    /// Transactions committed.
-    pub commits: u64,
-    /// Wall time of the run.
-    pub elapsed: Duration,
-    /// Whether the run stopped on request before the inputs' end (after
-    /// committing everything it had processed).
-    pub stopped_early: bool,
-}
-
-impl RunSummary {
-    /// Counts a batch of `records` input records that the plugin processed.
-    pub fn count_batch(&mut self, records: usize, outcome: &BatchOutcome) {
-        self.records += records as u64;
-        self.applied += outcome.applied;
-        self.dead_lettered += outcome.dead_lettered;
-        self.outputs += outcome.outputs;
-    }
-
-    /// Adds the counts of a later part of the same run.
-    pub fn absorb(&mut self, later: &RunSummary) {
-        self.records += later.records;
-        self.applied += later.applied;
-        self.dead_lettered += later.dead_lettered;
-        self.outputs += later.outputs;
-        self.commits += later.commits;
-        self.stopped_early |= later.stopped_early;
-    }
-
-    /// One line for people: counts, commits, time and rate.
-    pub fn describe(&self, job: &str) -> String {
-        let seconds = self.elapsed.as_secs_f64();
-        format!(
-            "job `{job}`: {} records ({} applied, {} dead-lettered), {} outputs, {} commits in {seconds:.2}s ({:.0} records/s)",
-            self.records,
-            self.applied,
-            self.dead_lettered,
-            self.outputs,
-            self.commits,
-            self.records as f64 / seconds.max(1e-9)
-        )
+    /// Whether a new plugin version is the fix: the job waits for one.
+    pub fn needs_new_plugin(&self) -> bool {
+        matches!(self, TaskError::Run(run) if run.needs_new_plugin())
     }
 }
 
@@ -151,7 +89,7 @@ pub fn to_events(records: &mut Vec<InputRecord>, events: &mut Vec<Event>, txn: &
     let mut oversized = 0;
     for record in records.drain(..) {
         if let Some(size) = record.oversized {
-            crate::batch::dead_letter_oversized(txn, record.position, record.value, size, limit);
+            tally_core::batch::dead_letter_oversized(txn, record.position, record.value, size, limit);
             oversized += 1;
             continue;
         }
@@ -160,25 +98,16 @@ pub fn to_events(records: &mut Vec<InputRecord>, events: &mut Vec<Event>, txn: &
     oversized
 }
 
-/// A transaction holding this many bytes commits before its interval is up,
-/// so a burst of big outputs or state cannot grow the host without bound.
-pub const MAX_TRANSACTION_BYTES: u64 = 256 << 20;
-
 /// A local-mode job: NDJSON inputs through a processor into output files,
 /// exactly once across crashes.
 pub struct LocalTask {
     config: JobConfig,
     source: LocalSource,
-    processor: Box<dyn Processor>,
-    txn: Transaction,
+    task: Task,
     committer: LocalCommitter,
     store: Arc<dyn StateStore>,
     /// Where the inputs stand in the last commit (a rollback reads on from here).
     committed_positions: Vec<crate::source::LocalPosition>,
-    hot_swap: Option<HotSwap>,
-    observer: Arc<dyn JobObserver>,
-    context: JobContext,
-    batches: BatchRunner,
     /// Set when a run failed: what is in memory can no longer be committed.
     failed: bool,
     _locks: Vec<DirLock>,
@@ -232,8 +161,7 @@ impl LocalTask {
         let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&local.state_dir.join("db"))?);
         let mut output_names = config.outputs.clone();
         output_names.push(config.dead_letter_output.clone());
-        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits).with_emit(config.emit_per_output());
-        txn.plugin_digest = processor.digest().to_string();
+        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits).with_emit(config.emit_per_output());
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
         let (committer, recovered) = LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
@@ -245,14 +173,9 @@ impl LocalTask {
             config: config.clone(),
             committed_positions: source.positions(),
             source,
-            processor,
-            txn,
+            task: Task::new(&config.name, processor, txn, context, config.commit_interval()),
             committer,
             store,
-            hot_swap: None,
-            observer: Arc::new(NoObserver),
-            context,
-            batches: BatchRunner::new(),
             failed: false,
             _locks: locks,
         })
@@ -261,8 +184,7 @@ impl LocalTask {
     /// Lets new plugin versions pushed into `slot` be swapped in at
     /// transaction boundaries, and reports commits and swaps to `observer`.
     pub fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
-        self.hot_swap = Some(HotSwap::new(slot, self.config.limits, policy, observer.clone(), self.context.clone()));
-        self.observer = observer;
+        self.task.attach(slot, self.config.limits, policy, observer);
     }
 
     /// The job's committed state (for queries; reads see the last commit).
@@ -272,7 +194,7 @@ impl LocalTask {
 
     /// Digest of the plugin version running now.
     pub fn plugin_digest(&self) -> &str {
-        self.processor.digest()
+        self.task.plugin_digest()
     }
 
     /// Path of output `name`'s file.
@@ -311,25 +233,22 @@ impl LocalTask {
         let result = self.run_batches(stop, follow);
         if let Err(err) = &result {
             self.failed = true;
-            self.txn.abort();
-            self.batches.transaction_dropped();
+            self.task.drop_transaction(&err.to_string());
             // Best effort: reopening the task cuts the files back anyway.
             let _ = self.committer.discard();
-            self.observer.aborted(&err.to_string());
         }
         result
     }
 
     fn run_batches(&mut self, stop: &AtomicBool, follow: bool) -> Result<RunSummary, TaskError> {
         let started = Instant::now();
-        let interval = self.config.commit_interval();
         let mut summary = RunSummary::default();
         let mut records = Vec::with_capacity(self.config.batch_size);
         let mut events = Vec::with_capacity(self.config.batch_size);
         let mut last_commit = Instant::now();
         // Counts of the open transaction, added to `summary` when it commits.
         let mut uncommitted = RunSummary::default();
-        self.at_boundary();
+        self.task.at_boundary();
         loop {
             if stop.load(Ordering::Relaxed) {
                 summary.stopped_early = true;
@@ -344,48 +263,39 @@ impl LocalTask {
                     continue;
                 }
                 last_commit = Instant::now();
-                self.context.idle();
+                self.task.context().idle();
                 std::thread::sleep(FOLLOW_POLL);
-                self.at_boundary();
+                self.task.at_boundary();
                 self.source.look_again()?;
                 continue;
             }
             let read = records.len();
-            let oversized = to_events(&mut records, &mut events, &mut self.txn);
-            let on_trial = self.hot_swap.as_ref().is_some_and(HotSwap::on_trial);
-            let ran = if events.is_empty() { Ok(BatchOutcome::default()) } else { self.batches.run_with(on_trial, &mut *self.processor, &mut self.txn, &events) };
-            let mut outcome = match ran {
-                Ok(outcome) => outcome,
-                Err(err) => match TaskError::from_batch(err, &self.config.name) {
-                    Some(err) => return Err(err),
-                    None => {
-                        // Stopped mid-call: what was not committed is read again.
-                        self.abandon("the job was stopped during a plugin call", &mut uncommitted)?;
-                        summary.stopped_early = true;
-                        summary.elapsed = started.elapsed();
-                        return Ok(summary);
-                    }
-                },
+            let oversized = to_events(&mut records, &mut events, self.task.txn());
+            let outcome = match self.task.run(&events, read, oversized)? {
+                Ran::Done(outcome) => outcome,
+                Ran::TrialFailed(reason) => {
+                    self.roll_back(reason, &mut uncommitted)?;
+                    continue;
+                }
+                Ran::Stopped => {
+                    // Stopped mid-call: what was not committed is read again.
+                    self.abandon("the job was stopped during a plugin call", &mut uncommitted)?;
+                    summary.stopped_early = true;
+                    summary.elapsed = started.elapsed();
+                    return Ok(summary);
+                }
             };
-            // A version on trial is judged on the events it ran.
-            if let Some(reason) = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(events.len(), &outcome)) {
-                self.observer.batch(read, &outcome);
-                self.roll_back(reason, &mut uncommitted)?;
-                continue;
-            }
-            outcome.dead_lettered += oversized;
-            self.observer.batch(read, &outcome);
             uncommitted.count_batch(read, &outcome);
-            self.committer.stage(&mut self.txn)?;
-            if last_commit.elapsed() >= interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES {
+            self.committer.stage(self.task.txn())?;
+            if self.task.commit_due(last_commit) {
                 if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
-                    self.at_boundary();
+                    self.task.at_boundary();
                 }
                 last_commit = Instant::now();
             }
         }
         if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
-            self.at_boundary();
+            self.task.at_boundary();
         } else if !summary.stopped_early {
             // The redo of a rolled-back transaction: finish the inputs with
             // the restored version.
@@ -397,39 +307,34 @@ impl LocalTask {
         Ok(summary)
     }
 
-    /// Takes a pushed plugin version, if any (nothing is uncommitted here).
-    fn at_boundary(&mut self) {
-        if let Some(swap) = &mut self.hot_swap {
-            swap.at_boundary(&mut self.processor, &mut self.txn);
-        }
-    }
-
     /// Commits, unless a version on trial failed the transaction: then
     /// rolls back and returns `false` (the input is read again).
     fn commit_or_roll_back(&mut self, summary: &mut RunSummary, uncommitted: &mut RunSummary) -> Result<bool, TaskError> {
-        if let Some(reason) = self.hot_swap.as_ref().and_then(HotSwap::judge_transaction) {
+        if let Some(reason) = self.task.judge_transaction() {
             self.roll_back(reason, uncommitted)?;
             return Ok(false);
         }
         let carried = std::mem::take(uncommitted);
-        self.commit(summary, &carried)?;
+        // The commit waits on the disk: another job may use the CPU meanwhile.
+        self.task.context().idle();
+        let positions = self.source.positions();
+        let started = Instant::now();
+        self.committer.commit(self.task.txn(), &positions)?;
+        let took = started.elapsed();
+        tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
+        summary.commits += 1;
         summary.absorb(&carried);
-        if let Some(swap) = &mut self.hot_swap {
-            swap.committed();
-        }
+        self.committed_positions = positions;
+        self.task.committed(Some(Committed { at: Instant::now(), took, lag: self.source.unread_bytes(), carried }));
         Ok(true)
     }
 
-    /// Aborts the transaction, puts the previous plugin version back, and
-    /// reads the inputs again from the last commit.
+    /// A version on trial failed: the task puts the previous version back,
+    /// then the output written since the last commit is cut and the inputs
+    /// are read again from it.
     fn roll_back(&mut self, reason: String, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
-        self.txn.abort();
-        self.batches.transaction_dropped();
+        self.task.roll_back(reason);
         self.committer.discard()?;
-        self.observer.aborted(&reason);
-        if let Some(swap) = &mut self.hot_swap {
-            swap.roll_back(&mut self.processor, &mut self.txn, reason);
-        }
         self.reread_from_last_commit(uncommitted)
     }
 
@@ -437,13 +342,8 @@ impl LocalTask {
     /// version's fault (a stop mid-call): a version on trial starts its
     /// trial over, and the inputs are read again from the last commit.
     fn abandon(&mut self, reason: &str, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
-        self.txn.abort();
-        self.batches.transaction_dropped();
+        self.task.drop_transaction(reason);
         self.committer.discard()?;
-        self.observer.aborted(reason);
-        if let Some(swap) = &mut self.hot_swap {
-            swap.aborted();
-        }
         self.reread_from_last_commit(uncommitted)
     }
 
@@ -455,27 +355,6 @@ impl LocalTask {
         self.source.set_max_batch_bytes(self.config.limits.batch_bytes());
         self.source.set_follow(follow);
         *uncommitted = RunSummary::default();
-        Ok(())
-    }
-
-    fn commit(&mut self, summary: &mut RunSummary, carried: &RunSummary) -> Result<(), TaskError> {
-        // The commit waits on the disk: another job may use the CPU meanwhile.
-        self.context.idle();
-        let positions = self.source.positions();
-        let started = Instant::now();
-        self.committer.commit(&mut self.txn, &positions)?;
-        summary.commits += 1;
-        let took = started.elapsed();
-        tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
-        self.observer.committed(&CommitReport {
-            at: Instant::now(),
-            took,
-            plugin_digest: self.txn.plugin_digest.clone(),
-            lag: self.source.unread_bytes(),
-            usage: self.processor.usage(),
-            carried: carried.clone(),
-        });
-        self.committed_positions = positions;
         Ok(())
     }
 }

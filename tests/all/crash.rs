@@ -6,7 +6,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tally_host::state_store::{RocksStore, StateStore};
+use tally_core::state::StateStore;
+use tally_state_rocks::RocksStore;
 use tally_tests::*;
 
 use crate::plugins::USAGE_BILLING;

@@ -55,8 +55,8 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
     use rdkafka::ClientConfig;
     use tally_host::config::{Guarantee, Limits};
     use tally_host::kafka::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
-    use tally_host::state_store::MemoryStore;
-    use tally_host::transaction::{SourcePosition, Transaction};
+    use tally_core::state::MemoryStore;
+    use tally_core::transaction::{SourcePosition, Transaction};
 
     let _serial = serial();
     let job = KafkaBillingJob::create("abort", 1);

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use tally_host::config::Limits;
-use tally_host::testing::PluginTest;
+use tally_testing::PluginTest;
 
 use crate::plugins::MISBEHAVING;
 

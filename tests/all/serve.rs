@@ -16,7 +16,7 @@ pub(crate) fn plugin(path: &str) -> Vec<u8> {
 }
 
 pub(crate) fn digest_of(path: &str) -> String {
-    tally_host::plugin::digest(&plugin(path))
+    tally_core::plugin::digest(&plugin(path))
 }
 
 /// Writes `lines` as input `file` of `tenant`, in the tenant's input directory.

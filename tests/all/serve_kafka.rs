@@ -29,7 +29,7 @@ fn kafka_job_file(name: &str, job: &KafkaBillingJob) -> String {
 }
 
 fn digest_of(path: &str) -> String {
-    tally_host::plugin::digest(&std::fs::read(path).unwrap())
+    tally_core::plugin::digest(&std::fs::read(path).unwrap())
 }
 
 /// Produces `lines` in small chunks (from the start again when they run

@@ -12,10 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tally_host::config::{JobConfig, KafkaConfig, Limits, LocalConfig, DEFAULT_BATCH_SIZE};
-use tally_host::hot_swap::{CommitReport, JobObserver, PluginSlot, SwapPolicy};
+use tally_host::config::{JobConfig, KafkaConfig, Limits, LocalConfig, Mode, DEFAULT_BATCH_SIZE};
+use tally_core::hot_swap::{PluginSlot, SwapPolicy};
+use tally_core::observe::{CommitReport, JobObserver};
 use tally_host::kafka::{KafkaJob, KafkaRunOptions};
-use tally_host::plugin::{LoadedPlugin, PluginRuntime};
+use tally_core::plugin::{LoadedPlugin, PluginRuntime};
 use tally_host::task::LocalTask;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
@@ -43,8 +44,8 @@ impl JobObserver for Commits {
     }
 }
 
-/// The billing job with 100 ms commits; its source and sink are set by the caller.
-fn job_config() -> JobConfig {
+/// The billing job with 100 ms commits, reading and writing per `mode`.
+fn job_config(mode: Mode) -> JobConfig {
     JobConfig {
         name: "billing".into(),
         plugin: plugins::USAGE_BILLING.into(),
@@ -53,8 +54,7 @@ fn job_config() -> JobConfig {
         commit_interval_ms: INTERVAL.as_millis() as u64,
         batch_size: DEFAULT_BATCH_SIZE,
         limits: Limits::default(),
-        local: None,
-        kafka: None,
+        mode,
         hot_swap: SwapPolicy::default(),
         emit: Default::default(),
     }
@@ -71,8 +71,12 @@ fn main() {
     // Local: 2,000 lines appended every 10 ms (200k events/s) to a followed file.
     let input = dir.path().join("usage.ndjson");
     std::fs::write(&input, "").unwrap();
-    let mut config = job_config();
-    config.local = Some(LocalConfig { inputs: vec![input.clone()], output_dir: dir.path().join("out"), state_dir: dir.path().join("state"), confine_to: None });
+    let config = job_config(Mode::Local(LocalConfig {
+        inputs: vec![input.clone()],
+        output_dir: dir.path().join("out"),
+        state_dir: dir.path().join("state"),
+        confine_to: None,
+    }));
     let feed = move |stop: &AtomicBool, lines: &[tally_tests::UsageLine]| {
         let mut file = std::fs::OpenOptions::new().append(true).open(&input).unwrap();
         for chunk in lines.chunks(2_000).cycle() {
@@ -98,9 +102,7 @@ fn main() {
     }
     // Kafka: 500 records produced every 20 ms (up to 25k events/s) over 4 partitions.
     let topics = KafkaBillingJob::create("bench-swap", 4);
-    let mut config = job_config();
-    config.name = topics.name.clone();
-    config.kafka = Some(KafkaConfig {
+    let mut config = job_config(Mode::Kafka(KafkaConfig {
         brokers: bootstrap(),
         group: None,
         inputs: vec![topics.input.clone()],
@@ -112,7 +114,8 @@ fn main() {
         create_partitions: 4,
         transaction_timeout_ms: 10_000,
         client: Default::default(),
-    });
+    }));
+    config.name = topics.name.clone();
     let input_topic = topics.input.clone();
     let feed = move |stop: &AtomicBool, lines: &[tally_tests::UsageLine]| {
         // One producer for the whole run: a steady stream, not a flush per chunk.

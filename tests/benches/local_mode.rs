@@ -13,9 +13,10 @@
 
 use std::path::Path;
 
-use tally_host::config::{JobConfig, Limits, LocalConfig, DEFAULT_BATCH_SIZE};
-use tally_host::plugin::PluginRuntime;
-use tally_host::task::{LocalTask, RunSummary};
+use tally_host::config::{JobConfig, Limits, LocalConfig, Mode, DEFAULT_BATCH_SIZE};
+use tally_core::plugin::PluginRuntime;
+use tally_core::observe::RunSummary;
+use tally_host::task::LocalTask;
 use tally_tests::native::NativeProcessor;
 use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, write_partitions};
 
@@ -50,8 +51,7 @@ fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> JobConfig {
         commit_interval_ms: 100,
         batch_size: env_or("TALLY_BENCH_BATCH", DEFAULT_BATCH_SIZE),
         limits: Limits::default(),
-        local: Some(LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state"), confine_to: None }),
-        kafka: None,
+        mode: Mode::Local(LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state"), confine_to: None }),
         hot_swap: Default::default(),
         emit: Default::default(),
     }
@@ -90,7 +90,7 @@ fn main() {
             let summary: RunSummary = task.run().unwrap();
             let cpu = process_cpu_seconds() - cpu_before;
             assert_eq!(summary.records as usize, events);
-            let totals = read_totals(&config.local.as_ref().unwrap().output_dir.join("totals.ndjson"));
+            let totals = read_totals(&config.local().unwrap().output_dir.join("totals.ndjson"));
             assert_eq!(final_totals(&totals), expected, "{kind} computed wrong totals");
             let rate = events as f64 / summary.elapsed.as_secs_f64();
             let cpu_rate = events as f64 / cpu;

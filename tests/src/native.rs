@@ -3,8 +3,8 @@
 //! billing job both ways through the same task, so the only difference is
 //! the Wasm boundary.
 
-use tally_host::plugin::{Event, ProcessError, Processor, Rejection};
-use tally_host::transaction::{HostCallError, Transaction};
+use tally_core::plugin::{Event, ProcessError, Processor, Rejection};
+use tally_core::transaction::{HostCallError, Transaction};
 use tally_sdk::{Host, Level, OutputRecord, Plugin};
 
 /// Runs a `tally_sdk::Plugin` natively.

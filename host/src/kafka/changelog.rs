@@ -22,13 +22,10 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::fetch::ConsumerQueue;
-use super::{namespace, QuietEof};
-use crate::state_store::{StateError, StateStore, StoreCommit};
+use super::keys::{checkpoint_key, included_key, namespaced, ChangelogKey};
+use super::QuietEof;
+use tally_core::state::{StateError, StateStore, StoreCommit};
 
-/// First key byte of a state record.
-pub const STATE_RECORD: u8 = b's';
-/// First key byte of an included-offset record.
-pub const OFFSET_RECORD: u8 = b'o';
 /// Records applied to RocksDB per write while restoring.
 const RESTORE_CHUNK: usize = 10_000;
 /// How often restore progress is logged.
@@ -36,38 +33,12 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// Most stale events a restore serves before it starts.
 const MAX_STALE_EVENTS: usize = 10_000;
 
-/// Changelog key of state key `key`.
-pub fn state_record_key(key: &[u8]) -> Vec<u8> {
-    let mut record = Vec::with_capacity(1 + key.len());
-    record.push(STATE_RECORD);
-    record.extend_from_slice(key);
-    record
-}
-
-/// Changelog key of the included offset of input topic `topic`.
-pub fn offset_record_key(topic: &str) -> Vec<u8> {
-    let mut record = Vec::with_capacity(1 + topic.len());
-    record.push(OFFSET_RECORD);
-    record.extend_from_slice(topic.as_bytes());
-    record
-}
-
-/// Metadata key of the next offset of `topic`/`partition` the state includes.
-pub fn included_key(topic: &str, partition: i32) -> Vec<u8> {
-    format!("kafka/input/{topic}/{partition}").into_bytes()
-}
-
-/// Metadata key of the changelog offset partition `partition` restores from.
-pub fn checkpoint_key(partition: i32) -> Vec<u8> {
-    format!("kafka/changelog/{partition}").into_bytes()
-}
-
 /// Reads a decimal offset stored under `key`.
 pub fn read_offset(store: &dyn StateStore, key: &[u8]) -> Result<Option<i64>, StateError> {
     match store.get_meta(key)? {
         None => Ok(None),
         Some(bytes) => std::str::from_utf8(&bytes).ok().and_then(|text| text.parse().ok()).map(Some).ok_or_else(|| {
-            StateError::Read(format!("metadata `{}` is not an offset; the state directory is damaged", String::from_utf8_lossy(key)))
+            StateError::Damaged { what: format!("metadata `{}` is not an offset", String::from_utf8_lossy(key)) }
         }),
     }
 }
@@ -223,19 +194,12 @@ impl Restorer {
 /// Adds one changelog record of `partition` to `chunk`; `None` if it is not
 /// a record Tally writes.
 fn apply(chunk: &mut StoreCommit, partition: i32, key: Option<&[u8]>, value: Option<&[u8]>) -> Option<()> {
-    let (&kind, rest) = key?.split_first()?;
-    match kind {
-        STATE_RECORD => {
-            let mut full = namespace(partition).to_vec();
-            full.extend_from_slice(rest);
-            chunk.state.push((full, value.map(<[u8]>::to_vec)));
-        }
-        OFFSET_RECORD => {
-            let topic = std::str::from_utf8(rest).ok()?;
+    match ChangelogKey::parse(key?)? {
+        ChangelogKey::State(key) => chunk.state.push((namespaced(partition, key), value.map(<[u8]>::to_vec))),
+        ChangelogKey::Offset(topic) => {
             let offset: i64 = std::str::from_utf8(value?).ok()?.parse().ok()?;
             chunk.meta.push((included_key(topic, partition), offset.to_string().into_bytes()));
         }
-        _ => return None,
     }
     Some(())
 }
@@ -247,12 +211,12 @@ mod tests {
     #[test]
     fn records_restore_into_their_partitions_namespace() {
         let mut chunk = StoreCommit::default();
-        apply(&mut chunk, 2, Some(&state_record_key(b"acme")), Some(b"7")).unwrap();
-        apply(&mut chunk, 2, Some(&state_record_key(b"gone")), None).unwrap();
-        apply(&mut chunk, 2, Some(&offset_record_key("usage")), Some(b"42")).unwrap();
-        let mut acme = namespace(2).to_vec();
+        apply(&mut chunk, 2, Some(&ChangelogKey::State(b"acme").to_bytes()), Some(b"7")).unwrap();
+        apply(&mut chunk, 2, Some(&ChangelogKey::State(b"gone").to_bytes()), None).unwrap();
+        apply(&mut chunk, 2, Some(&ChangelogKey::Offset("usage").to_bytes()), Some(b"42")).unwrap();
+        let mut acme = crate::kafka::keys::namespace(2).to_vec();
         acme.extend_from_slice(b"acme");
-        let mut gone = namespace(2).to_vec();
+        let mut gone = crate::kafka::keys::namespace(2).to_vec();
         gone.extend_from_slice(b"gone");
         assert_eq!(chunk.state, vec![(acme, Some(b"7".to_vec())), (gone, None)]);
         assert_eq!(chunk.meta, vec![(included_key("usage", 2), b"42".to_vec())]);
@@ -263,6 +227,6 @@ mod tests {
         let mut chunk = StoreCommit::default();
         assert!(apply(&mut chunk, 0, Some(b"xkey"), Some(b"1")).is_none());
         assert!(apply(&mut chunk, 0, None, Some(b"1")).is_none());
-        assert!(apply(&mut chunk, 0, Some(&offset_record_key("usage")), Some(b"not a number")).is_none());
+        assert!(apply(&mut chunk, 0, Some(&ChangelogKey::Offset("usage").to_bytes()), Some(b"not a number")).is_none());
     }
 }

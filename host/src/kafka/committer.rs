@@ -15,11 +15,10 @@ use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 
-use super::changelog::{checkpoint_key, included_key, offset_record_key, state_record_key};
-use super::split_source_id;
+use super::keys::{checkpoint_key, included_key, split_namespaced, split_source_id, ChangelogKey};
 use crate::config::Guarantee;
-use crate::state_store::{StateError, StateStore, StoreCommit};
-use crate::transaction::{SourcePosition, Transaction};
+use tally_core::state::{StateError, StateStore, StoreCommit};
+use tally_core::transaction::{SourcePosition, Transaction};
 
 /// Header of the input topic an output record came from.
 pub const HEADER_SOURCE_TOPIC: &str = "tally.source.topic";
@@ -348,9 +347,11 @@ impl KafkaCommitter {
         // checkpoints move with it.
         let mut touched = BTreeSet::new();
         for (key, value) in &changes {
-            let (partition, user_key) = split_namespaced(key);
+            // Every key a Kafka job writes has its namespace (the
+            // transaction adds it): the fallback to partition 0 is never taken.
+            let (partition, user_key) = split_namespaced(key).unwrap_or((0, key));
             touched.insert(partition);
-            let record_key = state_record_key(user_key);
+            let record_key = ChangelogKey::State(user_key).to_bytes();
             let mut record = BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog).partition(partition).key(&record_key[..]);
             if let Some(value) = value {
                 record = record.payload(&value[..]);
@@ -364,7 +365,7 @@ impl KafkaCommitter {
             touched.insert(partition);
             let topic = &self.addresses.inputs[topic];
             let next_text = next.to_string();
-            let marker_key = offset_record_key(topic);
+            let marker_key = ChangelogKey::Offset(topic).to_bytes();
             let marker =
                 BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog).partition(partition).key(&marker_key[..]).payload(next_text.as_bytes());
             self.send(marker)?;
@@ -456,15 +457,5 @@ impl KafkaCommitter {
             self.producer.abort_transaction(self.timeout)?;
         }
         Ok(())
-    }
-}
-
-/// Splits a namespaced state key into its partition and the plugin's key.
-/// Every key a Kafka job writes has its 4-byte namespace (the transaction
-/// adds it), so the fallback to partition 0 is never taken.
-fn split_namespaced(key: &[u8]) -> (i32, &[u8]) {
-    match key.split_first_chunk::<4>() {
-        Some((namespace, rest)) => (u32::from_be_bytes(*namespace) as i32, rest),
-        None => (0, key),
     }
 }

@@ -19,11 +19,13 @@
 //! - [`committer`]: sending outputs, committing transactions.
 //! - [`fetch`]: reading the input's records in batches.
 //! - [`job`]: the job loop, rebalances, and recovery from Kafka failures.
+//! - [`keys`]: the layout of source ids, state, metadata and changelog keys.
 
 pub mod changelog;
 pub mod committer;
 pub mod fetch;
 pub mod job;
+pub mod keys;
 pub mod topics;
 
 pub use job::{KafkaJob, KafkaRunOptions};
@@ -46,6 +48,24 @@ pub enum KafkaJobError {
     /// The plugin, the state store or the job configuration failed.
     #[error(transparent)]
     Task(#[from] crate::task::TaskError),
+}
+
+impl KafkaJobError {
+    /// Whether opening the job again may help (Kafka or the disk failed),
+    /// or only a person can (a rewind, topics that do not fit, a bad
+    /// configuration, a broken plugin).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            KafkaJobError::Task(task) => task.is_retryable(),
+            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } => false,
+            KafkaJobError::Kafka { .. } => true,
+        }
+    }
+
+    /// Whether a new plugin version is the fix: the job waits for one.
+    pub fn needs_new_plugin(&self) -> bool {
+        matches!(self, KafkaJobError::Task(task) if task.needs_new_plugin())
+    }
 }
 
 /// Logs a librdkafka client error, leaving out partition-end events (they
@@ -72,39 +92,4 @@ impl rdkafka::consumer::ConsumerContext for QuietEof {}
 /// A timeout as librdkafka's C API takes it: milliseconds in an `int`.
 pub(crate) fn timeout_ms(timeout: std::time::Duration) -> i32 {
     timeout.as_millis().min(i32::MAX as u128) as i32
-}
-
-/// How `source id`s name input partitions: the topic's index among the
-/// job's inputs in the high bits, the partition in the low 20 bits. The
-/// plugin sees the source id as the event's `partition` (for a one-topic
-/// job it is the Kafka partition).
-const PARTITION_BITS: u32 = 20;
-
-/// Source id of partition `partition` of input topic number `topic`.
-pub fn source_id(topic: usize, partition: i32) -> u32 {
-    ((topic as u32) << PARTITION_BITS) | partition as u32
-}
-
-/// Input topic number and partition of a source id.
-pub fn split_source_id(id: u32) -> (usize, i32) {
-    ((id >> PARTITION_BITS) as usize, (id & ((1 << PARTITION_BITS) - 1)) as i32)
-}
-
-/// The state namespace of partition `partition`: 4 big-endian bytes, so a
-/// partition's keys are contiguous in RocksDB.
-pub fn namespace(partition: i32) -> [u8; 4] {
-    (partition as u32).to_be_bytes()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn source_ids_round_trip() {
-        for (topic, partition) in [(0, 0), (0, 7), (3, 1_000_000)] {
-            assert_eq!(split_source_id(source_id(topic, partition)), (topic, partition));
-        }
-        assert_eq!(source_id(0, 5), 5, "a one-topic job's source id is the partition");
-    }
 }

@@ -48,7 +48,7 @@ use serde::Deserialize;
 use tokio::sync::Semaphore;
 
 use super::{ApiError, Host};
-use crate::sync::lock;
+use tally_core::sync::lock;
 
 /// Most connections open at once; more are closed as they arrive.
 pub const MAX_CONNECTIONS: usize = 512;

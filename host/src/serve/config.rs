@@ -125,11 +125,11 @@ fn default_plugin_versions_kept() -> usize {
 }
 
 fn default_plugin_log_lines_per_second() -> u32 {
-    crate::plugin::context::DEFAULT_LOG_LINES_PER_SECOND
+    tally_core::plugin::context::DEFAULT_LOG_LINES_PER_SECOND
 }
 
 fn default_max_plugin_log_line_bytes() -> usize {
-    crate::plugin::context::DEFAULT_MAX_LOG_LINE_BYTES
+    tally_core::plugin::context::DEFAULT_MAX_LOG_LINE_BYTES
 }
 
 fn default_max_compile_seconds() -> u64 {
@@ -236,8 +236,8 @@ impl HostConfig {
     }
 
     /// The bounds on each job's plugin log.
-    pub fn log_limits(&self) -> crate::plugin::context::LogLimits {
-        crate::plugin::context::LogLimits {
+    pub fn log_limits(&self) -> tally_core::plugin::context::LogLimits {
+        tally_core::plugin::context::LogLimits {
             lines_per_second: self.plugin_log_lines_per_second,
             max_line_bytes: self.max_plugin_log_line_bytes,
         }

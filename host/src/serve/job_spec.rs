@@ -18,12 +18,12 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::{
+use crate::config::{Mode, 
     default_batch_size, default_commit_interval_ms, default_create_partitions, default_dead_letter_output,
     default_transaction_timeout_ms, Emit, Guarantee, JobConfig, KafkaConfig, Limits, LocalConfig,
     DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH,
 };
-use crate::hot_swap::SwapPolicy;
+use tally_core::hot_swap::SwapPolicy;
 use crate::source::{LocalSource, SourceError};
 
 use super::config::{HostConfig, TenantConfig};
@@ -156,7 +156,7 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostCo
     let config = served.into_config(tenant_name, tenant, host, &dir)?;
     config.validate().map_err(|err| err.to_string().replacen(&format!("job `{tenant_name}.{name}`"), &format!("job `{name}`"), 1))?;
     check_caps(&config, tenant_name, host)?;
-    if let (Some(local), Some(input_dir)) = (&config.local, tenant.input_dir.as_deref()) {
+    if let (Mode::Local(local), Some(input_dir)) = (&config.mode, tenant.input_dir.as_deref()) {
         check_inputs(input_dir, &local.inputs)?;
     }
     Ok((name, config))
@@ -166,9 +166,12 @@ impl ServedJob {
     /// The config the host runs: the tenant's settings, with the host's
     /// paths, brokers and names.
     fn into_config(self, tenant_name: &str, tenant: &TenantConfig, host: &HostConfig, dir: &JobDir) -> Result<JobConfig, String> {
-        let local = match self.local {
-            None => None,
-            Some(local) => {
+        let mode = match (self.local, self.kafka) {
+            (Some(_), Some(_)) => return Err("give either a [local] or a [kafka] section, not both".into()),
+            (None, None) => {
+                return Err("say where the job reads and writes: add a [local] section (files) or a [kafka] section (topics)".into());
+            }
+            (Some(local), None) => {
                 let Some(input_dir) = &tenant.input_dir else {
                     return Err(format!(
                         "tenant `{tenant_name}` has no input_dir in the host configuration, so it cannot run local jobs; use a [kafka] job, or ask the operator for an input_dir"
@@ -176,16 +179,13 @@ impl ServedJob {
                 };
                 let inputs = local.inputs.iter().map(|input| inside(input_dir, input)).collect::<Result<_, _>>()?;
                 // Checked again on every file the job opens, after it is open.
-                Some(LocalConfig { inputs, output_dir: dir.output_dir(), state_dir: dir.state_dir(), confine_to: Some(input_dir.clone()) })
+                Mode::Local(LocalConfig { inputs, output_dir: dir.output_dir(), state_dir: dir.state_dir(), confine_to: Some(input_dir.clone()) })
             }
-        };
-        let kafka = match self.kafka {
-            None => None,
-            Some(kafka) => {
+            (None, Some(kafka)) => {
                 let Some(brokers) = &host.kafka_brokers else {
                     return Err("this host runs no Kafka jobs (its host file has no kafka_brokers); use a [local] job".into());
                 };
-                Some(KafkaConfig {
+                Mode::Kafka(KafkaConfig {
                     brokers: brokers.clone(),
                     group: None,
                     inputs: kafka.inputs,
@@ -208,8 +208,7 @@ impl ServedJob {
             commit_interval_ms: self.commit_interval_ms,
             batch_size: self.batch_size,
             limits: self.limits,
-            local,
-            kafka,
+            mode,
             hot_swap: self.hot_swap,
             emit: self.emit,
         })
@@ -218,7 +217,7 @@ impl ServedJob {
 
 /// The host's caps on what a served job may ask for, and its tenant's topics.
 fn check_caps(config: &JobConfig, tenant_name: &str, host: &HostConfig) -> Result<(), String> {
-    if let Some(kafka) = &config.kafka {
+    if let Mode::Kafka(kafka) = &config.mode {
         let prefix = format!("{tenant_name}.");
         let topics = kafka.inputs.iter().chain(kafka.outputs.values()).chain([&kafka.dead_letter_topic]);
         for topic in topics {
@@ -322,7 +321,7 @@ mod tests {
         let (name, config) = parse(LOCAL, "acme", &tenant(Some(inputs.path())), &host()).unwrap();
         assert_eq!(name, "billing");
         assert_eq!(config.name, "acme.billing");
-        let local = config.local.unwrap();
+        let local = config.local().unwrap().clone();
         assert_eq!(local.inputs, [inputs.path().join("usage-0.ndjson")]);
         assert_eq!(local.state_dir, Path::new("/data/jobs/acme/billing/state"));
         assert_eq!(local.output_dir, Path::new("/data/jobs/acme/billing/out"));
@@ -396,7 +395,7 @@ mod tests {
     #[test]
     fn kafka_jobs_use_the_hosts_brokers_and_only_their_tenants_topics() {
         let (_, config) = parse(KAFKA, "acme", &tenant(None), &host()).unwrap();
-        let kafka = config.kafka.unwrap();
+        let kafka = config.kafka().unwrap().clone();
         assert_eq!(kafka.brokers, "127.0.0.1:9092");
         assert!(kafka.client.is_empty() && kafka.group.is_none(), "the host's settings, not the tenant's");
         assert_eq!(kafka.state_dir, Path::new("/data/jobs/acme/billing/state"));
@@ -463,11 +462,11 @@ mod tests {
                     prop_assert!(crate::serve::config::valid_name(&name));
                     prop_assert_eq!(&config.name, &format!("acme.{name}"));
                     prop_assert_eq!(&config.plugin, &Path::new("/data/jobs/acme").join(&name).join("plugins"));
-                    if let Some(local) = &config.local {
+                    if let Ok(local) = config.local() {
                         prop_assert!(local.inputs.iter().all(|input| input.starts_with(&inputs) && !input.components().any(|c| matches!(c, Component::ParentDir))));
                         prop_assert!(local.state_dir.starts_with("/data/jobs/acme") && local.output_dir.starts_with("/data/jobs/acme"));
                     }
-                    if let Some(kafka) = &config.kafka {
+                    if let Ok(kafka) = config.kafka() {
                         prop_assert_eq!(kafka.brokers.as_str(), "127.0.0.1:9092");
                         prop_assert!(kafka.client.is_empty() && kafka.group.is_none());
                         prop_assert!(kafka.state_dir.starts_with("/data/jobs/acme"));

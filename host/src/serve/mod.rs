@@ -12,7 +12,7 @@ pub mod job_spec;
 pub mod registry;
 pub mod runner;
 
-use crate::sync::lock;
+use tally_core::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::fair_share::CpuScheduler;
+use tally_core::fair_share::CpuScheduler;
 use crate::lock::DirLock;
 use crate::metrics::HostMetrics;
-use crate::plugin::compiler::{CompileError, CompileLimits, Compiler};
-use crate::plugin::{LoadedPlugin, PluginRuntime};
+use tally_core::plugin::compiler::{CompileError, CompileLimits, Compiler};
+use tally_core::plugin::{LoadedPlugin, PluginRuntime};
 
 use config::HostConfig;
 use registry::{JobDir, JobRecord, PluginVersion, VersionStatus};
@@ -120,7 +120,7 @@ pub struct Host {
 impl Host {
     /// Locks the data directory and resumes every job in it. Uploads are
     /// compiled by `compile_worker` (the `tally` binary: see
-    /// [`crate::plugin::compiler`]).
+    /// [`tally_core::plugin::compiler`]).
     pub fn open(config: HostConfig, compile_worker: PathBuf) -> Result<Arc<Host>, String> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|err| format!("cannot create the data directory `{}`: {err}", config.data_dir.display()))?;
@@ -210,8 +210,8 @@ impl Host {
     fn load_version(&self, tenant: &str, dir: &JobDir, digest: &str) -> Result<LoadedPlugin, String> {
         let path = dir.plugin_file(digest);
         let bytes = std::fs::read(&path).map_err(|err| format!("cannot read plugin version {digest}: {err}"))?;
-        if crate::plugin::digest(&bytes) != digest {
-            return Err(format!("the job's file of plugin version {digest} holds other bytes now (its digest is {})", crate::plugin::digest(&bytes)));
+        if tally_core::plugin::digest(&bytes) != digest {
+            return Err(format!("the job's file of plugin version {digest} holds other bytes now (its digest is {})", tally_core::plugin::digest(&bytes)));
         }
         self.compiler.load(&self.plugins, tenant, &format!("version {digest}"), &bytes).map_err(|err| err.to_string())
     }
@@ -300,7 +300,7 @@ impl Host {
 
     fn create(&self, tenant: &str, name: &str, config: crate::config::JobConfig, text: &str, bytes: &[u8]) -> Result<JobStatus, ApiError> {
         let plugin = self.compile(tenant, name, bytes)?;
-        if let Some(kafka) = &config.kafka {
+        if let crate::config::Mode::Kafka(kafka) = &config.mode {
             // Missing topics are a bad deploy, said now, not a job failing later.
             crate::kafka::topics::prepare(&config, kafka).map_err(|err| ApiError::bad_request(err.to_string()))?;
         }
@@ -407,7 +407,7 @@ impl Host {
     /// runs, or has waiting or on trial, is not pushed again.
     pub fn push(&self, tenant: &str, name: &str, bytes: &[u8]) -> Result<Pushed, ApiError> {
         let job = self.job(tenant, name)?;
-        let digest = crate::plugin::digest(bytes);
+        let digest = tally_core::plugin::digest(bytes);
         if let Some(current) = job.record().undecided_or_active(&digest) {
             return Ok(Pushed { version: current.clone(), accepted: false });
         }
@@ -460,7 +460,7 @@ impl Host {
         let keys: Vec<(Option<i32>, Vec<u8>)> = if partitions == 0 {
             vec![(None, key.as_bytes().to_vec())]
         } else {
-            (0..partitions).map(|partition| (Some(partition), [&crate::kafka::namespace(partition)[..], key.as_bytes()].concat())).collect()
+            (0..partitions).map(|partition| (Some(partition), crate::kafka::keys::namespaced(partition, key.as_bytes()))).collect()
         };
         let refs: Vec<&[u8]> = keys.iter().map(|(_, key)| key.as_slice()).collect();
         let values = store.get_many(&refs).map_err(|err| {

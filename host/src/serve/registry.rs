@@ -280,9 +280,9 @@ impl JobDir {
     }
 }
 
-/// [`crate::files::write_atomically`], with the path in the error.
+/// [`tally_core::files::write_atomically`], with the path in the error.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    crate::files::write_atomically(path, bytes).map_err(|err| format!("cannot write `{}`: {err}", path.display()))
+    tally_core::files::write_atomically(path, bytes).map_err(|err| format!("cannot write `{}`: {err}", path.display()))
 }
 
 /// Every job directory under `data_dir`: `(tenant, job name, directory)`.

@@ -2,7 +2,7 @@
 //! stop), its status, and the observer that turns commits and swaps into
 //! status, metrics and plugin history.
 
-use crate::sync::lock;
+use tally_core::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -11,15 +11,16 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::batch::BatchOutcome;
+use tally_core::batch::BatchOutcome;
 use crate::config::JobConfig;
-use crate::fair_share::CpuSeat;
-use crate::hot_swap::{CommitReport, JobObserver, PluginSlot, SwapEvent};
+use tally_core::fair_share::CpuSeat;
+use tally_core::hot_swap::{PluginSlot, SwapEvent};
+use tally_core::observe::{CommitReport, JobObserver};
 use crate::kafka::{KafkaJob, KafkaRunOptions};
 use crate::metrics::JobMetrics;
-use crate::plugin::context::{sanitize, LogLimits, PluginLog, MAX_REASON_BYTES};
-use crate::plugin::{JobContext, LoadedPlugin};
-use crate::state_store::StateStore;
+use tally_core::plugin::context::{sanitize, LogLimits, PluginLog, MAX_REASON_BYTES};
+use tally_core::plugin::{JobContext, LoadedPlugin};
+use tally_core::state::StateStore;
 use crate::task::LocalTask;
 
 use super::registry::{JobDir, JobRecord, VersionStatus};
@@ -184,30 +185,26 @@ enum AfterFailure {
 }
 
 impl Failure {
-    fn retry(message: String) -> Failure {
-        Failure { message, then: AfterFailure::Retry }
-    }
-}
-
-impl From<crate::task::TaskError> for Failure {
-    fn from(err: crate::task::TaskError) -> Failure {
-        let then = match &err {
-            crate::task::TaskError::PluginFailing { .. } => AfterFailure::Pause,
-            err if err.is_retryable() => AfterFailure::Retry,
-            _ => AfterFailure::Halt,
+    /// What to do after `err`, as the error itself says.
+    fn of(err: &dyn std::error::Error, retryable: bool, needs_new_plugin: bool) -> Failure {
+        let then = match (needs_new_plugin, retryable) {
+            (true, _) => AfterFailure::Pause,
+            (false, true) => AfterFailure::Retry,
+            (false, false) => AfterFailure::Halt,
         };
         Failure { message: sanitize(&err.to_string(), 2 * MAX_REASON_BYTES), then }
     }
 }
 
+impl From<crate::task::TaskError> for Failure {
+    fn from(err: crate::task::TaskError) -> Failure {
+        Failure::of(&err, err.is_retryable(), err.needs_new_plugin())
+    }
+}
+
 impl From<crate::kafka::KafkaJobError> for Failure {
     fn from(err: crate::kafka::KafkaJobError) -> Failure {
-        use crate::kafka::KafkaJobError;
-        match err {
-            KafkaJobError::Task(task) => task.into(),
-            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } => Failure { message: sanitize(&err.to_string(), 2 * MAX_REASON_BYTES), then: AfterFailure::Halt },
-            other => Failure::retry(sanitize(&other.to_string(), 2 * MAX_REASON_BYTES)),
-        }
+        Failure::of(&err, err.is_retryable(), err.needs_new_plugin())
     }
 }
 
@@ -242,7 +239,7 @@ impl JobRuntime {
         let log = PluginLog::new(Some(tenant), name, log_limits).count_drops_in(metrics.log_lines_dropped());
         let context = JobContext::with(Arc::new(AtomicBool::new(paused)), Some(seat), log, metrics.plugin_meters());
         let mut redactions = vec![(dir.path().display().to_string(), format!("<job {name}>"))];
-        if let Some(input_dir) = config.local.as_ref().and_then(|local| local.confine_to.as_ref()) {
+        if let Some(input_dir) = config.local().ok().and_then(|local| local.confine_to.as_ref()) {
             redactions.push((input_dir.display().to_string(), "<input_dir>".to_string()));
             if let Ok(canonical) = input_dir.canonicalize() {
                 redactions.push((canonical.display().to_string(), "<input_dir>".to_string()));
@@ -288,7 +285,7 @@ impl JobRuntime {
     }
 
     fn is_kafka(&self) -> bool {
-        self.config.kafka.is_some()
+        matches!(self.config.mode, crate::config::Mode::Kafka(_))
     }
 
     /// The job's status now.

@@ -1,7 +1,7 @@
 //! The billing plugin, built from source and driven through the host's
 //! test driver: totals, billing periods, and every kind of bad input.
 
-use tally_host::testing::{PluginTest, Sent};
+use tally_testing::{PluginTest, Sent};
 use usage_billing::BillingKey;
 
 fn plugin() -> PluginTest {

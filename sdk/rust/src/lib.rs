@@ -42,7 +42,7 @@
 //! ```
 //!
 //! Build it with `tally plugin build <crate dir>`; test it with the host's
-//! test driver (`tally_host::testing::PluginTest`) from an ordinary
+//! test driver (`tally_testing::PluginTest`) from an ordinary
 //! `cargo test`.
 //!
 //! Events arrive as JSON (each record's value is decoded into

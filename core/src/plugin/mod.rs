@@ -31,8 +31,8 @@ pub use bindings::{Event, Rejection, WIT_PACKAGE, WIT_VERSION};
 pub use check::{ComponentInfo, PluginError};
 pub use context::{JobContext, StopSignal};
 
-use crate::config::Limits;
-use crate::state_store::{MemoryStore, StateError};
+use crate::limits::Limits;
+use crate::state::{MemoryStore, StateError};
 use crate::transaction::{CallLimits, HostCallError, Transaction, Violation};
 
 /// Why a batch failed.

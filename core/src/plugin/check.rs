@@ -20,31 +20,67 @@ const REQUIRED_EXPORT: &str = "aggregator";
 pub enum PluginError {
     /// The file could not be read.
     #[error("cannot read plugin `{}`: {source}", path.display())]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The file is not WebAssembly.
     #[error("plugin `{name}` is not a WebAssembly file (it does not start with `\\0asm`); build one with `tally plugin build <crate dir>`")]
-    NotWasm { name: String },
+    NotWasm {
+        /// The plugin (its file or upload name).
+        name: String,
+    },
     /// The file is a core module, not a component.
     #[error("plugin `{name}` is a core WebAssembly module, not a component; build it with `tally plugin build <crate dir>` (or wrap it with `wasm-tools component new`)")]
-    NotAComponent { name: String },
+    NotAComponent {
+        /// The plugin (its file or upload name).
+        name: String,
+    },
     /// The component does not validate or compile.
     #[error("plugin `{name}` is not a valid component: {reason}")]
-    Invalid { name: String, reason: String },
+    Invalid {
+        /// The plugin (its file or upload name).
+        name: String,
+        /// Why.
+        reason: String,
+    },
     /// The component was built for another version of the contract.
     #[error("plugin `{name}` was built for {WIT_PACKAGE}@{found}, but this host runs {WIT_PACKAGE}@{WIT_VERSION}; rebuild it with a tally-sdk for {WIT_VERSION}")]
-    WrongWitVersion { name: String, found: String },
+    WrongWitVersion {
+        /// The plugin (its file or upload name).
+        name: String,
+        /// The contract version it was built for.
+        found: String,
+    },
     /// The component imports something the host does not provide.
     #[error("plugin `{name}` imports `{import}`, which Tally does not provide: plugins may only use {WIT_PACKAGE}'s state, output and log")]
-    ForbiddenImport { name: String, import: String },
+    ForbiddenImport {
+        /// The plugin (its file or upload name).
+        name: String,
+        /// The import, as the component names it.
+        import: String,
+    },
     /// The component does not export the entry point.
     #[error("plugin `{name}` does not export `{WIT_PACKAGE}/{REQUIRED_EXPORT}@{WIT_VERSION}` (it exports: {exports}); is it a Tally plugin? Use `tally_sdk::export!`")]
-    MissingEntryPoint { name: String, exports: String },
+    MissingEntryPoint {
+        /// The plugin (its file or upload name).
+        name: String,
+        /// What it exports instead.
+        exports: String,
+    },
     /// The Wasm engine could not be created (a host problem, not a plugin's).
     #[error("cannot start the WebAssembly engine: {0}")]
     Engine(String),
     /// Linking or instantiating failed despite the checks.
     #[error("plugin `{name}` cannot be instantiated: {reason}")]
-    Instantiate { name: String, reason: String },
+    Instantiate {
+        /// The plugin (its file or upload name).
+        name: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// What a component says about itself.

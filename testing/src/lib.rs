@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! A test driver for plugin authors: feed events to a built plugin and look
 //! at its outputs, dead letters and state, from an ordinary `cargo test`.
 //!
@@ -6,7 +7,7 @@
 //! in-memory store, so later batches see earlier state.
 //!
 //! ```no_run
-//! use tally_host::testing::PluginTest;
+//! use tally_testing::PluginTest;
 //!
 //! let mut plugin = PluginTest::build(env!("CARGO_MANIFEST_DIR"), &["totals"]).unwrap();
 //! let batch = plugin.send([r#"{"customer":"acme","metric":"api_calls","quantity":3,"ts":"2026-11-03T10:00:00Z"}"#]);
@@ -21,11 +22,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::config::Limits;
-use crate::plugin::{Event, LoadedPlugin, PluginError, PluginInstance, PluginRuntime};
-use crate::state_store::{MemoryStore, StateStore, StoreCommit};
-use crate::batch::BatchRunner;
-use crate::transaction::Transaction;
+use tally_core::limits::Limits;
+use tally_core::plugin::{Event, LoadedPlugin, PluginError, PluginInstance, PluginRuntime};
+use tally_core::state::{MemoryStore, StateStore, StoreCommit};
+use tally_core::batch::BatchRunner;
+use tally_core::transaction::Transaction;
 
 /// Why the driver could not set up a plugin.
 #[derive(Debug, thiserror::Error)]

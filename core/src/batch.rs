@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use crate::config::Limits;
+use crate::limits::Limits;
 use crate::plugin::context::sanitize;
 use crate::plugin::{Event, ProcessError, Processor, Rejection, EPOCH_TICK};
 use crate::transaction::{CallLimits, CallUsage, DeadLetter, SourcePosition, Transaction};
@@ -315,7 +315,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::state_store::MemoryStore;
+    use crate::state::MemoryStore;
 
     /// Writes state `k<offset>` and emits one record for every event; rejects
     /// events whose value is `reject`, fails on `fail`, and with `emit:N`

@@ -1,5 +1,6 @@
-//! Durable keyed state: the [`StateStore`] trait and its two backends,
-//! RocksDB (the real one) and memory (the test driver's).
+//! Durable keyed state: the [`StateStore`] trait every backend implements,
+//! the in-memory backend (the test driver's), and the [`conformance`] suite
+//! every backend's tests run (RocksDB's is in `tally-state-rocks`).
 //!
 //! A store holds two namespaces: the plugin's `state` and the host's `meta`
 //! (committed input positions, committed output lengths). A [`StoreCommit`]
@@ -7,27 +8,37 @@
 //! commit one step.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
+/// The backend's own error, kept whole (its chain is its context).
+pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
+
 /// A failure of the state backend (its message says what failed). Not the
-/// plugin's fault: the run stops.
+/// plugin's fault: the run stops, and opening the job again may help.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StateError {
     /// The store could not be opened.
-    #[error("cannot open the state store at `{}`: {reason}", path.display())]
-    Open { path: PathBuf, reason: String },
+    #[error("cannot open the state store at `{}`: {source}", path.display())]
+    Open {
+        /// The store's directory.
+        path: PathBuf,
+        /// What the backend said.
+        source: BackendError,
+    },
     /// A read failed.
     #[error("reading state failed: {0}")]
-    Read(String),
+    Read(#[source] BackendError),
     /// A commit failed; nothing of it was applied.
     #[error("committing state failed: {0}")]
-    Commit(String),
-}
-
-fn read_error(err: rocksdb::Error) -> StateError {
-    StateError::Read(err.into_string())
+    Commit(#[source] BackendError),
+    /// What the store holds is not what Tally wrote there.
+    #[error("the state store is damaged: {what}; restore the state directory from a backup, or in Kafka mode delete it to rebuild it from the changelog")]
+    Damaged {
+        /// What was found, and where.
+        what: String,
+    },
 }
 
 /// A key and its value, as scans return them.
@@ -55,85 +66,6 @@ pub trait StateStore: Send + Sync {
     /// Applies `commit` atomically and durably (synced to disk when the
     /// backend is on disk). On error nothing of it is applied.
     fn commit(&self, commit: StoreCommit) -> Result<(), StateError>;
-}
-
-/// Column family of the plugin's state.
-const STATE_CF: &str = "state";
-/// Column family of the host's metadata.
-const META_CF: &str = "meta";
-
-/// The RocksDB backend.
-pub struct RocksStore {
-    db: rocksdb::DB,
-}
-
-impl RocksStore {
-    /// Opens (creating if needed) the store in directory `path`.
-    pub fn open(path: &Path) -> Result<RocksStore, StateError> {
-        let mut options = rocksdb::Options::default();
-        options.create_if_missing(true);
-        options.create_missing_column_families(true);
-        let db = rocksdb::DB::open_cf(&options, path, [STATE_CF, META_CF])
-            .map_err(|err| StateError::Open { path: path.to_path_buf(), reason: err.into_string() })?;
-        Ok(RocksStore { db })
-    }
-
-    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(name).expect("column families are created on open")
-    }
-
-    fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
-        let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
-        let mut entries = Vec::new();
-        for item in self.db.iterator_cf(self.cf(cf), mode) {
-            let (key, value) = item.map_err(read_error)?;
-            if !key.starts_with(prefix) {
-                break;
-            }
-            entries.push((key.into_vec(), value.into_vec()));
-        }
-        Ok(entries)
-    }
-}
-
-impl StateStore for RocksStore {
-    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
-        let cf = self.cf(STATE_CF);
-        self.db
-            .batched_multi_get_cf(cf, keys.iter(), false)
-            .into_iter()
-            .map(|value| value.map(|value| value.map(|slice| slice.to_vec())).map_err(read_error))
-            .collect()
-    }
-
-    fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-        self.db.get_cf(self.cf(META_CF), key).map_err(read_error)
-    }
-
-    fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
-        self.scan(META_CF, prefix)
-    }
-
-    fn scan_state(&self) -> Result<Vec<Entry>, StateError> {
-        self.scan(STATE_CF, b"")
-    }
-
-    fn commit(&self, commit: StoreCommit) -> Result<(), StateError> {
-        let mut batch = rocksdb::WriteBatch::default();
-        let (state, meta) = (self.cf(STATE_CF), self.cf(META_CF));
-        for (key, value) in &commit.state {
-            match value {
-                Some(value) => batch.put_cf(state, key, value),
-                None => batch.delete_cf(state, key),
-            }
-        }
-        for (key, value) in &commit.meta {
-            batch.put_cf(meta, key, value);
-        }
-        let mut options = rocksdb::WriteOptions::default();
-        options.set_sync(true);
-        self.db.write_opt(batch, &options).map_err(|err| StateError::Commit(err.into_string()))
-    }
 }
 
 /// An in-memory backend with the same behaviour, minus durability.
@@ -185,10 +117,10 @@ fn clone_entry((key, value): (&Vec<u8>, &Vec<u8>)) -> (Vec<u8>, Vec<u8>) {
     (key.clone(), value.clone())
 }
 
-/// The behaviour every backend must have; run against each below.
-#[cfg(test)]
-mod contract {
-    use super::*;
+/// The behaviour every backend must have. A backend's tests call
+/// [`conformance::run`] with a way to make a fresh, empty store.
+pub mod conformance {
+    use super::{StateStore, StoreCommit};
 
     fn commit_of(state: &[(&str, Option<&str>)], meta: &[(&str, &str)]) -> StoreCommit {
         StoreCommit {
@@ -197,6 +129,15 @@ mod contract {
         }
     }
 
+    /// Runs every check below, each on a fresh store from `fresh`.
+    pub fn run<S: StateStore>(mut fresh: impl FnMut() -> S) {
+        reads_what_was_committed(&fresh());
+        keeps_state_and_meta_apart(&fresh());
+        scans_in_key_order_within_the_prefix(&fresh());
+        later_writes_in_one_commit_win(&fresh());
+    }
+
+    /// Reads see every commit: puts, deletes and metadata.
     pub fn reads_what_was_committed(store: &dyn StateStore) {
         assert_eq!(store.get_many(&[b"a"]).unwrap(), vec![None]);
         store.commit(commit_of(&[("a", Some("1")), ("b", Some("2"))], &[("pos/0", "10")])).unwrap();
@@ -209,10 +150,28 @@ mod contract {
         assert_eq!(store.scan_state().unwrap().len(), 2);
     }
 
+    /// The same key in state and in metadata are two keys.
     pub fn keeps_state_and_meta_apart(store: &dyn StateStore) {
         store.commit(commit_of(&[("k", Some("state"))], &[("k", "meta")])).unwrap();
         assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"state".to_vec())]);
         assert_eq!(store.get_meta(b"k").unwrap(), Some(b"meta".to_vec()));
+    }
+
+    /// A metadata scan returns its prefix's keys in byte order and nothing
+    /// past them; a state scan returns everything in byte order.
+    pub fn scans_in_key_order_within_the_prefix(store: &dyn StateStore) {
+        store.commit(commit_of(&[("b", Some("2")), ("a", Some("1")), ("\u{ff}", Some("3"))], &[("p/b", "2"), ("p/a", "1"), ("p", "0"), ("q/a", "9")])).unwrap();
+        let keys: Vec<Vec<u8>> = store.scan_meta(b"p/").unwrap().into_iter().map(|(key, _)| key).collect();
+        assert_eq!(keys, vec![b"p/a".to_vec(), b"p/b".to_vec()]);
+        let keys: Vec<Vec<u8>> = store.scan_state().unwrap().into_iter().map(|(key, _)| key).collect();
+        assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec(), "\u{ff}".as_bytes().to_vec()]);
+        assert_eq!(store.get_many(&[b"b", b"b", b"zz"]).unwrap(), vec![Some(b"2".to_vec()), Some(b"2".to_vec()), None], "one result per key asked, repeats included");
+    }
+
+    /// Within one commit, a later write of a key wins over an earlier one.
+    pub fn later_writes_in_one_commit_win(store: &dyn StateStore) {
+        store.commit(commit_of(&[("k", Some("1")), ("k", None), ("j", None), ("j", Some("2"))], &[])).unwrap();
+        assert_eq!(store.get_many(&[b"k", b"j"]).unwrap(), vec![None, Some(b"2".to_vec())]);
     }
 }
 
@@ -222,25 +181,6 @@ mod tests {
 
     #[test]
     fn memory_store_meets_the_contract() {
-        contract::reads_what_was_committed(&MemoryStore::default());
-        contract::keeps_state_and_meta_apart(&MemoryStore::default());
-    }
-
-    #[test]
-    fn rocks_store_meets_the_contract() {
-        let dir = tempfile::tempdir().unwrap();
-        contract::reads_what_was_committed(&RocksStore::open(&dir.path().join("a")).unwrap());
-        contract::keeps_state_and_meta_apart(&RocksStore::open(&dir.path().join("b")).unwrap());
-    }
-
-    #[test]
-    fn rocks_store_keeps_commits_across_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = RocksStore::open(dir.path()).unwrap();
-            store.commit(StoreCommit { state: vec![(b"k".to_vec(), Some(b"v".to_vec()))], meta: vec![] }).unwrap();
-        }
-        let store = RocksStore::open(dir.path()).unwrap();
-        assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"v".to_vec())]);
+        conformance::run(MemoryStore::default);
     }
 }

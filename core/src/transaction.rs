@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{Emit, Limits};
+use crate::limits::{Emit, Limits};
 use crate::overlay::{Overlay, ReadError};
-use crate::state_store::{StateError, StateStore};
+use crate::state::{StateError, StateStore};
 
 /// Where an input record came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -541,7 +541,7 @@ fn record_bytes(record: &PendingOutput) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state_store::MemoryStore;
+    use crate::state::MemoryStore;
 
     fn transaction(limits: Limits) -> Transaction {
         Transaction::new(Arc::new(MemoryStore::default()), vec!["totals".to_string()].into(), limits)

@@ -13,7 +13,8 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::batch::BatchOutcome;
-use crate::config::Limits;
+use crate::limits::Limits;
+use crate::observe::JobObserver;
 use crate::plugin::{JobContext, LoadedPlugin, Processor};
 use crate::transaction::Transaction;
 
@@ -36,51 +37,33 @@ impl Default for SwapPolicy {
 #[derive(Debug, Clone, PartialEq)]
 pub enum SwapEvent {
     /// The version was swapped in and runs its trial transaction.
-    OnTrial { digest: String },
+    OnTrial {
+        /// The version's digest.
+        digest: String,
+    },
     /// The version's first transaction committed: it is the job's plugin now.
-    Activated { digest: String },
+    Activated {
+        /// The version's digest.
+        digest: String,
+    },
     /// The version failed its trial transaction, which was aborted and is
     /// redone by `restored`.
-    RolledBack { digest: String, restored: String, reason: String },
+    RolledBack {
+        /// The version's digest.
+        digest: String,
+        /// The digest of the version put back.
+        restored: String,
+        /// Why.
+        reason: String,
+    },
     /// The version could not be instantiated; the job kept its plugin.
-    Refused { digest: String, reason: String },
+    Refused {
+        /// The version's digest.
+        digest: String,
+        /// Why.
+        reason: String,
+    },
 }
-
-/// What a job reports as it runs: commits, aborts, swaps. The host's
-/// status, metrics and plugin history listen here.
-pub trait JobObserver: Send + Sync {
-    /// A transaction committed.
-    fn committed(&self, _commit: &CommitReport) {}
-    /// A transaction was aborted and its input will be read again.
-    fn aborted(&self, _reason: &str) {}
-    /// A plugin version was activated, rolled back or refused.
-    fn swapped(&self, _event: &SwapEvent) {}
-    /// A batch ran (counts are of that batch).
-    fn batch(&self, _events: usize, _outcome: &BatchOutcome) {}
-}
-
-/// One committed transaction, as observers see it.
-#[derive(Debug, Clone)]
-pub struct CommitReport {
-    /// When the commit finished.
-    pub at: Instant,
-    /// How long the commit took.
-    pub took: std::time::Duration,
-    /// Digest of the plugin version that produced the transaction.
-    pub plugin_digest: String,
-    /// Records behind the input's end after this commit, when known
-    /// (Kafka: summed consumer lag in records; local: unread bytes).
-    pub lag: Option<u64>,
-    /// Plugin CPU time and memory so far.
-    pub usage: crate::plugin::PluginUsage,
-    /// What the transaction carried: records read, outputs and dead letters
-    /// written. (In Kafka mode the next transaction may already run.)
-    pub carried: crate::task::RunSummary,
-}
-
-/// An observer that ignores everything.
-pub struct NoObserver;
-impl JobObserver for NoObserver {}
 
 /// Where a new plugin version waits for its job's next transaction boundary.
 pub struct PluginSlot {
@@ -256,7 +239,7 @@ impl HotSwap {
 mod tests {
     use super::*;
     use crate::plugin::{Event, ProcessError, Rejection};
-    use crate::state_store::MemoryStore;
+    use crate::state::MemoryStore;
 
     struct Named(&'static str);
 

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
 
-use crate::state_store::{StateError, StateStore};
+use crate::state::{StateError, StateStore};
 
 /// How many committed entries the read cache holds before it is cleared.
 pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
@@ -55,7 +55,10 @@ pub enum ReadError {
     State(#[from] StateError),
     /// The values asked for total more than the read may return.
     #[error("the values read total more than {limit} bytes")]
-    TooLarge { limit: u64 },
+    TooLarge {
+        /// The limit, in bytes.
+        limit: u64,
+    },
 }
 
 impl Default for Overlay {
@@ -237,7 +240,7 @@ impl Overlay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state_store::{MemoryStore, StoreCommit};
+    use crate::state::{MemoryStore, StoreCommit};
 
     fn store_with(key: &[u8], value: &[u8]) -> MemoryStore {
         let store = MemoryStore::default();

@@ -75,16 +75,31 @@ pub enum CompileError {
     Refused(#[from] PluginError),
     /// Compiling it took longer than the host allows.
     #[error("compiling plugin `{name}` took more than the host's limit of {seconds} s (max_compile_seconds); make the component smaller or simpler")]
-    TooSlow { name: String, seconds: u64 },
+    TooSlow {
+        /// The plugin (its file or upload name).
+        name: String,
+        /// The limit, in seconds.
+        seconds: u64,
+    },
     /// Compiling it needed more memory than the host allows.
     #[error("compiling plugin `{name}` needed more than the host's limit of {bytes} bytes of memory (max_compile_memory_bytes); make the component smaller or simpler")]
-    TooLarge { name: String, bytes: u64 },
+    TooLarge {
+        /// The plugin (its file or upload name).
+        name: String,
+        /// The limit, in bytes.
+        bytes: u64,
+    },
     /// Too many uploads wait to be compiled.
     #[error("{0}")]
     Busy(String),
     /// The host could not run the compiler.
     #[error("the host could not compile plugin `{name}`: {reason}")]
-    Host { name: String, reason: String },
+    Host {
+        /// The plugin (its file or upload name).
+        name: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl CompileError {

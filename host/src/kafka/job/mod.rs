@@ -1,0 +1,259 @@
+//! The Kafka job loop: consume, run the plugin, commit on the interval;
+//! restore state when partitions arrive, abort the in-flight transaction
+//! before partitions leave, and rebuild the clients when Kafka fails.
+
+mod commit;
+mod instance_id;
+mod progress;
+mod rebalance;
+mod session;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::error::KafkaError;
+
+use super::changelog::{RestoreError, Restorer};
+use super::committer::{KafkaCommitError, MAX_KAFKA_VALUE_BYTES};
+use super::topics::{self, TopicLayout};
+use super::KafkaJobError;
+use tally_core::hot_swap::{PluginSlot, SwapPolicy};
+use tally_core::observe::{JobObserver, RunSummary};
+use tally_core::plugin::{JobContext, LoadedPlugin, PluginError, Processor};
+use tally_core::state::StateStore;
+use tally_core::task::Task;
+use tally_core::transaction::Transaction;
+use tally_state_rocks::RocksStore;
+
+use crate::config::{JobConfig, KafkaConfig};
+use crate::lock::DirLock;
+use crate::task::TaskError;
+
+/// How long a transactional call (init, send offsets, commit, abort) may take.
+pub(super) const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a session start waits for a client to reach a learned broker
+/// (see [`topics::connect_to_cluster`]).
+pub(super) const CONNECT_BUDGET: Duration = Duration::from_secs(2);
+/// Longest an idle job loop waits for records before it looks at the
+/// consumer's own queue (rebalances, errors) again.
+pub(super) const IDLE_FETCH_WAIT: Duration = Duration::from_millis(10);
+/// Most events the job loop serves from the consumer's own queue before it
+/// reads records again.
+pub(super) const MAX_EVENTS_PER_TURN: usize = 1000;
+/// Longest wait between attempts to rebuild a failed session.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// How a Kafka job runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KafkaRunOptions {
+    /// Stop (after committing) once every assigned partition has been read
+    /// to its end; for tests, benchmarks and backfills.
+    pub until_caught_up: bool,
+}
+
+/// A Kafka job in this process: its plugin, its local state, and the loop
+/// that recovers from Kafka failures by rebuilding its clients.
+pub struct KafkaJob {
+    config: JobConfig,
+    kafka: KafkaConfig,
+    layout: TopicLayout,
+    store: Arc<dyn StateStore>,
+    task: Task,
+    instance: String,
+    /// The changelog restorer, made by the first session and kept: its
+    /// consumer never joins the group, so a new session can use it as it
+    /// is, and closing it costs 100 ms (rdkafka polls for the close in
+    /// steps of 100 ms).
+    restorer: Option<Arc<Restorer>>,
+    _lock: DirLock,
+}
+
+/// Why a session (one consumer and one producer) ended early.
+pub(super) enum SessionError {
+    /// Kafka failed, fenced us, or left a commit's outcome unknown: build
+    /// new clients, rejoin, restore, and go on.
+    Restart(Restart),
+    /// Retrying does not help.
+    Fatal(KafkaJobError),
+    /// The job was asked to stop during a plugin call: the open
+    /// transaction is aborted, and redone by the next run.
+    Stopped,
+}
+
+impl SessionError {
+    /// A failure of the job's own parts (its state, its plugin, its
+    /// configuration): retrying does not help.
+    pub(super) fn fatal(err: impl Into<TaskError>) -> SessionError {
+        SessionError::Fatal(KafkaJobError::Task(err.into()))
+    }
+}
+
+impl From<KafkaError> for SessionError {
+    fn from(err: KafkaError) -> Self {
+        SessionError::Restart(Restart::Kafka(err))
+    }
+}
+
+impl From<Restart> for SessionError {
+    fn from(restart: Restart) -> Self {
+        SessionError::Restart(restart)
+    }
+}
+
+/// What made a session restart; each says what failed. Retrying (new
+/// clients, a new group membership, a new restore) is the remedy for all.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Restart {
+    /// A Kafka call failed.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// A Kafka call, named, failed.
+    #[error("{doing} failed: {source}")]
+    Call { doing: &'static str, source: KafkaError },
+    /// A commit failed with its outcome unknown, or the producer was fenced.
+    #[error("commit failed, outcome unknown or fenced: {0}")]
+    Commit(#[source] KafkaCommitError),
+    /// Restoring state from the changelog failed.
+    #[error(transparent)]
+    Restore(RestoreError),
+    /// Reading the end of a changelog partition failed.
+    #[error("reading the end of changelog `{changelog}` partition {partition} failed: {source}")]
+    ChangelogEnd { changelog: String, partition: i32, source: KafkaError },
+    /// The consumer reported a fatal error (librdkafka's words).
+    #[error("the consumer failed: {0}")]
+    Consumer(String),
+    /// The restored state is behind the group's committed offsets, still
+    /// after the settle time.
+    #[error(
+        "group `{group}` has committed offset {group_offset} for `{topic}` partition {partition}, but the state restored from the \
+         changelog includes input only up to offset {included}. Either a transaction's commit markers have not reached the \
+         changelog yet (this clears by itself), or the changelog lost records (deleted or recreated) or the group is \
+         shared with another application; if it persists, stop the job and investigate before restarting it"
+    )]
+    StateBehind { group: String, topic: String, partition: i32, group_offset: i64, included: i64 },
+}
+
+/// How a session ended without error.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum SessionEnd {
+    Stopped,
+    CaughtUp,
+}
+
+impl KafkaJob {
+    /// Opens Kafka job `config` running `plugin`: locks its state
+    /// directory, and checks (or creates) its topics.
+    pub fn open(config: &JobConfig, plugin: &LoadedPlugin) -> Result<KafkaJob, KafkaJobError> {
+        KafkaJob::open_in(config, plugin, JobContext::new(&config.name))
+    }
+
+    /// Like [`KafkaJob::open`], with the plugin's instances in `context`
+    /// (stopped by its signal, seated in the host's CPU sharing).
+    pub fn open_in(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<KafkaJob, KafkaJobError> {
+        let make = plugin.processor_maker(config.limits, context.clone());
+        KafkaJob::open_with_in(config, context, make)
+    }
+
+    /// Like [`KafkaJob::open`], with the processor made by `make_processor`.
+    pub fn open_with(
+        config: &JobConfig,
+        make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
+    ) -> Result<KafkaJob, KafkaJobError> {
+        KafkaJob::open_with_in(config, JobContext::new(&config.name), make_processor)
+    }
+
+    fn open_with_in(
+        config: &JobConfig,
+        context: JobContext,
+        make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
+    ) -> Result<KafkaJob, KafkaJobError> {
+        config.validate().map_err(TaskError::from)?;
+        let kafka = config.kafka().map_err(TaskError::from)?.clone();
+        let processor = make_processor().map_err(TaskError::from)?;
+        let lock = DirLock::acquire(&kafka.state_dir).map_err(TaskError::from)?;
+        let instance = instance_id::instance_id(&kafka.state_dir).map_err(|message| KafkaJobError::Setup { job: config.name.clone(), message })?;
+        let layout = topics::prepare(config, &kafka)?;
+        let store: Arc<dyn StateStore> =
+            Arc::new(RocksStore::open(&kafka.state_dir.join("db")).map_err(TaskError::from)?);
+        let mut limits = config.limits;
+        limits.max_value_bytes = limits.max_value_bytes.min(MAX_KAFKA_VALUE_BYTES);
+        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits).with_emit(config.emit_per_output());
+        tracing::info!(job = %config.name, plugin = %processor.digest(), partitions = layout.partitions, instance = %instance, "Kafka job opened");
+        Ok(KafkaJob {
+            config: config.clone(),
+            kafka,
+            layout,
+            store,
+            task: Task::new(&config.name, processor, txn, context, config.commit_interval()),
+            instance,
+            restorer: None,
+            _lock: lock,
+        })
+    }
+
+    /// Lets new plugin versions pushed into `slot` be swapped in at
+    /// transaction boundaries, and reports commits and swaps to `observer`.
+    pub fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
+        self.task.attach(slot, self.config.limits, policy, observer);
+    }
+
+    /// The job's committed state: each key starts with its input
+    /// partition's [`namespace`].
+    pub fn store(&self) -> Arc<dyn StateStore> {
+        self.store.clone()
+    }
+
+    /// Number of input partitions (state namespaces).
+    pub fn partitions(&self) -> i32 {
+        self.layout.partitions
+    }
+
+    /// Digest of the plugin version running now.
+    pub fn plugin_digest(&self) -> &str {
+        self.task.plugin_digest()
+    }
+
+    /// Runs until `stop` is set (or, with `until_caught_up`, until the
+    /// assigned partitions are read to their end), committing what it
+    /// processed before returning. Kafka failures rebuild the clients and
+    /// go on; only failures retrying cannot fix end the run.
+    pub fn run_until(&mut self, stop: &AtomicBool, options: KafkaRunOptions) -> Result<RunSummary, KafkaJobError> {
+        let started = Instant::now();
+        let mut summary = RunSummary::default();
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            let session_started = Instant::now();
+            match self.run_session(stop, options, &mut summary) {
+                Ok(end) => {
+                    summary.stopped_early = end == SessionEnd::Stopped;
+                    break;
+                }
+                Err(SessionError::Fatal(err)) => return Err(err),
+                Err(SessionError::Stopped) => {
+                    summary.stopped_early = true;
+                    break;
+                }
+                Err(SessionError::Restart(reason)) => {
+                    tracing::warn!(job = %self.config.name, %reason, "Kafka session failed; rejoining the group and restoring state");
+                    if session_started.elapsed() > Duration::from_secs(30) {
+                        backoff = Duration::from_millis(250);
+                    }
+                    let resume_at = Instant::now() + backoff;
+                    self.task.context().idle();
+                    while Instant::now() < resume_at {
+                        if stop.load(Ordering::Relaxed) {
+                            summary.stopped_early = true;
+                            summary.elapsed = started.elapsed();
+                            return Ok(summary);
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+        summary.elapsed = started.elapsed();
+        Ok(summary)
+    }
+}

@@ -1,0 +1,128 @@
+//! Tally's durable state: [`RocksStore`], the RocksDB backend of
+//! [`tally_core::state::StateStore`]. Its tests run the core's conformance
+//! suite, the same one the in-memory store passes.
+#![warn(missing_docs)]
+
+use std::path::Path;
+
+use tally_core::state::{Entry, StateError, StateStore, StoreCommit};
+
+/// Column family of the plugin's state.
+const STATE_CF: &str = "state";
+/// Column family of the host's metadata.
+const META_CF: &str = "meta";
+
+fn read_error(err: rocksdb::Error) -> StateError {
+    StateError::Read(Box::new(err))
+}
+
+/// The RocksDB backend: one column family per namespace, every commit one
+/// synced `WriteBatch`.
+pub struct RocksStore {
+    db: rocksdb::DB,
+}
+
+impl RocksStore {
+    /// Opens (creating if needed) the store in directory `path`.
+    pub fn open(path: &Path) -> Result<RocksStore, StateError> {
+        let mut options = rocksdb::Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        let db = rocksdb::DB::open_cf(&options, path, [STATE_CF, META_CF])
+            .map_err(|err| StateError::Open { path: path.to_path_buf(), source: Box::new(err) })?;
+        Ok(RocksStore { db })
+    }
+
+    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(name).expect("column families are created on open")
+    }
+
+    fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
+        let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
+        let mut entries = Vec::new();
+        for item in self.db.iterator_cf(self.cf(cf), mode) {
+            let (key, value) = item.map_err(read_error)?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            entries.push((key.into_vec(), value.into_vec()));
+        }
+        Ok(entries)
+    }
+}
+
+impl StateStore for RocksStore {
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+        let cf = self.cf(STATE_CF);
+        self.db
+            .batched_multi_get_cf(cf, keys.iter(), false)
+            .into_iter()
+            .map(|value| value.map(|value| value.map(|slice| slice.to_vec())).map_err(read_error))
+            .collect()
+    }
+
+    fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.db.get_cf(self.cf(META_CF), key).map_err(read_error)
+    }
+
+    fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
+        self.scan(META_CF, prefix)
+    }
+
+    fn scan_state(&self) -> Result<Vec<Entry>, StateError> {
+        self.scan(STATE_CF, b"")
+    }
+
+    fn commit(&self, commit: StoreCommit) -> Result<(), StateError> {
+        let mut batch = rocksdb::WriteBatch::default();
+        let (state, meta) = (self.cf(STATE_CF), self.cf(META_CF));
+        for (key, value) in &commit.state {
+            match value {
+                Some(value) => batch.put_cf(state, key, value),
+                None => batch.delete_cf(state, key),
+            }
+        }
+        for (key, value) in &commit.meta {
+            batch.put_cf(meta, key, value);
+        }
+        let mut options = rocksdb::WriteOptions::default();
+        options.set_sync(true);
+        self.db.write_opt(batch, &options).map_err(|err| StateError::Commit(Box::new(err)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_core::state::conformance;
+
+    #[test]
+    fn rocks_store_meets_the_core_conformance_suite() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut next = 0;
+        conformance::run(|| {
+            next += 1;
+            RocksStore::open(&dir.path().join(next.to_string())).unwrap()
+        });
+    }
+
+    #[test]
+    fn rocks_store_keeps_commits_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = RocksStore::open(dir.path()).unwrap();
+            store.commit(StoreCommit { state: vec![(b"k".to_vec(), Some(b"v".to_vec()))], meta: vec![] }).unwrap();
+        }
+        let store = RocksStore::open(dir.path()).unwrap();
+        assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"v".to_vec())]);
+    }
+
+    #[test]
+    fn an_unopenable_directory_names_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-directory");
+        std::fs::write(&file, "x").unwrap();
+        let err = RocksStore::open(&file).err().expect("a file is no store directory").to_string();
+        assert!(err.contains("not-a-directory"), "{err}");
+    }
+}
