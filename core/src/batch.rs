@@ -1,5 +1,5 @@
 //! One batch of events through the plugin into the transaction, so that a
-//! bad event costs only itself (DESIGN invariant 5).
+//! bad event costs only itself (invariant 5 of `docs/architecture.md`).
 //!
 //! - A batch's first call gets the job's per-batch limits: CPU
 //!   (`limits.cpu_budget_ms`), output and state bytes.
@@ -284,6 +284,9 @@ fn reject(txn: &mut Transaction, events: &[Event], rejections: &[Rejection], out
     }
     rest
 }
+
+/// How many of an oversized record's first bytes its dead letter keeps.
+pub const OVERSIZED_PREFIX_BYTES: usize = 1024;
 
 /// Dead-letters a record over `limit` (`limits.max_record_bytes`) without
 /// running it; `prefix` is what was kept of it (its first bytes).

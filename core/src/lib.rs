@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+pub mod commit;
 pub mod fair_share;
 pub mod files;
 pub mod hot_swap;

@@ -1,5 +1,5 @@
 //! The state overlay: a transaction's state changes, held in memory until
-//! the transaction commits (DESIGN invariant 2: local state is never ahead
+//! the transaction commits (invariant 2 of `docs/architecture.md`: local state is never ahead
 //! of the log).
 //!
 //! Four layers, read newest first:

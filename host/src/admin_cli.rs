@@ -1,11 +1,14 @@
 //! The admin commands of the `tally` CLI: tables for people, `--json` for
-//! scripts, over [`tally_host::client::AdminClient`].
+//! scripts, over [`tally_host::client::AdminClient`] and the API's own
+//! types (`tally_host::serve::wire`).
 
 use std::path::Path;
 
 use anyhow::Context;
+use serde::Serialize;
 use serde_json::Value;
 use tally_host::client::AdminClient;
+use tally_host::serve::wire::JobStatus;
 
 use crate::{Admin, AdminJobsCommand as JobsCommand};
 
@@ -22,16 +25,16 @@ pub fn jobs(admin: &Admin, command: JobsCommand) -> anyhow::Result<()> {
             if json {
                 return print_json(&jobs);
             }
-            let rows: Vec<Vec<String>> = as_array(&jobs)
+            let rows: Vec<Vec<String>> = jobs
                 .iter()
                 .map(|job| {
                     vec![
-                        text(&job["name"]),
-                        text(&job["mode"]),
-                        text(&job["state"]),
-                        short_digest(&text(&job["plugin"])),
-                        text(&job["records"]),
-                        format!("{}/s", text(&job["throughput"])),
+                        job.name.clone(),
+                        wire_name(&job.mode),
+                        wire_name(&job.state),
+                        short_digest(&job.plugin),
+                        job.records.to_string(),
+                        format!("{}/s", decimal(job.throughput)),
                         lag(job),
                     ]
                 })
@@ -83,7 +86,7 @@ pub fn push(admin: &Admin, job: &str, file: &Path, json: bool) -> anyhow::Result
     if json {
         return print_json(&version);
     }
-    println!("pushed {} to `{job}`: it is swapped in at the next commit, and rolled back if it fails there", text(&version["digest"]));
+    println!("pushed {} to `{job}`: it is swapped in at the next commit, and rolled back if it fails there", version.digest);
     println!("see how it went with `tally jobs status {job}` or `tally plugin history {job}`");
     Ok(())
 }
@@ -94,10 +97,11 @@ pub fn history(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(&versions);
     }
-    let rows: Vec<Vec<String>> = as_array(&versions)
+    let rows: Vec<Vec<String>> = versions
         .iter()
         .map(|version| {
-            vec![text(&version["digest"]), text(&version["size"]), text(&version["pushed_at"]), text(&version["status"]), text(&version["reason"])]
+            let reason = version.reason.clone().unwrap_or_default();
+            vec![version.digest.clone(), version.size.to_string(), version.pushed_at.to_string(), wire_name(&version.status), reason]
         })
         .collect();
     print_table(&["DIGEST", "BYTES", "PUSHED (UNIX S)", "STATUS", "REASON"], &rows);
@@ -110,7 +114,7 @@ pub fn rollback(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(&version);
     }
-    println!("pushed the previous version {} to `{job}`: it is swapped in at the next commit", text(&version["digest"]));
+    println!("pushed the previous version {} to `{job}`: it is swapped in at the next commit", version.digest);
     Ok(())
 }
 
@@ -120,56 +124,76 @@ pub fn state_get(admin: &Admin, job: &str, key: &str, json: bool) -> anyhow::Res
     if json {
         return print_json(&value);
     }
-    println!("{}", text(&value["value"]));
+    // The plugin's own value: text as it is, other JSON as JSON.
+    match &value.value {
+        Value::String(text) => println!("{text}"),
+        other => println!("{other}"),
+    }
     Ok(())
 }
 
-fn print_status(status: &Value, json: bool) -> anyhow::Result<()> {
+fn print_status(status: &JobStatus, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(status);
     }
-    let fields = [
-        "name", "mode", "state", "plugin", "pending_plugin", "on_trial", "records", "throughput", "commits", "rollbacks", "cpu_seconds",
-        "traps", "cpu_budget_breaches", "log_lines_dropped", "demoted", "last_plugin_failure", "last_swap", "last_error",
+    let fields: [(&str, Option<String>); 18] = [
+        ("name", Some(status.name.clone())),
+        ("mode", Some(wire_name(&status.mode))),
+        ("state", Some(wire_name(&status.state))),
+        ("plugin", Some(status.plugin.clone())),
+        ("pending_plugin", status.pending_plugin.clone()),
+        ("on_trial", status.on_trial.clone()),
+        ("records", Some(status.records.to_string())),
+        ("throughput", Some(decimal(status.throughput))),
+        ("commits", Some(status.commits.to_string())),
+        ("rollbacks", Some(status.rollbacks.to_string())),
+        ("cpu_seconds", Some(decimal(status.cpu_seconds))),
+        ("traps", Some(status.traps.to_string())),
+        ("cpu_budget_breaches", Some(status.cpu_budget_breaches.to_string())),
+        ("log_lines_dropped", Some(status.log_lines_dropped.to_string())),
+        ("demoted", Some(status.demoted.to_string())),
+        ("last_plugin_failure", status.last_plugin_failure.clone()),
+        ("last_swap", status.last_swap.clone()),
+        ("last_error", status.last_error.clone()),
     ];
-    for field in fields {
-        let value = &status[field];
-        if !value.is_null() {
-            println!("{:<15} {}", format!("{field}:"), text(value));
+    for (field, value) in fields {
+        if let Some(value) = value {
+            println!("{:<15} {value}", format!("{field}:"));
         }
     }
     println!("{:<15} {}", "lag:", lag(status));
     Ok(())
 }
 
-fn lag(status: &Value) -> String {
-    match &status["lag"] {
-        Value::Null => "-".into(),
-        lag => format!("{} {}", text(lag), text(&status["lag_unit"])),
+fn lag(status: &JobStatus) -> String {
+    match status.lag {
+        None => "-".into(),
+        Some(lag) => format!("{lag} {}", wire_name(&status.lag_unit)),
     }
 }
 
-fn print_json(value: &Value) -> anyhow::Result<()> {
+/// The name a value goes by in the API (`running`, `kafka`, `rolled_back`).
+fn wire_name<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(name)) => name,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+/// A decimal as the API writes it (`0.0`, `12.5`).
+fn decimal(value: f64) -> String {
+    serde_json::Number::from_f64(value).map_or_else(|| value.to_string(), |number| number.to_string())
+}
+
+fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
-}
-
-fn as_array(value: &Value) -> &[Value] {
-    value.as_array().map_or(&[], Vec::as_slice)
-}
-
-fn text(value: &Value) -> String {
-    match value {
-        Value::String(text) => text.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
 }
 
 fn short_digest(digest: &str) -> String {
     digest.get(..19).unwrap_or(digest).to_string()
 }
-
 fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|header| header.len()).collect();
     for row in rows {

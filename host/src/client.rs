@@ -1,9 +1,13 @@
-//! A client of `tally serve`'s admin API, for the CLI and for tests.
+//! A client of `tally serve`'s admin API, for the CLI and for tests. Its
+//! answers are the server's own types ([`crate::serve::wire`]).
 
 use std::time::Duration;
 
 use base64::Engine as _;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+use crate::serve::wire::{Deleted, JobStatus, PluginVersion, StateValue};
 
 /// The admin API's address when none is given.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
@@ -13,10 +17,20 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
 pub enum ClientError {
     /// The host answered with an error status; `message` says why.
     #[error("{message} (HTTP {status})")]
-    Refused { status: u16, message: String },
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// What is wrong, and the fix.
+        message: String,
+    },
     /// The host could not be reached or answered something unreadable.
     #[error("cannot talk to the Tally host at {server}: {reason}; is `tally serve` running there? (--server or TALLY_SERVER)")]
-    Unreachable { server: String, reason: String },
+    Unreachable {
+        /// The host's address.
+        server: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl ClientError {
@@ -79,56 +93,65 @@ impl AdminClient {
         Ok(value)
     }
 
+    /// Sends a request and reads the answer as `T`.
+    fn typed<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<T, ClientError> {
+        let value = self.request(method, path, body)?;
+        serde_json::from_value(value).map_err(|err| ClientError::Unreachable {
+            server: self.server.clone(),
+            reason: format!("the answer to {method} {path} is not what this client reads ({err}); is the host the same Tally version?"),
+        })
+    }
+
     /// The tenant's jobs.
-    pub fn list(&self) -> Result<Value, ClientError> {
-        self.request("GET", "/v1/jobs", None)
+    pub fn list(&self) -> Result<Vec<JobStatus>, ClientError> {
+        self.typed("GET", "/v1/jobs", None)
     }
 
     /// One job's status.
-    pub fn status(&self, job: &str) -> Result<Value, ClientError> {
-        self.request("GET", &format!("/v1/jobs/{job}"), None)
+    pub fn status(&self, job: &str) -> Result<JobStatus, ClientError> {
+        self.typed("GET", &format!("/v1/jobs/{job}"), None)
     }
 
     /// Deploys a job file with its plugin component.
-    pub fn deploy(&self, job_toml: &str, plugin: &[u8]) -> Result<Value, ClientError> {
+    pub fn deploy(&self, job_toml: &str, plugin: &[u8]) -> Result<JobStatus, ClientError> {
         let body = serde_json::json!({ "job": job_toml, "plugin": base64::engine::general_purpose::STANDARD.encode(plugin) });
-        self.request("POST", "/v1/jobs", Some(("application/json", body.to_string().into_bytes())))
+        self.typed("POST", "/v1/jobs", Some(("application/json", body.to_string().into_bytes())))
     }
 
     /// Pauses a job.
-    pub fn pause(&self, job: &str) -> Result<Value, ClientError> {
-        self.request("POST", &format!("/v1/jobs/{job}/pause"), None)
+    pub fn pause(&self, job: &str) -> Result<JobStatus, ClientError> {
+        self.typed("POST", &format!("/v1/jobs/{job}/pause"), None)
     }
 
     /// Resumes a job.
-    pub fn resume(&self, job: &str) -> Result<Value, ClientError> {
-        self.request("POST", &format!("/v1/jobs/{job}/resume"), None)
+    pub fn resume(&self, job: &str) -> Result<JobStatus, ClientError> {
+        self.typed("POST", &format!("/v1/jobs/{job}/resume"), None)
     }
 
     /// Deletes a job.
-    pub fn delete(&self, job: &str) -> Result<Value, ClientError> {
-        self.request("DELETE", &format!("/v1/jobs/{job}"), None)
+    pub fn delete(&self, job: &str) -> Result<Deleted, ClientError> {
+        self.typed("DELETE", &format!("/v1/jobs/{job}"), None)
     }
 
     /// Pushes a plugin version into a running job.
-    pub fn push(&self, job: &str, plugin: &[u8]) -> Result<Value, ClientError> {
-        self.request("POST", &format!("/v1/jobs/{job}/plugin"), Some(("application/wasm", plugin.to_vec())))
+    pub fn push(&self, job: &str, plugin: &[u8]) -> Result<PluginVersion, ClientError> {
+        self.typed("POST", &format!("/v1/jobs/{job}/plugin"), Some(("application/wasm", plugin.to_vec())))
     }
 
     /// Every plugin version pushed to a job.
-    pub fn history(&self, job: &str) -> Result<Value, ClientError> {
-        self.request("GET", &format!("/v1/jobs/{job}/plugin/history"), None)
+    pub fn history(&self, job: &str) -> Result<Vec<PluginVersion>, ClientError> {
+        self.typed("GET", &format!("/v1/jobs/{job}/plugin/history"), None)
     }
 
     /// Goes back to the job's previous plugin version.
-    pub fn rollback(&self, job: &str) -> Result<Value, ClientError> {
-        self.request("POST", &format!("/v1/jobs/{job}/plugin/rollback"), None)
+    pub fn rollback(&self, job: &str) -> Result<PluginVersion, ClientError> {
+        self.typed("POST", &format!("/v1/jobs/{job}/plugin/rollback"), None)
     }
 
     /// One committed state value of a job.
-    pub fn state_get(&self, job: &str, key: &str) -> Result<Value, ClientError> {
+    pub fn state_get(&self, job: &str, key: &str) -> Result<StateValue, ClientError> {
         let key = percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC);
-        self.request("GET", &format!("/v1/jobs/{job}/state?key={key}"), None)
+        self.typed("GET", &format!("/v1/jobs/{job}/state?key={key}"), None)
     }
 
     /// The host's metrics in Prometheus text format.

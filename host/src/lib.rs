@@ -1,8 +1,7 @@
 //! Tally's host: the drivers that run a job over real inputs and outputs,
 //! on the engine in `tally-core`, and `tally serve`.
 //!
-//! - Local mode (NDJSON files): [`source`] → [`task`] → [`committer`] →
-//!   [`sink`], state in `tally-state-rocks`.
+//! - Local mode (NDJSON files): [`local`], state in `tally-state-rocks`.
 //! - Kafka mode (topics, exactly once by Kafka transactions): [`kafka`].
 //! - Many tenants' jobs in one process, with an admin API: [`serve`].
 //! - The admin API's client: [`client`].
@@ -12,7 +11,7 @@
 //!
 //! ```no_run
 //! use tally_core::plugin::PluginRuntime;
-//! use tally_host::{config::JobConfig, task::LocalTask};
+//! use tally_host::{config::JobConfig, local::LocalTask};
 //!
 //! let job = JobConfig::from_file("billing.toml".as_ref())?;
 //! let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
@@ -21,13 +20,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod client;
-pub mod committer;
 pub mod config;
 pub mod kafka;
+pub mod local;
 pub mod lock;
-pub mod metrics;
+mod metrics;
 pub mod serve;
-pub mod sink;
-pub mod source;
-pub mod task;

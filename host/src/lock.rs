@@ -17,10 +17,20 @@ pub enum LockError {
         "directory `{}` is in use by another tally process{holder}; stop it first, or give this run other state and output directories",
         dir.display()
     )]
-    Held { dir: PathBuf, holder: String },
+    Held {
+        /// The directory.
+        dir: PathBuf,
+        /// Who holds it, as its lock file says.
+        holder: String,
+    },
     /// The lock file could not be created.
     #[error("cannot lock directory `{}`: {source}", dir.display())]
-    Io { dir: PathBuf, source: std::io::Error },
+    Io {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// An exclusive lock on a directory, released when dropped (or when the

@@ -15,7 +15,7 @@ use tally_host::kafka::{KafkaJob, KafkaRunOptions};
 use tally_core::plugin::{LoadedPlugin, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
 use tally_core::state::StateStore;
 use tally_state_rocks::RocksStore;
-use tally_host::task::LocalTask;
+use tally_host::local::task::LocalTask;
 
 /// mimalloc instead of glibc's malloc: the job loop allocates and frees
 /// millions of small buffers a second, and glibc spent ~15% of the billing
@@ -297,8 +297,8 @@ pub(crate) struct Admin {
 fn serve(config: &Path, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let config = tally_host::serve::config::HostConfig::from_file(config)?;
     let worker = std::env::current_exe().context("finding the `tally` binary, which compiles uploads")?;
-    let host = tally_host::serve::Host::open(config, worker).map_err(anyhow::Error::msg)?;
-    tally_host::serve::api::serve(host, stop).map_err(anyhow::Error::msg)?;
+    let host = tally_host::serve::Host::open(config, worker)?;
+    tally_host::serve::api::serve(host, stop)?;
     println!("stopped: every job committed what it had processed");
     Ok(())
 }

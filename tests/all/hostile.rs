@@ -1,5 +1,5 @@
-//! A hostile tenant cannot hurt the host or another tenant (DESIGN
-//! invariant 8): misbehaving plugins beside a neighbour's billing job, and
+//! A hostile tenant cannot hurt the host or another tenant (invariant 8
+//! of `docs/architecture.md`): misbehaving plugins beside a neighbour's billing job, and
 //! a looping plugin stopped by pause, delete and SIGTERM. Each case checks
 //! the promise: the host is up and answers, the neighbour's totals are
 //! exact, only the culprit is dead-lettered with a reason naming the limit
@@ -10,8 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tally_host::client::AdminClient;
-use tally_tests::serve::{local_job, number, wait_for, ServeHost, ACME, GLOBEX};
+use tally_tests::serve::{local_job, number, wait_for, JsonApi, ServeHost, ACME, GLOBEX};
 use tally_tests::usage_lines;
 
 use crate::plugins;
@@ -202,7 +201,7 @@ fn hostile_plugins_cannot_hurt_the_host_the_neighbour_or_what_was_committed() {
 
 /// A job whose plugin loops on every event, with a long budget: a batch
 /// would hold it for many seconds without the host stopping it mid-call.
-fn deploy_looping(host: &ServeHost, client: &AdminClient, name: &str) {
+fn deploy_looping(host: &ServeHost, client: &JsonApi, name: &str) {
     let lines: Vec<String> = (0..50).map(|_| command("z", "loop", 0)).collect();
     std::fs::write(host.inputs("acme").join(format!("{name}.ndjson")), lines.join("\n") + "\n").unwrap();
     let settings = "[limits]\ncpu_budget_ms = 10000\nmax_failures_in_a_row = 1000";

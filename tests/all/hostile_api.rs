@@ -7,8 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use tally_host::client::AdminClient;
-use tally_tests::serve::{local_job, ServeHost, ACME};
+use tally_tests::serve::{local_job, JsonApi, ServeHost, ACME};
 use tally_tests::usage_lines;
 
 use crate::plugins;
@@ -40,7 +39,7 @@ fn send(host: &ServeHost, request: &[u8]) -> Option<String> {
 /// The API answers a plain request at once.
 fn answers(host: &ServeHost) {
     let started = Instant::now();
-    let client = AdminClient::new(&host.server, None);
+    let client = JsonApi::new(&host.server, None);
     client.request("GET", "/healthz", None).unwrap_or_else(|err| panic!("the API stopped answering: {err}\n{}", host.log()));
     host.client(ACME).list().unwrap_or_else(|err| panic!("the API stopped answering a tenant: {err}\n{}", host.log()));
     assert!(started.elapsed() < Duration::from_secs(5), "the API took {:?} to answer", started.elapsed());

@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tally_host::client::AdminClient;
-use tally_tests::serve::{append_lines, local_job, number, wait_for, ServeHost, ACME, GLOBEX, METRICS};
+use tally_tests::serve::{append_lines, local_job, number, wait_for, JsonApi, ServeHost, ACME, GLOBEX, METRICS};
 use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, UsageLine};
 
 use crate::plugins;
@@ -25,12 +24,12 @@ pub(crate) fn write_input(host: &ServeHost, tenant: &str, file: &str, lines: &[U
 }
 
 /// The names of the jobs `client`'s tenant sees, as listed.
-pub(crate) fn job_names(client: &AdminClient) -> Vec<String> {
+pub(crate) fn job_names(client: &JsonApi) -> Vec<String> {
     client.list().unwrap().as_array().unwrap().iter().map(|job| job["name"].as_str().unwrap().to_string()).collect()
 }
 
 /// Waits until the job's committed records reach `records` and nothing is left to read.
-pub(crate) fn wait_caught_up(client: &AdminClient, job: &str, records: u64, host: &ServeHost) {
+pub(crate) fn wait_caught_up(client: &JsonApi, job: &str, records: u64, host: &ServeHost) {
     wait_for(&format!("job `{job}` to commit {records} records"), Duration::from_secs(120), || {
         let status = client.status(job).unwrap();
         assert_ne!(status["state"], "failed", "job `{job}` failed: {status}\n{}", host.log());
@@ -80,13 +79,13 @@ fn a_tenant_cannot_see_or_touch_another_tenants_jobs() {
         ("rollback", globex.rollback("billing")),
         ("delete", globex.delete("billing")),
     ];
-    let missing = refused(AdminClient::new(&host.server, Some(GLOBEX)).status("no-such-job"));
+    let missing = refused(JsonApi::new(&host.server, Some(GLOBEX)).status("no-such-job"));
     for (what, result) in attempts {
         let (status, message) = refused(result);
         assert_eq!(status, 404, "{what}: {message}");
         assert_eq!(message, missing.1.replace("no-such-job", "billing"), "{what}: another tenant's job must look like no job at all");
     }
-    for (client, why) in [(AdminClient::new(&host.server, None), "no token"), (host.client("not-a-token-at-all"), "a wrong token")] {
+    for (client, why) in [(JsonApi::new(&host.server, None), "no token"), (host.client("not-a-token-at-all"), "a wrong token")] {
         for result in [client.list(), client.status("billing"), client.delete("billing")] {
             let (status, message) = refused(result);
             assert_eq!(status, 401, "{why}: {message}");
@@ -144,7 +143,7 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
         ("import not allowed", acme.deploy(&good_job, &plugin(plugins::IMPORTS_SOCKETS)), 422, "wasi:sockets"),
         ("wrong WIT version", acme.deploy(&good_job, &plugin(plugins::WRONG_WIT_VERSION)), 422, "0.1.0"),
         ("oversized upload", acme.deploy(&good_job, &vec![0u8; 700_000]), 413, "max_upload_bytes"),
-        ("missing token", AdminClient::new(&host.server, None).deploy(&good_job, &billing), 401, "Authorization"),
+        ("missing token", JsonApi::new(&host.server, None).deploy(&good_job, &billing), 401, "Authorization"),
         ("not JSON", acme.request("POST", "/v1/jobs", Some(("application/json", b"{oops".to_vec()))), 400, "must be JSON"),
         ("existing name", acme.deploy(&local_job("billing", &["usage.ndjson"], ""), &billing), 409, "already exists"),
         ("push of a non-component", acme.push("billing", b"not wasm at all"), 422, "not a WebAssembly file"),

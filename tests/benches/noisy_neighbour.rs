@@ -16,8 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tally_host::client::AdminClient;
-use tally_tests::serve::{local_job, number, wait_for, ServeHost, ACME, GLOBEX};
+use tally_tests::serve::{local_job, number, wait_for, JsonApi, ServeHost, ACME, GLOBEX};
 use tally_tests::usage_lines;
 
 #[allow(dead_code)] // the benchmark uses the billing and hostile plugins only
@@ -55,7 +54,7 @@ fn process_cpu(pid: u32) -> Duration {
 /// Deploys the good job over `input` and measures its rate: committed
 /// records per second between 10% and 90% of `events`; also returns how
 /// many cores the host used meanwhile.
-fn good_rate(host: &ServeHost, acme: &AdminClient, name: &str, events: u64) -> (f64, f64) {
+fn good_rate(host: &ServeHost, acme: &JsonApi, name: &str, events: u64) -> (f64, f64) {
     acme.deploy(&local_job(name, &["usage.ndjson"], ""), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
     let (low, high) = (events / 10, events * 9 / 10);
     let mut first: Option<(Instant, u64, Duration)> = None;

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use serde_json::Value;
-use tally_host::client::AdminClient;
+use tally_host::client::{AdminClient, ClientError};
 
 use crate::tally_binary;
 
@@ -80,13 +81,13 @@ impl ServeHost {
             .spawn()
             .expect("starting tally serve");
         self.child = Some(child);
-        let anonymous = AdminClient::new(&self.server, None);
+        let anonymous = JsonApi::new(&self.server, None);
         wait_for("the host to answer", Duration::from_secs(60), || anonymous.request("GET", "/healthz", None).is_ok());
     }
 
     /// A client with `token`.
-    pub fn client(&self, token: &str) -> AdminClient {
-        AdminClient::new(&self.server, Some(token))
+    pub fn client(&self, token: &str) -> JsonApi {
+        JsonApi::new(&self.server, Some(token))
     }
 
     /// The directory of a tenant's local inputs.
@@ -179,4 +180,79 @@ pub fn append_lines(path: &Path, lines: &[crate::UsageLine]) {
     }
     let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
     file.write_all(text.as_bytes()).unwrap();
+}
+
+/// The admin API as any HTTP client sees it: JSON. The end-to-end tests
+/// check the wire format with it, not the Rust types the CLI reads it into.
+pub struct JsonApi {
+    client: AdminClient,
+}
+
+impl JsonApi {
+    /// A client of the host at `server` using `token`.
+    pub fn new(server: &str, token: Option<&str>) -> JsonApi {
+        JsonApi { client: AdminClient::new(server, token) }
+    }
+
+    /// Sends a request; the JSON (or text, as a JSON string) answer.
+    pub fn request(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, ClientError> {
+        self.client.request(method, path, body)
+    }
+
+    /// `GET /v1/jobs`
+    pub fn list(&self) -> Result<Value, ClientError> {
+        self.request("GET", "/v1/jobs", None)
+    }
+
+    /// `GET /v1/jobs/<job>`
+    pub fn status(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("GET", &format!("/v1/jobs/{job}"), None)
+    }
+
+    /// `POST /v1/jobs`
+    pub fn deploy(&self, job_toml: &str, plugin: &[u8]) -> Result<Value, ClientError> {
+        let body = serde_json::json!({ "job": job_toml, "plugin": base64::engine::general_purpose::STANDARD.encode(plugin) });
+        self.request("POST", "/v1/jobs", Some(("application/json", body.to_string().into_bytes())))
+    }
+
+    /// `POST /v1/jobs/<job>/pause`
+    pub fn pause(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("POST", &format!("/v1/jobs/{job}/pause"), None)
+    }
+
+    /// `POST /v1/jobs/<job>/resume`
+    pub fn resume(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("POST", &format!("/v1/jobs/{job}/resume"), None)
+    }
+
+    /// `DELETE /v1/jobs/<job>`
+    pub fn delete(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("DELETE", &format!("/v1/jobs/{job}"), None)
+    }
+
+    /// `POST /v1/jobs/<job>/plugin`
+    pub fn push(&self, job: &str, plugin: &[u8]) -> Result<Value, ClientError> {
+        self.request("POST", &format!("/v1/jobs/{job}/plugin"), Some(("application/wasm", plugin.to_vec())))
+    }
+
+    /// `GET /v1/jobs/<job>/plugin/history`
+    pub fn history(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("GET", &format!("/v1/jobs/{job}/plugin/history"), None)
+    }
+
+    /// `POST /v1/jobs/<job>/plugin/rollback`
+    pub fn rollback(&self, job: &str) -> Result<Value, ClientError> {
+        self.request("POST", &format!("/v1/jobs/{job}/plugin/rollback"), None)
+    }
+
+    /// `GET /v1/jobs/<job>/state?key=<key>`
+    pub fn state_get(&self, job: &str, key: &str) -> Result<Value, ClientError> {
+        let key = percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC);
+        self.request("GET", &format!("/v1/jobs/{job}/state?key={key}"), None)
+    }
+
+    /// `GET /metrics`
+    pub fn metrics(&self) -> Result<String, ClientError> {
+        self.client.metrics()
+    }
 }

@@ -7,7 +7,7 @@
 //! - `o` + input topic: the next input offset the state includes, written
 //!   in every transaction that read from that topic's partition `p`. It is
 //!   how a restored state knows which input it already counted, so an
-//!   out-of-band rewind of the group's offsets is caught (DESIGN invariant 6).
+//!   out-of-band rewind of the group's offsets is caught (invariant 6 of `docs/architecture.md`).
 //!
 //! RocksDB keeps, next to the state, the same "included" offsets and a
 //! checkpoint per partition: the changelog offset to restore from.
@@ -48,14 +48,33 @@ pub fn read_offset(store: &dyn StateStore, key: &[u8]) -> Result<Option<i64>, St
 pub enum RestoreError {
     /// Reading the changelog failed (retry later).
     #[error("restoring from changelog `{topic}` failed: {source}")]
-    Kafka { topic: String, source: KafkaError },
+    Kafka {
+        /// The topic.
+        topic: String,
+        /// Why.
+        source: KafkaError,
+    },
     /// The changelog did not reach its end in time (retry later).
     #[error("restoring from changelog `{topic}` did not reach the end of partition(s) {partitions:?} within {seconds} s")]
-    Stuck { topic: String, partitions: Vec<i32>, seconds: u64 },
+    Stuck {
+        /// The topic.
+        topic: String,
+        /// The partitions.
+        partitions: Vec<i32>,
+        /// How long, in seconds.
+        seconds: u64,
+    },
     /// The changelog holds a record Tally did not write.
     #[error("changelog `{topic}` partition {partition} offset {offset} holds a record Tally did not write; \
              the changelog topic must belong to this job alone")]
-    Foreign { topic: String, partition: i32, offset: i64 },
+    Foreign {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The offset.
+        offset: i64,
+    },
     /// Writing the restored state failed.
     #[error(transparent)]
     State(#[from] StateError),

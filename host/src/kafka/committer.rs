@@ -17,6 +17,7 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 
 use super::keys::{checkpoint_key, included_key, split_namespaced, split_source_id, ChangelogKey};
 use crate::config::Guarantee;
+use tally_core::commit::TwoPhaseCommitter;
 use tally_core::state::{StateError, StateStore, StoreCommit};
 use tally_core::transaction::{SourcePosition, Transaction};
 
@@ -457,5 +458,48 @@ impl KafkaCommitter {
             self.producer.abort_transaction(self.timeout)?;
         }
         Ok(())
+    }
+}
+
+/// A session's committer and consumer: the two phases of a Kafka commit.
+/// [`TwoPhaseCommitter::prepare`] sends the transaction's records and
+/// offsets ([`KafkaCommitter::send_transaction`], on the job loop);
+/// [`TwoPhaseCommitter::commit`] commits the Kafka transaction and then
+/// applies the state to RocksDB ([`KafkaCommitter::commit_sent`], on the
+/// session's commit thread, while the next transaction runs).
+pub struct KafkaTransactions<'s, C: ConsumerContext> {
+    /// The producer's side.
+    pub committer: &'s KafkaCommitter,
+    /// The consumer whose group the offsets are committed for.
+    pub consumer: &'s BaseConsumer<C>,
+}
+
+impl<C: ConsumerContext> Clone for KafkaTransactions<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C: ConsumerContext> Copy for KafkaTransactions<'_, C> {}
+
+impl<C: ConsumerContext> TwoPhaseCommitter for KafkaTransactions<'_, C> {
+    type Positions = BTreeMap<u32, i64>;
+    /// `None` when there was nothing to commit.
+    type Prepared = Option<SentTransaction>;
+    type Error = KafkaCommitError;
+
+    fn prepare(&mut self, txn: &mut Transaction, positions: &BTreeMap<u32, i64>) -> Result<Option<SentTransaction>, KafkaCommitError> {
+        self.committer.send_transaction(txn, positions, self.consumer)
+    }
+
+    fn commit(&self, prepared: Option<SentTransaction>) -> Result<(), KafkaCommitError> {
+        match prepared {
+            None => Ok(()),
+            Some(sent) => self.committer.commit_sent(sent, self.consumer),
+        }
+    }
+
+    fn abort(&mut self) -> Result<(), KafkaCommitError> {
+        Ok(self.committer.abort()?)
     }
 }

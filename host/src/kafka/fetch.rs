@@ -214,19 +214,23 @@ impl<'m> FetchedRecord<'m> {
         topic_name(self.0)
     }
 
+    /// The input partition.
     pub fn partition(&self) -> i32 {
         self.0.partition
     }
 
+    /// The record's offset.
     pub fn offset(&self) -> i64 {
         self.0.offset
     }
 
+    /// The record's key, if it has one.
     pub fn key(&self) -> Option<&[u8]> {
         // SAFETY: librdkafka keeps `key_len` bytes at `key` while the message lives.
         (!self.0.key.is_null()).then(|| unsafe { std::slice::from_raw_parts(self.0.key as *const u8, self.0.key_len) })
     }
 
+    /// The record's value, if it has one.
     pub fn payload(&self) -> Option<&[u8]> {
         // SAFETY: as for the key.
         (!self.0.payload.is_null()).then(|| unsafe { std::slice::from_raw_parts(self.0.payload as *const u8, self.0.len) })

@@ -3,8 +3,8 @@
 //! Per transaction, one Kafka transaction carries the output records, the
 //! changelog records of the state changes and the input offsets
 //! (`send_offsets_to_transaction`); only after it committed is the state
-//! overlay applied to RocksDB, with the changelog checkpoint (DESIGN
-//! invariants 1 and 2). A process that lost its partitions is fenced by the
+//! overlay applied to RocksDB, with the changelog checkpoint (invariants
+//! 1 and 2 of `docs/architecture.md`). A process that lost its partitions is fenced by the
 //! group generation in the offsets it sends (KIP-447) and by its producer
 //! epoch (invariant 3).
 //!
@@ -23,6 +23,7 @@
 
 pub mod changelog;
 pub mod committer;
+pub mod config;
 pub mod fetch;
 pub mod job;
 pub mod keys;
@@ -37,17 +38,40 @@ pub enum KafkaJobError {
     /// The job's topics, brokers or state do not fit together; the message
     /// says what to change.
     #[error("Kafka job `{job}`: {message}")]
-    Setup { job: String, message: String },
+    Setup {
+        /// The job.
+        job: String,
+        /// What is wrong, and the fix.
+        message: String,
+    },
     /// The group's committed offsets are below what the state already
     /// includes: someone rewound them by hand.
     #[error("{0}")]
     Rewind(String),
     /// A Kafka client failed in a way retrying does not fix.
     #[error("Kafka job `{job}`: {source}")]
-    Kafka { job: String, source: rdkafka::error::KafkaError },
-    /// The plugin, the state store or the job configuration failed.
+    Kafka {
+        /// The job.
+        job: String,
+        /// Why.
+        source: rdkafka::error::KafkaError,
+    },
+    /// The state directory is locked or unusable.
     #[error(transparent)]
-    Task(#[from] crate::task::TaskError),
+    Lock(#[from] crate::lock::LockError),
+    /// The state store failed.
+    #[error(transparent)]
+    State(#[from] tally_core::state::StateError),
+    /// The plugin could not be instantiated.
+    #[error(transparent)]
+    Plugin(#[from] tally_core::plugin::PluginError),
+    /// A batch failed in a way that ends the run (the store, the
+    /// configuration, a plugin failing on everything).
+    #[error(transparent)]
+    Run(#[from] tally_core::task::RunError),
+    /// The job configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 impl KafkaJobError {
@@ -56,15 +80,15 @@ impl KafkaJobError {
     /// configuration, a broken plugin).
     pub fn is_retryable(&self) -> bool {
         match self {
-            KafkaJobError::Task(task) => task.is_retryable(),
-            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } => false,
-            KafkaJobError::Kafka { .. } => true,
+            KafkaJobError::Run(run) => run.is_retryable(),
+            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } | KafkaJobError::Config(_) => false,
+            KafkaJobError::Kafka { .. } | KafkaJobError::Lock(_) | KafkaJobError::State(_) | KafkaJobError::Plugin(_) => true,
         }
     }
 
     /// Whether a new plugin version is the fix: the job waits for one.
     pub fn needs_new_plugin(&self) -> bool {
-        matches!(self, KafkaJobError::Task(task) if task.needs_new_plugin())
+        matches!(self, KafkaJobError::Run(run) if run.needs_new_plugin())
     }
 }
 

@@ -44,9 +44,10 @@ use axum::routing::{get, post};
 use axum::Router;
 use base64::Engine as _;
 use http_body_util::BodyExt as _;
-use serde::Deserialize;
 use tokio::sync::Semaphore;
 
+use super::error::ServeError;
+use super::wire::{Deleted, DeployRequest};
 use super::{ApiError, Host};
 use tally_core::sync::lock;
 
@@ -72,16 +73,6 @@ pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(600);
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
 /// Requests doing work (compiles, disk, locks) at once; more wait.
 pub const MAX_WORKING_REQUESTS: usize = 16;
-
-/// Body of a deploy request.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeployRequest {
-    /// The job file (TOML).
-    pub job: String,
-    /// The plugin component, base64-encoded.
-    pub plugin: String,
-}
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -116,14 +107,14 @@ impl Api {
 
 /// Serves the admin API on the configured address until `stop` is set,
 /// then stops every job (each commits what it processed).
-pub fn serve(host: Arc<Host>, stop: Arc<AtomicBool>) -> Result<(), String> {
+pub fn serve(host: Arc<Host>, stop: Arc<AtomicBool>) -> Result<(), ServeError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(MAX_WORKING_REQUESTS + 4)
         .thread_name("tally-api")
         .enable_all()
         .build()
-        .map_err(|err| format!("cannot start the admin API's runtime: {err}"))?;
+        .map_err(ServeError::Runtime)?;
     let listen = host.config().listen;
     let result = runtime.block_on(accept_until_stopped(host.clone(), listen, stop));
     tracing::info!("shutting down: stopping every job");
@@ -169,10 +160,10 @@ impl Drop for ConnectionSlot {
     }
 }
 
-async fn accept_until_stopped(host: Arc<Host>, listen: SocketAddr, stop: Arc<AtomicBool>) -> Result<(), String> {
+async fn accept_until_stopped(host: Arc<Host>, listen: SocketAddr, stop: Arc<AtomicBool>) -> Result<(), ServeError> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|err| format!("cannot listen on {listen}: {err}; set `listen` in the host file to a free address"))?;
+        .map_err(|source| ServeError::Listen { addr: listen, source })?;
     tracing::info!(%listen, "admin API listening");
     let app = router(Api::new(host));
     let connections = Arc::new(Connections::default());
@@ -351,7 +342,7 @@ async fn status(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<
 async fn delete(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
     let deleted = job.clone();
     api.run(move |host| host.delete(&tenant, &job)).await?;
-    Ok(json(StatusCode::OK, &serde_json::json!({ "deleted": deleted })))
+    Ok(json(StatusCode::OK, &Deleted { deleted }))
 }
 
 async fn pause(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {

@@ -163,6 +163,12 @@ pub fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
+/// A host file value out of range or inconsistent; the message says what
+/// to change.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidHostFile(pub String);
+
 impl HostConfig {
     /// Reads and checks a host file; relative paths are taken relative to it.
     pub fn from_file(path: &Path) -> Result<HostConfig, ConfigError> {
@@ -181,56 +187,56 @@ impl HostConfig {
                 resolve(dir);
             }
         }
-        config.validate().map_err(|message| ConfigError::Invalid { job: format!("(host file {})", path.display()), message })?;
+        config.validate().map_err(|InvalidHostFile(message)| ConfigError::Invalid { job: format!("(host file {})", path.display()), message })?;
         Ok(config)
     }
 
     /// Checks names and tokens; the message says what to change.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidHostFile> {
         if self.tenants.is_empty() {
-            return Err("add at least one tenant: [tenants.<name>] with a token".into());
+            return Err(InvalidHostFile("add at least one tenant: [tenants.<name>] with a token".into()));
         }
         let mut tokens = std::collections::HashSet::new();
         for (name, tenant) in &self.tenants {
             if !valid_name(name) {
-                return Err(format!("tenant name {name:?} must use only letters, digits and `-` (at most 64)"));
+                return Err(InvalidHostFile(format!("tenant name {name:?} must use only letters, digits and `-` (at most 64)")));
             }
             if name.to_ascii_lowercase().starts_with("tally") {
                 // Tally's own Kafka names start with `tally-`: a tenant `tally-x`
                 // could otherwise claim topics such as `tally-x.job-state-changelog`.
-                return Err(format!("tenant name {name:?} may not start with `tally`"));
+                return Err(InvalidHostFile(format!("tenant name {name:?} may not start with `tally`")));
             }
             if tenant.token.chars().count() < MIN_TOKEN_CHARS {
-                return Err(format!("tenant `{name}`: the token must have at least {MIN_TOKEN_CHARS} characters"));
+                return Err(InvalidHostFile(format!("tenant `{name}`: the token must have at least {MIN_TOKEN_CHARS} characters")));
             }
             if !tokens.insert(tenant.token.as_str()) {
-                return Err(format!("tenant `{name}` shares its token with another tenant; give each tenant its own"));
+                return Err(InvalidHostFile(format!("tenant `{name}` shares its token with another tenant; give each tenant its own")));
             }
         }
         if let Some(token) = &self.metrics_token {
             if token.chars().count() < MIN_TOKEN_CHARS || tokens.contains(token.as_str()) {
-                return Err(format!("metrics_token must have at least {MIN_TOKEN_CHARS} characters and differ from every tenant's token"));
+                return Err(InvalidHostFile(format!("metrics_token must have at least {MIN_TOKEN_CHARS} characters and differ from every tenant's token")));
             }
         }
         if self.max_upload_bytes < 1024 {
-            return Err("max_upload_bytes must be at least 1024".into());
+            return Err(InvalidHostFile("max_upload_bytes must be at least 1024".into()));
         }
         for (name, tenant) in &self.tenants {
             if tenant.cpu_share == 0 || tenant.cpu_share > 1000 {
-                return Err(format!("tenant `{name}`: cpu_share must be between 1 and 1000, got {}", tenant.cpu_share));
+                return Err(InvalidHostFile(format!("tenant `{name}`: cpu_share must be between 1 and 1000, got {}", tenant.cpu_share)));
             }
             if tenant.max_total_memory_bytes < 1 << 20 {
-                return Err(format!("tenant `{name}`: max_total_memory_bytes must be at least 1048576 (1 MiB)"));
+                return Err(InvalidHostFile(format!("tenant `{name}`: max_total_memory_bytes must be at least 1048576 (1 MiB)")));
             }
         }
         if self.plugin_versions_kept == 0 {
-            return Err("plugin_versions_kept must be at least 1".into());
+            return Err(InvalidHostFile("plugin_versions_kept must be at least 1".into()));
         }
         if self.plugin_log_lines_per_second == 0 || self.max_plugin_log_line_bytes < 64 {
-            return Err("plugin_log_lines_per_second must be at least 1 and max_plugin_log_line_bytes at least 64".into());
+            return Err(InvalidHostFile("plugin_log_lines_per_second must be at least 1 and max_plugin_log_line_bytes at least 64".into()));
         }
         if self.max_compile_seconds == 0 || self.max_compile_memory_bytes < 64 << 20 {
-            return Err("max_compile_seconds must be at least 1 and max_compile_memory_bytes at least 67108864 (64 MiB)".into());
+            return Err(InvalidHostFile("max_compile_seconds must be at least 1 and max_compile_memory_bytes at least 67108864 (64 MiB)".into()));
         }
         Ok(())
     }
@@ -262,7 +268,7 @@ mod tests {
 
     fn host(tenants: &str) -> Result<HostConfig, String> {
         let config: HostConfig = toml::from_str(&format!("data_dir = \"d\"\n{tenants}")).map_err(|err| err.to_string())?;
-        config.validate().map(|()| config)
+        config.validate().map(|()| config).map_err(|err| err.to_string())
     }
 
     #[test]

@@ -8,10 +8,13 @@
 
 pub mod api;
 pub mod config;
+pub mod error;
 pub mod job_spec;
 pub mod registry;
 pub mod runner;
+pub mod wire;
 
+use error::ServeError;
 use tally_core::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -19,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use serde::Serialize;
 
 use tally_core::fair_share::CpuScheduler;
 use crate::lock::DirLock;
@@ -29,7 +31,8 @@ use tally_core::plugin::{LoadedPlugin, PluginRuntime};
 
 use config::HostConfig;
 use registry::{JobDir, JobRecord, PluginVersion, VersionStatus};
-use runner::{JobRuntime, JobStatus};
+use runner::JobRuntime;
+use wire::{JobStatus, StateValue};
 
 /// Longest a delete waits for its job to stop before it answers; the job's
 /// files are removed once it has, even if that is later.
@@ -62,6 +65,20 @@ impl ApiError {
     }
 }
 
+impl From<ServeError> for ApiError {
+    /// A job being deleted is a conflict; anything else is the host's own
+    /// trouble, whose details (paths) stay in its log.
+    fn from(err: ServeError) -> ApiError {
+        match &err {
+            ServeError::Deleted { .. } => ApiError::new(409, err.to_string()),
+            _ => {
+                tracing::error!(error = %err, "an admin request failed on the host's side");
+                ApiError::internal("the host could not update the job's files (its log says why)")
+            }
+        }
+    }
+}
+
 impl From<CompileError> for ApiError {
     fn from(err: CompileError) -> ApiError {
         match &err {
@@ -84,18 +101,6 @@ pub struct Pushed {
     /// Whether it was offered to the job (`false`: the job already runs it,
     /// or has it waiting or on trial, and nothing changed).
     pub accepted: bool,
-}
-
-/// One committed state value, as an interactive query returns it.
-#[derive(Debug, Clone, Serialize)]
-pub struct StateValue {
-    /// The key asked for.
-    pub key: String,
-    /// The committed value: JSON when it is JSON, else text.
-    pub value: serde_json::Value,
-    /// The input partition holding it (Kafka jobs).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub partition: Option<i32>,
 }
 
 type JobKey = (String, String);
@@ -121,11 +126,10 @@ impl Host {
     /// Locks the data directory and resumes every job in it. Uploads are
     /// compiled by `compile_worker` (the `tally` binary: see
     /// [`tally_core::plugin::compiler`]).
-    pub fn open(config: HostConfig, compile_worker: PathBuf) -> Result<Arc<Host>, String> {
-        std::fs::create_dir_all(&config.data_dir)
-            .map_err(|err| format!("cannot create the data directory `{}`: {err}", config.data_dir.display()))?;
-        let data_lock = DirLock::acquire(&config.data_dir).map_err(|err| err.to_string())?;
-        let plugins = PluginRuntime::new().map_err(|err| err.to_string())?;
+    pub fn open(config: HostConfig, compile_worker: PathBuf) -> Result<Arc<Host>, ServeError> {
+        std::fs::create_dir_all(&config.data_dir).map_err(ServeError::file("create the data directory", &config.data_dir))?;
+        let data_lock = DirLock::acquire(&config.data_dir)?;
+        let plugins = PluginRuntime::new()?;
         let limits = CompileLimits { seconds: config.max_compile_seconds, memory_bytes: config.max_compile_memory_bytes };
         let compiler = Compiler::new(compile_worker, config.data_dir.join("compiled"), limits);
         let cpu = CpuScheduler::for_this_machine();
@@ -149,7 +153,7 @@ impl Host {
                 Ok(()) => tracing::info!(%tenant, job = %name, "job resumed"),
                 Err(err) => {
                     tracing::error!(%tenant, job = %name, error = %err, "cannot resume job; fix the cause and restart the host");
-                    let shown = runner::redact_paths(&err, &[(host.config.data_dir.display().to_string(), "<data_dir>".to_string())]);
+                    let shown = runner::redact_paths(&err.to_string(), &[(host.config.data_dir.display().to_string(), "<data_dir>".to_string())]);
                     lock(&host.broken).insert((tenant, name), shown);
                 }
             }
@@ -172,12 +176,12 @@ impl Host {
         self.metrics.render()
     }
 
-    fn resume_job(&self, tenant: &str, name: &str, dir: JobDir) -> Result<(), String> {
-        let tenant_config = self.config.tenants.get(tenant).ok_or_else(|| format!("tenant `{tenant}` is no longer in the host configuration"))?;
-        let text = std::fs::read_to_string(dir.job_file()).map_err(|err| format!("cannot read `{}`: {err}", dir.job_file().display()))?;
+    fn resume_job(&self, tenant: &str, name: &str, dir: JobDir) -> Result<(), ServeError> {
+        let tenant_config = self.config.tenants.get(tenant).ok_or_else(|| ServeError::TenantGone { tenant: tenant.to_string() })?;
+        let text = std::fs::read_to_string(dir.job_file()).map_err(ServeError::file("read", dir.job_file()))?;
         let (_, config) = job_spec::parse(&text, tenant, tenant_config, &self.config)?;
         let mut record = dir.read_record()?;
-        let active = record.active().ok_or("its record names no active plugin version")?.clone();
+        let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
         let plugin = self.load_version(tenant, &dir, &active.digest)?;
         // Pushed before the restart and not judged yet: offered again below.
         let mut pending = None;
@@ -207,13 +211,14 @@ impl Host {
 
     /// A version kept in a job's directory: its compiled form from the
     /// cache, compiled anew (in a worker) only if the cache lost it.
-    fn load_version(&self, tenant: &str, dir: &JobDir, digest: &str) -> Result<LoadedPlugin, String> {
+    fn load_version(&self, tenant: &str, dir: &JobDir, digest: &str) -> Result<LoadedPlugin, ServeError> {
         let path = dir.plugin_file(digest);
-        let bytes = std::fs::read(&path).map_err(|err| format!("cannot read plugin version {digest}: {err}"))?;
-        if tally_core::plugin::digest(&bytes) != digest {
-            return Err(format!("the job's file of plugin version {digest} holds other bytes now (its digest is {})", tally_core::plugin::digest(&bytes)));
+        let bytes = std::fs::read(&path).map_err(|source| ServeError::ReadVersion { digest: digest.to_string(), source })?;
+        let found = tally_core::plugin::digest(&bytes);
+        if found != digest {
+            return Err(ServeError::VersionChanged { digest: digest.to_string(), found });
         }
-        self.compiler.load(&self.plugins, tenant, &format!("version {digest}"), &bytes).map_err(|err| err.to_string())
+        Ok(self.compiler.load(&self.plugins, tenant, &format!("version {digest}"), &bytes)?)
     }
 
     fn start(&self, tenant: &str, name: &str, runtime: Arc<JobRuntime>) {
@@ -255,7 +260,7 @@ impl Host {
     /// before writing anything: a refused deploy changes nothing.
     pub fn deploy(&self, tenant: &str, text: &str, plugin: &[u8]) -> Result<JobStatus, ApiError> {
         let tenant_config = self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
-        let (name, config) = job_spec::parse(text, tenant, tenant_config, &self.config).map_err(ApiError::bad_request)?;
+        let (name, config) = job_spec::parse(text, tenant, tenant_config, &self.config).map_err(|err| ApiError::bad_request(err.to_string()))?;
         let key = (tenant.to_string(), name.clone());
         if let Some(reason) = lock(&self.broken).get(&key) {
             return Err(ApiError::new(409, format!("job `{name}` exists on disk but could not be resumed: {reason}; delete it first")));
@@ -345,7 +350,7 @@ impl Host {
     /// Pauses or resumes `tenant`'s job `name`.
     pub fn set_paused(&self, tenant: &str, name: &str, paused: bool) -> Result<JobStatus, ApiError> {
         let job = self.job(tenant, name)?;
-        job.set_paused(paused).map_err(ApiError::internal)?;
+        job.set_paused(paused)?;
         Ok(job.status())
     }
 
@@ -355,7 +360,7 @@ impl Host {
     pub fn delete(self: &Arc<Self>, tenant: &str, name: &str) -> Result<(), ApiError> {
         let key = (tenant.to_string(), name.to_string());
         if lock(&self.broken).contains_key(&key) {
-            JobDir::new(&self.config.data_dir, tenant, name).remove().map_err(ApiError::internal)?;
+            JobDir::new(&self.config.data_dir, tenant, name).remove()?;
             lock(&self.broken).remove(&key);
             return Ok(());
         }
@@ -417,7 +422,7 @@ impl Host {
             ApiError::internal("the host cannot write the plugin version (its disk?); nothing was pushed")
         })?;
         let version = PluginVersion::new(plugin.digest(), bytes.len() as u64, VersionStatus::Pending);
-        let removed = job.push(plugin, version.clone(), self.config.plugin_versions_kept).map_err(ApiError::internal)?;
+        let removed = job.push(plugin, version.clone(), self.config.plugin_versions_kept)?;
         // A compiled form is shared by every job with the same plugin.
         let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs).values().cloned().collect();
         for digest in removed {

@@ -15,6 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::error::ServeError;
+
 /// What became of a pushed plugin version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -237,9 +239,9 @@ impl JobDir {
     }
 
     /// Creates the job's directories (deploy only: nothing else creates them).
-    pub fn create(&self) -> Result<(), String> {
+    pub fn create(&self) -> Result<(), ServeError> {
         let plugins = self.path.join("plugins");
-        std::fs::create_dir_all(&plugins).map_err(|err| format!("cannot create `{}`: {err}", plugins.display()))
+        std::fs::create_dir_all(&plugins).map_err(ServeError::file("create", &plugins))
     }
 
     /// Whether a job (its record) is on disk here.
@@ -249,52 +251,52 @@ impl JobDir {
 
     /// Deletes the job's files: the record first, so a delete cut short
     /// leaves no half job that a restart would try to resume.
-    pub fn remove(&self) -> Result<(), String> {
+    pub fn remove(&self) -> Result<(), ServeError> {
         let record = self.path.join("record.json");
         match std::fs::remove_file(&record) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => return Err(format!("cannot remove `{}`: {err}", record.display())),
+            Err(err) => return Err(ServeError::file("remove", &record)(err)),
         }
         if let Ok(dir) = std::fs::File::open(&self.path) {
             let _ = dir.sync_all();
         }
-        std::fs::remove_dir_all(&self.path).map_err(|err| format!("cannot remove `{}`: {err}", self.path.display()))
+        std::fs::remove_dir_all(&self.path).map_err(ServeError::file("remove", &self.path))
     }
 
     /// Reads the job's record.
-    pub fn read_record(&self) -> Result<JobRecord, String> {
+    pub fn read_record(&self) -> Result<JobRecord, ServeError> {
         let path = self.path.join("record.json");
-        let bytes = std::fs::read(&path).map_err(|err| format!("cannot read `{}`: {err}", path.display()))?;
-        serde_json::from_slice(&bytes).map_err(|err| format!("`{}` is damaged: {err}", path.display()))
+        let bytes = std::fs::read(&path).map_err(ServeError::file("read", &path))?;
+        serde_json::from_slice(&bytes).map_err(|source| ServeError::DamagedRecord { path, source })
     }
 
     /// Writes the job's record, whole or not at all.
-    pub fn write_record(&self, record: &JobRecord) -> Result<(), String> {
+    pub fn write_record(&self, record: &JobRecord) -> Result<(), ServeError> {
         write_atomically(&self.path.join("record.json"), &serde_json::to_vec_pretty(record).expect("records serialize"))
     }
 
     /// Writes a file of the job, whole or not at all.
-    pub fn write_file(&self, path: &Path, bytes: &[u8]) -> Result<(), String> {
+    pub fn write_file(&self, path: &Path, bytes: &[u8]) -> Result<(), ServeError> {
         write_atomically(path, bytes)
     }
 }
 
 /// [`tally_core::files::write_atomically`], with the path in the error.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    tally_core::files::write_atomically(path, bytes).map_err(|err| format!("cannot write `{}`: {err}", path.display()))
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ServeError> {
+    tally_core::files::write_atomically(path, bytes).map_err(ServeError::file("write", path))
 }
 
 /// Every job directory under `data_dir`: `(tenant, job name, directory)`.
-pub fn list_jobs(data_dir: &Path) -> Result<Vec<(String, String, JobDir)>, String> {
+pub fn list_jobs(data_dir: &Path) -> Result<Vec<(String, String, JobDir)>, ServeError> {
     let root = data_dir.join("jobs");
     let mut jobs = Vec::new();
-    let read = |dir: &Path| -> Result<Vec<String>, String> {
+    let read = |dir: &Path| -> Result<Vec<String>, ServeError> {
         match std::fs::read_dir(dir) {
             Ok(entries) => {
                 let mut names = Vec::new();
                 for entry in entries {
-                    let entry = entry.map_err(|err| format!("cannot list `{}`: {err}", dir.display()))?;
+                    let entry = entry.map_err(ServeError::file("list", dir))?;
                     if entry.path().is_dir() {
                         names.push(entry.file_name().to_string_lossy().into_owned());
                     }
@@ -303,7 +305,7 @@ pub fn list_jobs(data_dir: &Path) -> Result<Vec<(String, String, JobDir)>, Strin
                 Ok(names)
             }
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(err) => Err(format!("cannot list `{}`: {err}", dir.display())),
+            Err(err) => Err(ServeError::file("list", dir)(err)),
         }
     };
     for tenant in read(&root)? {

@@ -9,7 +9,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 
 use tally_core::batch::BatchOutcome;
 use crate::config::JobConfig;
@@ -21,79 +20,14 @@ use crate::metrics::JobMetrics;
 use tally_core::plugin::context::{sanitize, LogLimits, PluginLog, MAX_REASON_BYTES};
 use tally_core::plugin::{JobContext, LoadedPlugin};
 use tally_core::state::StateStore;
-use crate::task::LocalTask;
+use crate::local::task::LocalTask;
 
+use super::error::ServeError;
+use super::wire::{JobMode, JobState, JobStatus, LagUnit};
 use super::registry::{JobDir, JobRecord, VersionStatus};
 
 /// A job that has not committed for this long reports no throughput.
 const IDLE_AFTER: Duration = Duration::from_secs(5);
-
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    /// Opening: recovering state, joining the group.
-    Starting,
-    /// Processing (or waiting for input).
-    Running,
-    /// Paused by its tenant; everything processed is committed.
-    Paused,
-    /// Failed; the host retries with backoff (see `last_error`).
-    Failed,
-    /// Stopped for good (host shutting down, or the job deleted).
-    Stopped,
-    /// Could not be resumed when the host started (see `last_error`): fix
-    /// the cause and restart the host, or delete the job.
-    Broken,
-}
-
-/// What `status` shows about a job.
-#[derive(Debug, Clone, Serialize)]
-pub struct JobStatus {
-    /// The job's name.
-    pub name: String,
-    /// `local` or `kafka`.
-    pub mode: &'static str,
-    /// Where the job is in its life.
-    pub state: JobState,
-    /// Digest of the plugin version running.
-    pub plugin: String,
-    /// A pushed version waiting for its trial, or on it, if any.
-    pub pending_plugin: Option<String>,
-    /// The version running its trial transaction now, if any.
-    pub on_trial: Option<String>,
-    /// Input records in committed transactions since the host started.
-    pub records: u64,
-    /// Committed input records per second, over the last few seconds.
-    pub throughput: f64,
-    /// How far behind the input the job is after its last commit.
-    pub lag: Option<u64>,
-    /// The unit of `lag`: `records` (Kafka) or `bytes` (local files).
-    pub lag_unit: &'static str,
-    /// Transactions committed since the host started.
-    pub commits: u64,
-    /// Plugin versions rolled back since the host started.
-    pub rollbacks: u64,
-    /// The last thing that went wrong since the host started, if anything
-    /// did (it stays after the job recovers; `state` says how it is now).
-    pub last_error: Option<String>,
-    /// What the last push led to.
-    pub last_swap: Option<String>,
-    /// CPU seconds the job's plugin calls used since the host started,
-    /// counted as they run.
-    pub cpu_seconds: f64,
-    /// Plugin calls that trapped or broke a limit since the host started.
-    pub traps: u64,
-    /// Of them, calls stopped for exceeding their CPU budget.
-    pub cpu_budget_breaches: u64,
-    /// Plugin log lines dropped by the rate limit.
-    pub log_lines_dropped: u64,
-    /// The plugin's last failure, and how many seconds ago it was.
-    pub last_plugin_failure: Option<String>,
-    /// Whether the job is demoted now: its plugin calls mostly fail, so it
-    /// runs only a tenth of the time while other tenants' jobs work.
-    pub demoted: bool,
-}
 
 impl JobStatus {
     /// A job whose files are on disk but which could not be resumed when
@@ -101,7 +35,7 @@ impl JobStatus {
     pub fn broken(name: &str, reason: &str) -> JobStatus {
         JobStatus {
             name: name.to_string(),
-            mode: "unknown",
+            mode: JobMode::Unknown,
             state: JobState::Broken,
             plugin: String::new(),
             pending_plugin: None,
@@ -109,7 +43,7 @@ impl JobStatus {
             records: 0,
             throughput: 0.0,
             lag: None,
-            lag_unit: "",
+            lag_unit: LagUnit::Unknown,
             commits: 0,
             rollbacks: 0,
             last_error: Some(reason.to_string()),
@@ -196,8 +130,8 @@ impl Failure {
     }
 }
 
-impl From<crate::task::TaskError> for Failure {
-    fn from(err: crate::task::TaskError) -> Failure {
+impl From<crate::local::task::TaskError> for Failure {
+    fn from(err: crate::local::task::TaskError) -> Failure {
         Failure::of(&err, err.is_retryable(), err.needs_new_plugin())
     }
 }
@@ -296,7 +230,7 @@ impl JobRuntime {
         let status = lock(&self.status);
         JobStatus {
             name: self.name.clone(),
-            mode: if self.is_kafka() { "kafka" } else { "local" },
+            mode: if self.is_kafka() { JobMode::Kafka } else { JobMode::Local },
             state: status.state,
             plugin: status.plugin.clone(),
             pending_plugin,
@@ -308,7 +242,7 @@ impl JobRuntime {
                 _ => 0.0,
             },
             lag: status.lag,
-            lag_unit: if self.is_kafka() { "records" } else { "bytes" },
+            lag_unit: if self.is_kafka() { LagUnit::Records } else { LagUnit::Bytes },
             commits: self.metrics.commits(),
             rollbacks: self.metrics.rollbacks(),
             last_error: status.last_error.as_deref().map(|error| self.redact(error)),
@@ -343,11 +277,11 @@ impl JobRuntime {
     /// the next transaction boundary and judged on its first transaction.
     /// Keeps the components of `kept` versions on disk (and those the job
     /// runs or will): returns the digests whose files were removed.
-    pub fn push(&self, plugin: LoadedPlugin, version: super::registry::PluginVersion, kept: usize) -> Result<Vec<String>, String> {
+    pub fn push(&self, plugin: LoadedPlugin, version: super::registry::PluginVersion, kept: usize) -> Result<Vec<String>, ServeError> {
         // Under the record lock, so the record and the slot agree.
         let mut record = lock(&self.record);
         if self.deleted.load(Ordering::SeqCst) {
-            return Err(format!("job `{}` is being deleted", self.name));
+            return Err(ServeError::Deleted { job: self.name.clone() });
         }
         if record.undecided_or_active(plugin.digest()).is_some() {
             // Pushed twice at once: the first push stands.
@@ -390,11 +324,11 @@ impl JobRuntime {
     }
 
     /// Pauses (`true`) or resumes the job, and remembers it across restarts.
-    pub fn set_paused(&self, paused: bool) -> Result<(), String> {
+    pub fn set_paused(&self, paused: bool) -> Result<(), ServeError> {
         {
             let mut record = lock(&self.record);
             if self.deleted.load(Ordering::SeqCst) {
-                return Err(format!("job `{}` is being deleted", self.name));
+                return Err(ServeError::Deleted { job: self.name.clone() });
             }
             let updated = JobRecord { paused, ..record.clone() };
             self.dir.write_record(&updated)?;
@@ -521,10 +455,10 @@ impl JobRuntime {
         }
     }
 
-    fn active_plugin(&self) -> Result<LoadedPlugin, String> {
+    fn active_plugin(&self) -> Result<LoadedPlugin, ServeError> {
         let digest = lock(&self.status).plugin.clone();
         let plugin = lock(&self.plugins).get(&digest).cloned();
-        plugin.ok_or_else(|| format!("plugin version {digest} is not loaded in this host; restart the host to load it from the data directory"))
+        plugin.ok_or(ServeError::NotLoaded { digest })
     }
 
     fn observer(self: &Arc<Self>) -> Arc<dyn JobObserver> {
@@ -532,7 +466,7 @@ impl JobRuntime {
     }
 
     fn run_local(self: &Arc<Self>) -> Result<(), Failure> {
-        let plugin = self.active_plugin().map_err(|message| Failure { message, then: AfterFailure::Halt })?;
+        let plugin = self.active_plugin().map_err(|err| Failure { message: err.to_string(), then: AfterFailure::Halt })?;
         let mut task = LocalTask::open_in(&self.config, &plugin, self.context.clone())?;
         task.attach(self.slot.clone(), self.config.hot_swap, self.observer());
         *lock(&self.store) = Some((task.store(), 0));
@@ -544,7 +478,7 @@ impl JobRuntime {
     }
 
     fn run_kafka(self: &Arc<Self>) -> Result<(), Failure> {
-        let plugin = self.active_plugin().map_err(|message| Failure { message, then: AfterFailure::Halt })?;
+        let plugin = self.active_plugin().map_err(|err| Failure { message: err.to_string(), then: AfterFailure::Halt })?;
         let mut job = KafkaJob::open_in(&self.config, &plugin, self.context.clone())?;
         job.attach(self.slot.clone(), self.config.hot_swap, self.observer());
         *lock(&self.store) = Some((job.store(), job.partitions()));
@@ -642,7 +576,8 @@ impl JobObserver for Observer {
         }
         if let Err(err) = runtime.dir.write_record(&record) {
             tracing::error!(tenant = %runtime.tenant, job = %runtime.name, error = %err, "cannot save the plugin history");
-            status.last_error = Some(err);
+            // The tenant sees what failed, not the host's paths.
+            status.last_error = Some("the host could not save the plugin history (its log says why)".into());
         }
     }
 }

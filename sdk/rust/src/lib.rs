@@ -41,8 +41,8 @@
 //! tally_sdk::export!(ClicksPerPage);
 //! ```
 //!
-//! Build it with `tally plugin build <crate dir>`; test it with the host's
-//! test driver (`tally_testing::PluginTest`) from an ordinary
+//! Build it with `tally plugin build <crate dir>`; test it with the
+//! test driver (`tally_testing::PluginTest`, crate `tally-testing`) from an ordinary
 //! `cargo test`.
 //!
 //! Events arrive as JSON (each record's value is decoded into

@@ -10,7 +10,8 @@ use rdkafka::consumer::BaseConsumer;
 use super::progress::{consumer_lag, rewind, Progress};
 use super::rebalance::Rebalancer;
 use super::{KafkaJob, Restart, SessionError};
-use crate::kafka::committer::{classify, KafkaCommitError, KafkaCommitter, Recovery};
+use crate::kafka::committer::{classify, KafkaCommitError, KafkaCommitter, KafkaTransactions, Recovery};
+use tally_core::commit::TwoPhaseCommitter;
 use tally_core::observe::RunSummary;
 use tally_core::task::Committed;
 
@@ -38,13 +39,15 @@ impl KafkaJob {
             return Ok(false);
         }
         let started = Instant::now();
-        let sent = match committer.send_transaction(self.task.txn(), &progress.positions, consumer) {
+        // Phase one here; phase two, the commit point, on the commit thread.
+        let mut two_phase = KafkaTransactions { committer, consumer };
+        let sent = match two_phase.prepare(self.task.txn(), &progress.positions) {
             Ok(sent) => sent,
             Err(err) => return self.commit_failed(consumer, committer, progress, err),
         };
         let finishing = sent.map(|sent| {
             commits.scope.spawn(move || {
-                let result = committer.commit_sent(sent, consumer);
+                let result = two_phase.commit(Some(sent));
                 (result, Instant::now())
             })
         });

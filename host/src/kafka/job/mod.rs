@@ -28,7 +28,6 @@ use tally_state_rocks::RocksStore;
 
 use crate::config::{JobConfig, KafkaConfig};
 use crate::lock::DirLock;
-use crate::task::TaskError;
 
 /// How long a transactional call (init, send offsets, commit, abort) may take.
 pub(super) const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
@@ -84,8 +83,8 @@ pub(super) enum SessionError {
 impl SessionError {
     /// A failure of the job's own parts (its state, its plugin, its
     /// configuration): retrying does not help.
-    pub(super) fn fatal(err: impl Into<TaskError>) -> SessionError {
-        SessionError::Fatal(KafkaJobError::Task(err.into()))
+    pub(super) fn fatal(err: impl Into<KafkaJobError>) -> SessionError {
+        SessionError::Fatal(err.into())
     }
 }
 
@@ -168,14 +167,14 @@ impl KafkaJob {
         context: JobContext,
         make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<KafkaJob, KafkaJobError> {
-        config.validate().map_err(TaskError::from)?;
-        let kafka = config.kafka().map_err(TaskError::from)?.clone();
-        let processor = make_processor().map_err(TaskError::from)?;
-        let lock = DirLock::acquire(&kafka.state_dir).map_err(TaskError::from)?;
-        let instance = instance_id::instance_id(&kafka.state_dir).map_err(|message| KafkaJobError::Setup { job: config.name.clone(), message })?;
+        config.validate()?;
+        let kafka = config.kafka()?.clone();
+        let processor = make_processor()?;
+        let lock = DirLock::acquire(&kafka.state_dir)?;
+        let instance = instance_id::instance_id(&kafka.state_dir).map_err(|err| KafkaJobError::Setup { job: config.name.clone(), message: err.to_string() })?;
         let layout = topics::prepare(config, &kafka)?;
         let store: Arc<dyn StateStore> =
-            Arc::new(RocksStore::open(&kafka.state_dir.join("db")).map_err(TaskError::from)?);
+            Arc::new(RocksStore::open(&kafka.state_dir.join("db"))?);
         let mut limits = config.limits;
         limits.max_value_bytes = limits.max_value_bytes.min(MAX_KAFKA_VALUE_BYTES);
         let txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits).with_emit(config.emit_per_output());

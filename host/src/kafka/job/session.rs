@@ -277,7 +277,7 @@ impl KafkaJob {
                 let value = if payload.len() as u64 > self.config.limits.max_record_bytes {
                     // Kept as a prefix for the dead letter, never whole.
                     progress.oversized.insert((source, offset), payload.len());
-                    payload[..payload.len().min(crate::source::OVERSIZED_PREFIX_BYTES)].to_vec()
+                    payload[..payload.len().min(tally_core::batch::OVERSIZED_PREFIX_BYTES)].to_vec()
                 } else {
                     payload.to_vec()
                 };

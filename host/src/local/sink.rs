@@ -1,6 +1,6 @@
 //! The local sink: one NDJSON file per output, `<output_dir>/<name>.ndjson`.
 //!
-//! Every line carries its lineage (DESIGN invariant 7): the source partition
+//! Every line carries its lineage (invariant 7 of `docs/architecture.md`): the source partition
 //! and offset, the plugin digest and a deterministic idempotency key:
 //!
 //! ```text
@@ -35,7 +35,12 @@ use tally_core::transaction::{DeadLetter, PendingOutput, SourcePosition};
 pub enum SinkError {
     /// An output file could not be opened, written or synced.
     #[error("cannot write output `{}`: {source}", path.display())]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// An output file holds bytes this job never committed (a fresh state
     /// directory over an old output directory).
     #[error(
@@ -43,14 +48,26 @@ pub enum SinkError {
          Tally will not overwrite them: move the file away, or use another output directory",
         path.display()
     )]
-    Foreign { path: PathBuf, len: u64 },
+    Foreign {
+        /// The file.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: u64,
+    },
     /// An output file is shorter than what was committed to it.
     #[error(
         "output `{}` has {len} bytes, but {committed} bytes were committed to it: it was changed outside Tally; \
          restore it, or start over with a new state directory and output directory",
         path.display()
     )]
-    Shrunk { path: PathBuf, len: u64, committed: u64 },
+    Shrunk {
+        /// The file.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: u64,
+        /// The committed length.
+        committed: u64,
+    },
 }
 
 /// Static parts of every line's lineage.

@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
-use crate::sink::{Lineage, LocalSink, SinkError};
-use crate::source::LocalPosition;
+use crate::local::sink::{Lineage, LocalSink, SinkError};
+use crate::local::source::LocalPosition;
+use tally_core::commit::TwoPhaseCommitter;
 use tally_core::state::{StateError, StateStore, StoreCommit};
 use tally_core::transaction::Transaction;
 
@@ -38,14 +39,6 @@ pub enum CommitError {
 pub struct Recovered {
     /// Committed position of each input partition.
     pub positions: Vec<LocalPosition>,
-}
-
-/// Makes transactions durable, atomically.
-pub trait Committer {
-    /// Makes `txn` durable together with the input `positions` reached, then
-    /// empties it. On error the commit point was not reached: the caller must
-    /// stop and reopen the job, which recovers from the last commit.
-    fn commit(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError>;
 }
 
 /// A committed input position, with the file it belongs to.
@@ -138,12 +131,6 @@ impl LocalCommitter {
         Ok(())
     }
 
-    /// Drops what [`LocalCommitter::stage`] wrote of an aborted transaction.
-    pub fn discard(&mut self) -> Result<(), CommitError> {
-        self.sink.discard()?;
-        Ok(())
-    }
-
     fn format(&mut self, txn: &mut Transaction) {
         if !txn.plugin_digest.is_empty() {
             self.lineage.set_plugin_digest(&txn.plugin_digest);
@@ -154,8 +141,17 @@ impl LocalCommitter {
     }
 }
 
-impl Committer for LocalCommitter {
-    fn commit(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError> {
+impl TwoPhaseCommitter for LocalCommitter {
+    type Positions = [LocalPosition];
+    type Prepared = StoreCommit;
+    type Error = CommitError;
+
+    /// Writes and syncs the rest of the transaction's output lines, and
+    /// makes the one store batch that will commit it: its state changes,
+    /// the input positions and the output files' new lengths. A crash after
+    /// this leaves output bytes past the committed lengths, which recovery
+    /// cuts off.
+    fn prepare(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<StoreCommit, CommitError> {
         self.format(txn);
         let lengths = self.sink.sync()?;
         let mut meta = Vec::with_capacity(positions.len() + lengths.len());
@@ -167,7 +163,30 @@ impl Committer for LocalCommitter {
         for (name, len) in self.output_names.iter().zip(&lengths) {
             meta.push((format!("{OUTPUT_PREFIX}{name}").into_bytes(), len.to_string().into_bytes()));
         }
-        self.store.commit(StoreCommit { state: txn.overlay.changes(), meta })?;
+        Ok(StoreCommit { state: txn.overlay.changes(), meta })
+    }
+
+    /// The commit point: one synced store batch. The caller then calls
+    /// [`Transaction::committed`].
+    fn commit(&self, prepared: StoreCommit) -> Result<(), CommitError> {
+        self.store.commit(prepared)?;
+        Ok(())
+    }
+
+    /// Cuts the lines [`LocalCommitter::stage`] wrote of an aborted transaction.
+    fn abort(&mut self) -> Result<(), CommitError> {
+        self.sink.discard()?;
+        Ok(())
+    }
+}
+
+impl LocalCommitter {
+    /// Both phases, then the transaction is emptied: `txn` is committed
+    /// with the input `positions`. On error the commit point was not
+    /// reached: stop, and reopen the job, which recovers from the last commit.
+    pub fn commit_all(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError> {
+        let prepared = self.prepare(txn, positions)?;
+        self.commit(prepared)?;
         txn.committed();
         Ok(())
     }
@@ -252,12 +271,12 @@ mod tests {
         assert!(recovered.positions.is_empty());
 
         let first = LocalPosition { next_line: 1, byte: 10, last_line: None };
-        committer.commit(&mut txn_with_one_output(store.clone(), 0), &[first]).unwrap();
+        committer.commit_all(&mut txn_with_one_output(store.clone(), 0), &[first]).unwrap();
         let committed_output = std::fs::read(dir.path().join("totals.ndjson")).unwrap();
 
         store.fail_commits.store(true, Ordering::Relaxed);
         let second = LocalPosition { next_line: 2, byte: 20, last_line: None };
-        let err = committer.commit(&mut txn_with_one_output(store.clone(), 1), &[second]).unwrap_err();
+        let err = committer.commit_all(&mut txn_with_one_output(store.clone(), 1), &[second]).unwrap_err();
         assert!(err.to_string().contains("injected failure"));
         // The output bytes of the failed commit reached the file...
         assert!(std::fs::read(dir.path().join("totals.ndjson")).unwrap().len() > committed_output.len());

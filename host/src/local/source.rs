@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use tally_core::batch::OVERSIZED_PREFIX_BYTES;
 use tally_core::transaction::SourcePosition;
 
 /// Read buffer per input file.
@@ -19,24 +20,44 @@ const READ_BUFFER_BYTES: usize = 1 << 20;
 pub enum SourceError {
     /// An input file could not be opened or read.
     #[error("cannot read input `{}`: {source}", path.display())]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// An input file is shorter than what was already committed from it.
     #[error(
         "input `{}` has {len} bytes, but {committed} bytes of it were already processed and committed: \
          it was truncated or replaced; restore the original file, or start over with a new state directory and output directory",
         path.display()
     )]
-    Shrunk { path: PathBuf, len: u64, committed: u64 },
+    Shrunk {
+        /// The file.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: u64,
+        /// The committed length.
+        committed: u64,
+    },
     /// An input of a confined job is not a regular file inside its directory.
     #[error("input `{}` is not a regular file inside the directory this job may read ({}); use a plain file there", path.display(), root.display())]
-    Outside { path: PathBuf, root: PathBuf },
+    Outside {
+        /// The file.
+        path: PathBuf,
+        /// The directory the job may read.
+        root: PathBuf,
+    },
     /// A followed input was replaced by another file (rotated away).
     #[error(
         "input `{}` was replaced by another file while the job followed it (log rotation?); \
          inputs must only grow: append to the file instead of replacing it",
         path.display()
     )]
-    Replaced { path: PathBuf },
+    Replaced {
+        /// The file.
+        path: PathBuf,
+    },
     /// The bytes before the committed position are no longer a line end.
     #[error(
         "input `{}` changed: byte {committed}, where processing resumes, no longer starts a line \
@@ -44,7 +65,12 @@ pub enum SourceError {
          or start over with a new state directory and output directory",
         path.display()
     )]
-    Changed { path: PathBuf, committed: u64 },
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// The committed length.
+        committed: u64,
+    },
     /// The line before the committed position is not the one committed.
     #[error(
         "input `{}` changed: the line that ends at byte {committed}, the last one processed and committed, \
@@ -52,7 +78,12 @@ pub enum SourceError {
          Restore the original file, or start over with a new state directory and output directory",
         path.display()
     )]
-    Rewritten { path: PathBuf, committed: u64 },
+    Rewritten {
+        /// The file.
+        path: PathBuf,
+        /// The committed length.
+        committed: u64,
+    },
 }
 
 /// How far a partition has been read: the next line and its byte position.
@@ -167,8 +198,6 @@ impl Skipped {
     }
 }
 
-/// How many of an oversized record's first bytes its dead letter keeps.
-pub const OVERSIZED_PREFIX_BYTES: usize = 1024;
 
 /// What reading one line gave.
 enum LineRead {
@@ -177,9 +206,21 @@ enum LineRead {
     /// A line still being appended (follow mode): read it once whole.
     Partial,
     /// A line in `line`, `bytes` long with its line ending.
-    Line { bytes: u64 },
+    Line {
+        /// Its length with its line ending.
+        bytes: u64,
+    },
     /// A line over the limit, `bytes` long with its line ending.
-    Oversized { bytes: u64, size: u64, prefix: Vec<u8>, fingerprint: u64 },
+    Oversized {
+        /// Its length with its line ending.
+        bytes: u64,
+        /// Its size in bytes.
+        size: u64,
+        /// Its first bytes, kept for its dead letter.
+        prefix: Vec<u8>,
+        /// Its fingerprint (see [`line_fingerprint`]).
+        fingerprint: u64,
+    },
 }
 
 impl Partition {

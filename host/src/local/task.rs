@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tally_core::commit::TwoPhaseCommitter;
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{JobObserver, RunSummary};
 use tally_core::plugin::{Event, JobContext, LoadedPlugin, PluginError, Processor};
@@ -21,11 +22,11 @@ use tally_core::task::{Committed, Ran, RunError, Task};
 use tally_core::transaction::Transaction;
 use tally_state_rocks::RocksStore;
 
-use crate::committer::{CommitError, Committer, LocalCommitter};
+use crate::local::committer::{CommitError, LocalCommitter};
 use crate::config::JobConfig;
 use crate::lock::{DirLock, LockError};
-use crate::sink::Lineage;
-use crate::source::{InputRecord, LocalSource, SourceError};
+use crate::local::sink::Lineage;
+use crate::local::source::{InputRecord, LocalSource, SourceError};
 
 /// Why a job stopped before finishing its inputs.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +57,10 @@ pub enum TaskError {
     /// An earlier commit failed; the task must be reopened, which recovers
     /// from the last commit.
     #[error("an earlier commit of job `{job}` failed; open the job again to recover from its last commit")]
-    Failed { job: String },
+    Failed {
+        /// The job.
+        job: String,
+    },
 }
 
 impl TaskError {
@@ -107,7 +111,7 @@ pub struct LocalTask {
     committer: LocalCommitter,
     store: Arc<dyn StateStore>,
     /// Where the inputs stand in the last commit (a rollback reads on from here).
-    committed_positions: Vec<crate::source::LocalPosition>,
+    committed_positions: Vec<crate::local::source::LocalPosition>,
     /// Set when a run failed: what is in memory can no longer be committed.
     failed: bool,
     _locks: Vec<DirLock>,
@@ -235,7 +239,7 @@ impl LocalTask {
             self.failed = true;
             self.task.drop_transaction(&err.to_string());
             // Best effort: reopening the task cuts the files back anyway.
-            let _ = self.committer.discard();
+            let _ = self.committer.abort();
         }
         result
     }
@@ -319,7 +323,7 @@ impl LocalTask {
         self.task.context().idle();
         let positions = self.source.positions();
         let started = Instant::now();
-        self.committer.commit(self.task.txn(), &positions)?;
+        self.committer.commit_all(self.task.txn(), &positions)?;
         let took = started.elapsed();
         tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
         summary.commits += 1;
@@ -334,7 +338,7 @@ impl LocalTask {
     /// are read again from it.
     fn roll_back(&mut self, reason: String, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
         self.task.roll_back(reason);
-        self.committer.discard()?;
+        self.committer.abort()?;
         self.reread_from_last_commit(uncommitted)
     }
 
@@ -343,7 +347,7 @@ impl LocalTask {
     /// trial over, and the inputs are read again from the last commit.
     fn abandon(&mut self, reason: &str, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
         self.task.drop_transaction(reason);
-        self.committer.discard()?;
+        self.committer.abort()?;
         self.reread_from_last_commit(uncommitted)
     }
 

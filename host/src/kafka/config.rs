@@ -1,0 +1,154 @@
+//! Kafka mode's section of a job file, `[kafka]`, and its checks.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::config::{ConfigError, JobConfig};
+
+/// Which guarantee a Kafka job gives.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Guarantee {
+    /// Outputs, changelog and input offsets commit in one Kafka transaction.
+    #[default]
+    ExactlyOnce,
+    /// Outputs and changelog are flushed, then offsets committed: after a
+    /// crash some records are processed again.
+    AtLeastOnce,
+}
+
+/// Transaction timeout of a Kafka job when it does not set one: how long a
+/// crashed or paused instance's open transaction can hold back readers.
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 10_000;
+
+/// Kafka mode's brokers, topics and state.
+///
+/// ```toml
+/// [kafka]
+/// brokers = "127.0.0.1:9092"
+/// inputs = ["usage"]
+/// outputs = { totals = "billing-totals" }
+/// dead_letter_topic = "billing-dead-letters"
+/// state_dir = "state"
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap servers (`host:port,...`).
+    pub brokers: String,
+    /// Consumer group; `tally-<job name>` when not set. Every process of the
+    /// job uses the same group and shares the partitions.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Input topics. They must have the same number of partitions: partition
+    /// `p` of every input feeds the same state (like Kafka Streams' tasks).
+    pub inputs: Vec<String>,
+    /// Topic of each output: `output name -> topic`.
+    pub outputs: std::collections::BTreeMap<String, String>,
+    /// Topic of rejected and trapping records.
+    pub dead_letter_topic: String,
+    /// Directory of this process's local state (RocksDB), its lock and its
+    /// instance id.
+    pub state_dir: PathBuf,
+    /// `exactly_once` (default) or `at_least_once`.
+    #[serde(default)]
+    pub guarantee: Guarantee,
+    /// Create missing input, output and dead-letter topics (with as many
+    /// partitions as the inputs, or `create_partitions` when no input exists).
+    #[serde(default)]
+    pub create_topics: bool,
+    /// Partitions of topics created when no input topic exists yet.
+    #[serde(default = "default_create_partitions")]
+    pub create_partitions: u32,
+    /// Kafka transaction timeout, in milliseconds.
+    #[serde(default = "default_transaction_timeout_ms")]
+    pub transaction_timeout_ms: u64,
+    /// Extra librdkafka properties for every client of the job (for example
+    /// `"session.timeout.ms" = "6000"`); a `producer.` or `consumer.` prefix
+    /// gives one to the producer or to the consumers only.
+    #[serde(default)]
+    pub client: std::collections::BTreeMap<String, String>,
+}
+
+pub(crate) fn default_create_partitions() -> u32 {
+    1
+}
+pub(crate) fn default_transaction_timeout_ms() -> u64 {
+    DEFAULT_TRANSACTION_TIMEOUT_MS
+}
+
+impl KafkaConfig {
+    /// The consumer group of job `job`.
+    pub fn group_id(&self, job: &str) -> String {
+        self.group.clone().unwrap_or_else(|| format!("tally-{job}"))
+    }
+
+    /// The topic of output `name`, if the job maps it.
+    pub fn output_topic(&self, name: &str) -> Option<&str> {
+        self.outputs.get(name).map(String::as_str)
+    }
+
+    /// Checks the section within job `job`; the message says what to change.
+    pub fn validate(&self, job: &JobConfig) -> Result<(), ConfigError> {
+        let kafka = self;
+        let invalid = |message: String| Err(ConfigError::Invalid { job: job.name.clone(), message });
+        if kafka.brokers.trim().is_empty() {
+            return invalid("kafka.brokers must name at least one broker (host:port)".into());
+        }
+        if kafka.inputs.is_empty() {
+            return invalid("kafka.inputs must name at least one topic".into());
+        }
+        for output in &job.outputs {
+            if !kafka.outputs.contains_key(output) {
+                return invalid(format!("output `{output}` has no topic: add `{output} = \"<topic>\"` to kafka.outputs"));
+            }
+        }
+        if let Some(extra) = kafka.outputs.keys().find(|name| !job.outputs.contains(name)) {
+            return invalid(format!("kafka.outputs maps `{extra}`, which is not in the job's outputs; add it there or remove it"));
+        }
+        let mut topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
+        topics.extend(kafka.outputs.values().map(String::as_str));
+        topics.push(&kafka.dead_letter_topic);
+        if let Some(bad) = topics.iter().find(|topic| !valid_topic(topic)) {
+            return invalid(format!("{bad:?} is not a valid Kafka topic name (letters, digits, `.`, `_`, `-`; 1 to 249 characters)"));
+        }
+        let inputs: std::collections::HashSet<&str> = kafka.inputs.iter().map(String::as_str).collect();
+        if inputs.len() != kafka.inputs.len() {
+            return invalid("kafka.inputs names a topic twice".into());
+        }
+        if let Some(loop_topic) = topics[kafka.inputs.len()..].iter().find(|topic| inputs.contains(*topic)) {
+            return invalid(format!("topic `{loop_topic}` is both an input and an output; a job must not read what it writes"));
+        }
+        if kafka.transaction_timeout_ms < 1_000
+            || kafka.transaction_timeout_ms < 2 * job.commit_interval_ms
+            || kafka.transaction_timeout_ms > 900_000
+        {
+            return invalid(
+                "kafka.transaction_timeout_ms must be between 1000 and 900000 (the broker's default \
+                 transaction.max.timeout.ms), and at least twice commit_interval_ms"
+                    .into(),
+            );
+        }
+        use super::topics::{property_name as property, OWNED_PROPERTIES};
+        if let Some(key) = kafka.client.keys().find(|key| OWNED_PROPERTIES.contains(&property(key))) {
+            return invalid(format!("kafka.client may not set `{key}`: Tally sets it itself, and the guarantee depends on it"));
+        }
+        if let Some(key) = kafka.client.keys().find(|key| property(key).is_empty()) {
+            return invalid(format!("kafka.client key `{key}` names no property: write `{key}<property>`, e.g. `{key}linger.ms`"));
+        }
+        if kafka.create_partitions == 0 {
+            return invalid("kafka.create_partitions must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Kafka's rule for topic names.
+fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+}

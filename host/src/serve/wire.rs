@@ -1,0 +1,128 @@
+//! The admin API's bodies: what the server sends and the client reads,
+//! one set of types for both, so the CLI never reads JSON by string keys.
+//! The routes and examples are in `docs/admin-api.md`.
+
+use serde::{Deserialize, Serialize};
+
+pub use super::registry::{PluginVersion, VersionStatus};
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Opening: recovering state, joining the group.
+    Starting,
+    /// Processing (or waiting for input).
+    Running,
+    /// Paused by its tenant; everything processed is committed.
+    Paused,
+    /// Failed; the host retries with backoff (see `last_error`).
+    Failed,
+    /// Stopped for good (host shutting down, or the job deleted).
+    Stopped,
+    /// Could not be resumed when the host started (see `last_error`): fix
+    /// the cause and restart the host, or delete the job.
+    Broken,
+}
+
+/// What `status` shows about a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// The job's name.
+    pub name: String,
+    /// `local` or `kafka`.
+    pub mode: JobMode,
+    /// Where the job is in its life.
+    pub state: JobState,
+    /// Digest of the plugin version running.
+    pub plugin: String,
+    /// A pushed version waiting for its trial, or on it, if any.
+    pub pending_plugin: Option<String>,
+    /// The version running its trial transaction now, if any.
+    pub on_trial: Option<String>,
+    /// Input records in committed transactions since the host started.
+    pub records: u64,
+    /// Committed input records per second, over the last few seconds.
+    pub throughput: f64,
+    /// How far behind the input the job is after its last commit.
+    pub lag: Option<u64>,
+    /// The unit of `lag`: `records` (Kafka) or `bytes` (local files).
+    pub lag_unit: LagUnit,
+    /// Transactions committed since the host started.
+    pub commits: u64,
+    /// Plugin versions rolled back since the host started.
+    pub rollbacks: u64,
+    /// The last thing that went wrong since the host started, if anything
+    /// did (it stays after the job recovers; `state` says how it is now).
+    pub last_error: Option<String>,
+    /// What the last push led to.
+    pub last_swap: Option<String>,
+    /// CPU seconds the job's plugin calls used since the host started,
+    /// counted as they run.
+    pub cpu_seconds: f64,
+    /// Plugin calls that trapped or broke a limit since the host started.
+    pub traps: u64,
+    /// Of them, calls stopped for exceeding their CPU budget.
+    pub cpu_budget_breaches: u64,
+    /// Plugin log lines dropped by the rate limit.
+    pub log_lines_dropped: u64,
+    /// The plugin's last failure, and how many seconds ago it was.
+    pub last_plugin_failure: Option<String>,
+    /// Whether the job is demoted now: its plugin calls mostly fail, so it
+    /// runs only a tenth of the time while other tenants' jobs work.
+    pub demoted: bool,
+}
+
+/// How a job reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobMode {
+    /// NDJSON files.
+    Local,
+    /// Kafka topics.
+    Kafka,
+    /// Not known: the job could not be resumed.
+    Unknown,
+}
+
+/// The unit of a job's lag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LagUnit {
+    /// Records (Kafka: summed consumer lag).
+    Records,
+    /// Bytes (local files: unread bytes).
+    Bytes,
+    /// Not known.
+    #[serde(rename = "")]
+    Unknown,
+}
+
+/// One committed state value, as an interactive query returns it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateValue {
+    /// The key asked for.
+    pub key: String,
+    /// The committed value: JSON when it is JSON, else text.
+    pub value: serde_json::Value,
+    /// The input partition holding it (Kafka jobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<i32>,
+}
+
+/// Body of a deploy request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeployRequest {
+    /// The job file (TOML).
+    pub job: String,
+    /// The plugin component, base64-encoded.
+    pub plugin: String,
+}
+
+/// What a delete answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deleted {
+    /// The job deleted.
+    pub deleted: String,
+}
