@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde::Serialize;
 use serde_json::Value;
 use tally_host::client::AdminClient;
-use tally_host::serve::wire::JobStatus;
+use tally_host::serve::wire::{Deleted, JobStatus, PluginVersion, StateValue};
 
 use crate::{Admin, AdminJobsCommand as JobsCommand};
 
@@ -21,7 +21,7 @@ pub fn jobs(admin: &Admin, command: JobsCommand) -> anyhow::Result<()> {
     let client = client(admin);
     match command {
         JobsCommand::List { json } => {
-            let jobs = client.list()?;
+            let jobs: Vec<JobStatus> = client.list()?;
             if json {
                 return print_json(&jobs);
             }
@@ -49,17 +49,17 @@ pub fn jobs(admin: &Admin, command: JobsCommand) -> anyhow::Result<()> {
             print_status(&client.deploy(&job_text, &bytes)?, json)
         }
         JobsCommand::Pause { job } => {
-            client.pause(&job)?;
+            client.pause::<JobStatus>(&job)?;
             println!("job `{job}` paused; everything it processed is committed");
             Ok(())
         }
         JobsCommand::Resume { job } => {
-            client.resume(&job)?;
+            client.resume::<JobStatus>(&job)?;
             println!("job `{job}` resumed");
             Ok(())
         }
         JobsCommand::Delete { job } => {
-            client.delete(&job)?;
+            client.delete::<Deleted>(&job)?;
             println!("job `{job}` deleted (a Kafka job's topics and consumer group stay on the brokers)");
             Ok(())
         }
@@ -82,7 +82,7 @@ fn deploy_parts(file: &Path, plugin: Option<&Path>) -> anyhow::Result<(String, s
 /// `tally plugin push`
 pub fn push(admin: &Admin, job: &str, file: &Path, json: bool) -> anyhow::Result<()> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read plugin `{}`", file.display()))?;
-    let version = client(admin).push(job, &bytes)?;
+    let version: PluginVersion = client(admin).push(job, &bytes)?;
     if json {
         return print_json(&version);
     }
@@ -93,7 +93,7 @@ pub fn push(admin: &Admin, job: &str, file: &Path, json: bool) -> anyhow::Result
 
 /// `tally plugin history`
 pub fn history(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
-    let versions = client(admin).history(job)?;
+    let versions: Vec<PluginVersion> = client(admin).history(job)?;
     if json {
         return print_json(&versions);
     }
@@ -110,7 +110,7 @@ pub fn history(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
 
 /// `tally plugin rollback`
 pub fn rollback(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
-    let version = client(admin).rollback(job)?;
+    let version: PluginVersion = client(admin).rollback(job)?;
     if json {
         return print_json(&version);
     }
@@ -120,7 +120,7 @@ pub fn rollback(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
 
 /// `tally state get`
 pub fn state_get(admin: &Admin, job: &str, key: &str, json: bool) -> anyhow::Result<()> {
-    let value = client(admin).state_get(job, key)?;
+    let value: StateValue = client(admin).state_get(job, key)?;
     if json {
         return print_json(&value);
     }

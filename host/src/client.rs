@@ -7,7 +7,6 @@ use base64::Engine as _;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::serve::wire::{Deleted, JobStatus, PluginVersion, StateValue};
 
 /// The admin API's address when none is given.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
@@ -93,7 +92,9 @@ impl AdminClient {
         Ok(value)
     }
 
-    /// Sends a request and reads the answer as `T`.
+    /// Sends a request and reads the answer as `T`: one of
+    /// [`crate::serve::wire`]'s types, or `serde_json::Value` for the JSON
+    /// as it came.
     fn typed<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<T, ClientError> {
         let value = self.request(method, path, body)?;
         serde_json::from_value(value).map_err(|err| ClientError::Unreachable {
@@ -102,54 +103,54 @@ impl AdminClient {
         })
     }
 
-    /// The tenant's jobs.
-    pub fn list(&self) -> Result<Vec<JobStatus>, ClientError> {
+    /// The tenant's jobs: [`JobStatus`](crate::serve::wire::JobStatus)s (or the JSON itself, as `serde_json::Value`).
+    pub fn list<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
         self.typed("GET", "/v1/jobs", None)
     }
 
-    /// One job's status.
-    pub fn status(&self, job: &str) -> Result<JobStatus, ClientError> {
+    /// One job's status: [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
+    pub fn status<T: DeserializeOwned>(&self, job: &str) -> Result<T, ClientError> {
         self.typed("GET", &format!("/v1/jobs/{job}"), None)
     }
 
-    /// Deploys a job file with its plugin component.
-    pub fn deploy(&self, job_toml: &str, plugin: &[u8]) -> Result<JobStatus, ClientError> {
+    /// Deploys a job file with its plugin component: [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
+    pub fn deploy<T: DeserializeOwned>(&self, job_toml: &str, plugin: &[u8]) -> Result<T, ClientError> {
         let body = serde_json::json!({ "job": job_toml, "plugin": base64::engine::general_purpose::STANDARD.encode(plugin) });
         self.typed("POST", "/v1/jobs", Some(("application/json", body.to_string().into_bytes())))
     }
 
-    /// Pauses a job.
-    pub fn pause(&self, job: &str) -> Result<JobStatus, ClientError> {
+    /// Pauses a job: [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
+    pub fn pause<T: DeserializeOwned>(&self, job: &str) -> Result<T, ClientError> {
         self.typed("POST", &format!("/v1/jobs/{job}/pause"), None)
     }
 
-    /// Resumes a job.
-    pub fn resume(&self, job: &str) -> Result<JobStatus, ClientError> {
+    /// Resumes a job: [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
+    pub fn resume<T: DeserializeOwned>(&self, job: &str) -> Result<T, ClientError> {
         self.typed("POST", &format!("/v1/jobs/{job}/resume"), None)
     }
 
-    /// Deletes a job.
-    pub fn delete(&self, job: &str) -> Result<Deleted, ClientError> {
+    /// Deletes a job: [`Deleted`](crate::serve::wire::Deleted) (or the JSON itself, as `serde_json::Value`).
+    pub fn delete<T: DeserializeOwned>(&self, job: &str) -> Result<T, ClientError> {
         self.typed("DELETE", &format!("/v1/jobs/{job}"), None)
     }
 
-    /// Pushes a plugin version into a running job.
-    pub fn push(&self, job: &str, plugin: &[u8]) -> Result<PluginVersion, ClientError> {
+    /// Pushes a plugin version into a running job: [`PluginVersion`](crate::serve::wire::PluginVersion) (or the JSON itself, as `serde_json::Value`).
+    pub fn push<T: DeserializeOwned>(&self, job: &str, plugin: &[u8]) -> Result<T, ClientError> {
         self.typed("POST", &format!("/v1/jobs/{job}/plugin"), Some(("application/wasm", plugin.to_vec())))
     }
 
-    /// Every plugin version pushed to a job.
-    pub fn history(&self, job: &str) -> Result<Vec<PluginVersion>, ClientError> {
+    /// Every plugin version pushed to a job: [`PluginVersion`](crate::serve::wire::PluginVersion)s (or the JSON itself, as `serde_json::Value`).
+    pub fn history<T: DeserializeOwned>(&self, job: &str) -> Result<T, ClientError> {
         self.typed("GET", &format!("/v1/jobs/{job}/plugin/history"), None)
     }
 
-    /// Goes back to the job's previous plugin version.
-    pub fn rollback(&self, job: &str) -> Result<PluginVersion, ClientError> {
+    /// Goes back to the job's previous plugin version: [`PluginVersion`](crate::serve::wire::PluginVersion) (or the JSON itself, as `serde_json::Value`).
+    pub fn rollback<T: DeserializeOwned>(&self, job: &str) -> Result<T, ClientError> {
         self.typed("POST", &format!("/v1/jobs/{job}/plugin/rollback"), None)
     }
 
-    /// One committed state value of a job.
-    pub fn state_get(&self, job: &str, key: &str) -> Result<StateValue, ClientError> {
+    /// One committed state value of a job: [`StateValue`](crate::serve::wire::StateValue) (or the JSON itself, as `serde_json::Value`).
+    pub fn state_get<T: DeserializeOwned>(&self, job: &str, key: &str) -> Result<T, ClientError> {
         let key = percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC);
         self.typed("GET", &format!("/v1/jobs/{job}/state?key={key}"), None)
     }

@@ -24,6 +24,7 @@
 
 pub mod client;
 pub mod config;
+pub mod job;
 pub mod kafka;
 pub mod local;
 pub mod lock;

@@ -163,9 +163,12 @@ fn sigterm_before_the_job_opens_stops_it_cleanly_too() {
     let lines = usage_lines(12, 5_000, 10);
     let (inputs, partitions) = write_partitions(dir.path(), &lines, FILES);
     let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "");
-    // While the plugin compiles (about 100 ms), before the job opens.
+    // While the plugin compiles (about 100 ms), before the job opens: as
+    // soon as the process catches SIGTERM. (A fixed delay raced the start
+    // of a 500 MB binary on a loaded machine: a signal before the handler
+    // exists is the kernel's to deliver, and kills with 143.)
     let child = Command::new(tally_binary()).arg("run").arg(&job).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(30));
+    wait_until_it_catches_sigterm(child.id());
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     let stopped = child.wait_with_output().unwrap();
     assert!(stopped.status.success(), "an early SIGTERM ends the run cleanly, not with 143: {} {}", stopped.status, String::from_utf8_lossy(&stopped.stderr));
@@ -173,4 +176,24 @@ fn sigterm_before_the_job_opens_stops_it_cleanly_too() {
     let rest = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
     assert!(rest.status.success());
     check_exactly_once(dir.path(), &lines, &partitions);
+}
+
+/// Waits until process `pid` has a handler for SIGTERM (its `SigCgt` mask
+/// in `/proc/<pid>/status` has bit 15), for at most 10 s.
+fn wait_until_it_catches_sigterm(pid: u32) {
+    const SIGTERM_BIT: u64 = 1 << (15 - 1);
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let caught = status
+            .lines()
+            .find_map(|line| line.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .unwrap_or(0);
+        if caught & SIGTERM_BIT != 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    panic!("process {pid} installed no SIGTERM handler within 10 s");
 }

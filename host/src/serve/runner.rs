@@ -2,29 +2,30 @@
 //! stop), its status, and the observer that turns commits and swaps into
 //! status, metrics and plugin history.
 
-use tally_core::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-
 use tally_core::batch::BatchOutcome;
-use crate::config::JobConfig;
 use tally_core::fair_share::CpuSeat;
 use tally_core::hot_swap::{PluginSlot, SwapEvent};
 use tally_core::observe::{CommitReport, JobObserver};
-use crate::kafka::{KafkaJob, KafkaRunOptions};
-use crate::metrics::JobMetrics;
 use tally_core::plugin::context::{sanitize, LogLimits, PluginLog, MAX_REASON_BYTES};
 use tally_core::plugin::{JobContext, LoadedPlugin};
 use tally_core::state::StateStore;
+use tally_core::sync::lock;
+
+use crate::config::JobConfig;
+use crate::job::{Job, JobError};
+use crate::kafka::KafkaJob;
 use crate::local::task::LocalTask;
+use crate::metrics::JobMetrics;
 
 use super::error::ServeError;
-use super::wire::{JobMode, JobState, JobStatus, LagUnit};
 use super::registry::{JobDir, JobRecord, VersionStatus};
+use super::wire::{JobMode, JobState, JobStatus, LagUnit};
 
 /// A job that has not committed for this long reports no throughput.
 const IDLE_AFTER: Duration = Duration::from_secs(5);
@@ -119,26 +120,14 @@ enum AfterFailure {
 }
 
 impl Failure {
-    /// What to do after `err`, as the error itself says.
-    fn of(err: &dyn std::error::Error, retryable: bool, needs_new_plugin: bool) -> Failure {
-        let then = match (needs_new_plugin, retryable) {
+    /// What to do after `err`: the error itself says.
+    fn of(err: impl JobError) -> Failure {
+        let then = match (err.needs_new_plugin(), err.is_retryable()) {
             (true, _) => AfterFailure::Pause,
             (false, true) => AfterFailure::Retry,
             (false, false) => AfterFailure::Halt,
         };
         Failure { message: sanitize(&err.to_string(), 2 * MAX_REASON_BYTES), then }
-    }
-}
-
-impl From<crate::local::task::TaskError> for Failure {
-    fn from(err: crate::local::task::TaskError) -> Failure {
-        Failure::of(&err, err.is_retryable(), err.needs_new_plugin())
-    }
-}
-
-impl From<crate::kafka::KafkaJobError> for Failure {
-    fn from(err: crate::kafka::KafkaJobError) -> Failure {
-        Failure::of(&err, err.is_retryable(), err.needs_new_plugin())
     }
 }
 
@@ -395,7 +384,7 @@ impl JobRuntime {
             let opened_at = Instant::now();
             // A bug of the host's must stop this job, not leave it looking
             // alive with its thread gone.
-            let run = std::panic::AssertUnwindSafe(|| if self.is_kafka() { self.run_kafka() } else { self.run_local() });
+            let run = std::panic::AssertUnwindSafe(|| if self.is_kafka() { self.run_job::<KafkaJob>() } else { self.run_job::<LocalTask>() });
             let result = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
                 let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
                 Err(Failure {
@@ -465,26 +454,16 @@ impl JobRuntime {
         Arc::new(Observer { runtime: self.clone() })
     }
 
-    fn run_local(self: &Arc<Self>) -> Result<(), Failure> {
+    /// Opens the job as a `J`, then runs it until it is deleted or the
+    /// host stops, waiting while it is paused.
+    fn run_job<J: Job>(self: &Arc<Self>) -> Result<(), Failure> {
         let plugin = self.active_plugin().map_err(|err| Failure { message: err.to_string(), then: AfterFailure::Halt })?;
-        let mut task = LocalTask::open_in(&self.config, &plugin, self.context.clone())?;
-        task.attach(self.slot.clone(), self.config.hot_swap, self.observer());
-        *lock(&self.store) = Some((task.store(), 0));
-        while self.wait_while_paused() {
-            self.set_state(JobState::Running);
-            task.run_following(&self.context.stop)?;
-        }
-        Ok(())
-    }
-
-    fn run_kafka(self: &Arc<Self>) -> Result<(), Failure> {
-        let plugin = self.active_plugin().map_err(|err| Failure { message: err.to_string(), then: AfterFailure::Halt })?;
-        let mut job = KafkaJob::open_in(&self.config, &plugin, self.context.clone())?;
+        let mut job = J::open(&self.config, &plugin, self.context.clone()).map_err(Failure::of)?;
         job.attach(self.slot.clone(), self.config.hot_swap, self.observer());
-        *lock(&self.store) = Some((job.store(), job.partitions()));
+        *lock(&self.store) = Some(job.state());
         while self.wait_while_paused() {
             self.set_state(JobState::Running);
-            job.run_until(&self.context.stop, KafkaRunOptions::default())?;
+            job.run(&self.context.stop).map_err(Failure::of)?;
         }
         Ok(())
     }
