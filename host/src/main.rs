@@ -15,7 +15,7 @@ use tally_host::kafka::{KafkaJob, KafkaRunOptions};
 use tally_core::plugin::{LoadedPlugin, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
 use tally_core::state::StateStore;
 use tally_state_rocks::RocksStore;
-use tally_host::local::task::LocalTask;
+use tally_host::local::LocalTask;
 
 /// mimalloc instead of glibc's malloc: the job loop allocates and frees
 /// millions of small buffers a second, and glibc spent ~15% of the billing

@@ -17,7 +17,7 @@ use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{CommitReport, JobObserver};
 use tally_host::kafka::{KafkaJob, KafkaRunOptions};
 use tally_core::plugin::{LoadedPlugin, PluginRuntime};
-use tally_host::local::task::LocalTask;
+use tally_host::local::LocalTask;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
 use tally_tests::kafka::{bootstrap, partition_of, KafkaBillingJob};

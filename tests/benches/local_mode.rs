@@ -16,7 +16,7 @@ use std::path::Path;
 use tally_host::config::{JobConfig, Limits, LocalConfig, Mode, DEFAULT_BATCH_SIZE};
 use tally_core::plugin::PluginRuntime;
 use tally_core::observe::RunSummary;
-use tally_host::local::task::LocalTask;
+use tally_host::local::LocalTask;
 use tally_tests::native::NativeProcessor;
 use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, write_partitions};
 

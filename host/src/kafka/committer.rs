@@ -1,164 +1,29 @@
-//! Kafka mode's committer: sends a transaction's outputs (with lineage
-//! headers), its changelog records and its input offsets, commits them as
-//! one Kafka transaction (or, `at_least_once`, flushes then commits the
+//! Kafka mode's committer: opens the Kafka transaction, sends a
+//! transaction's changelog records and input offsets (its outputs go
+//! through the record collector, [`super::collector`]), commits them as one
+//! Kafka transaction (or, `at_least_once`, flushes then commits the
 //! offsets), and only then applies the state to RocksDB.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::config::FromClientConfigAndContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, ConsumerGroupMetadata};
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
 
+pub use super::producer::{classify, DeliveryTracker, JobProducer, Recovery};
 use super::keys::{checkpoint_key, included_key, split_namespaced, split_source_id, ChangelogKey};
 use crate::config::Guarantee;
 use tally_core::commit::TwoPhaseCommitter;
 use tally_core::state::{StateError, StateStore, StoreCommit};
-use tally_core::transaction::{SourcePosition, Transaction};
+use tally_core::transaction::Transaction;
 
-/// Header of the input topic an output record came from.
-pub const HEADER_SOURCE_TOPIC: &str = "tally.source.topic";
-/// Header of the input partition an output record came from.
-pub const HEADER_SOURCE_PARTITION: &str = "tally.source.partition";
-/// Header of the input offset an output record came from.
-pub const HEADER_SOURCE_OFFSET: &str = "tally.source.offset";
-/// Header of the digest of the plugin that produced a record.
-pub const HEADER_PLUGIN: &str = "tally.plugin";
-/// Header of the deterministic idempotency key
-/// `<job>/<topic>/<partition>/<offset>/<n>`: the same on every re-run of the
-/// same input, so a downstream effect can dedupe.
-pub const HEADER_IDEMPOTENCY_KEY: &str = "tally.idempotency-key";
-/// Header of a dead letter's reason.
-pub const HEADER_REASON: &str = "tally.reason";
-/// Header of a dead letter whose record was cut: its original length.
-pub const HEADER_TRUNCATED_FROM: &str = "tally.truncated-from";
-/// Most bytes of a record a dead letter keeps.
-pub const MAX_DEAD_LETTER_BYTES: usize = 512 << 10;
-/// Most bytes of a dead letter's reason.
-const MAX_REASON_BYTES: usize = 4 << 10;
 /// Largest output or state value a Kafka job may write: librdkafka refuses
 /// records over `message.max.bytes` (1,000,000), key and headers included.
 pub const MAX_KAFKA_VALUE_BYTES: u32 = 900_000;
-
-/// The longest prefix of `text` of at most `max` bytes that ends on a
-/// character boundary.
-fn truncate_utf8(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-/// Delivery reports: the first failure, and how far each changelog
-/// partition was written (its restore checkpoint).
-pub struct DeliveryTracker {
-    changelog: String,
-    deliveries: Mutex<Deliveries>,
-}
-
-#[derive(Default)]
-struct Deliveries {
-    first_error: Option<String>,
-    changelog_next: HashMap<i32, i64>,
-}
-
-impl DeliveryTracker {
-    /// A tracker noting delivered offsets of topic `changelog`.
-    pub fn new(changelog: String) -> DeliveryTracker {
-        DeliveryTracker { changelog, deliveries: Mutex::default() }
-    }
-
-    fn take_error(&self) -> Option<String> {
-        self.deliveries.lock().expect("delivery lock").first_error.take()
-    }
-
-    fn changelog_next(&self, partition: i32) -> Option<i64> {
-        self.deliveries.lock().expect("delivery lock").changelog_next.get(&partition).copied()
-    }
-}
-
-impl ClientContext for DeliveryTracker {
-    fn error(&self, error: KafkaError, reason: &str) {
-        super::log_client_error(error, reason);
-    }
-}
-
-impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        let mut deliveries = self.deliveries.lock().expect("delivery lock");
-        match result {
-            Ok(record) if record.topic() == self.changelog => {
-                let next = deliveries.changelog_next.entry(record.partition()).or_insert(0);
-                *next = (*next).max(record.offset() + 1);
-            }
-            Ok(_) => {}
-            Err((err, record)) => {
-                deliveries.first_error.get_or_insert_with(|| format!("sending to `{}` failed: {err}", record.topic()));
-            }
-        }
-    }
-}
-
-/// How long each poll of a [`JobProducer`]'s delivery thread lasts, and so
-/// the longest that dropping the producer waits for the thread to end.
-const DELIVERY_POLL: Duration = Duration::from_millis(10);
-
-/// The job's producer, with a thread of its own serving delivery reports.
-/// rdkafka's `ThreadedProducer` does the same, but polls in steps of
-/// 100 ms, and dropping it waits for the step to end: 50 ms on average at
-/// every session end, restarts and rebalances included.
-pub struct JobProducer {
-    producer: Arc<BaseProducer<DeliveryTracker>>,
-    stop: Arc<AtomicBool>,
-    deliveries: Option<std::thread::JoinHandle<()>>,
-}
-
-impl FromClientConfigAndContext<DeliveryTracker> for JobProducer {
-    fn from_config_and_context(config: &ClientConfig, tracker: DeliveryTracker) -> KafkaResult<JobProducer> {
-        let producer: Arc<BaseProducer<DeliveryTracker>> = Arc::new(config.create_with_context(tracker)?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let deliveries = {
-            let (producer, stop) = (producer.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name("tally-deliveries".to_string())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        producer.poll(DELIVERY_POLL);
-                    }
-                })
-                .map_err(|err| KafkaError::ClientCreation(format!("cannot start the delivery report thread: {err}")))?
-        };
-        Ok(JobProducer { producer, stop, deliveries: Some(deliveries) })
-    }
-}
-
-impl std::ops::Deref for JobProducer {
-    type Target = BaseProducer<DeliveryTracker>;
-
-    fn deref(&self) -> &Self::Target {
-        &self.producer
-    }
-}
-
-impl Drop for JobProducer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(deliveries) = self.deliveries.take() {
-            let _ = deliveries.join();
-        }
-    }
-}
 
 /// Names and settings the committer needs to address records.
 pub struct Addresses {
@@ -187,9 +52,9 @@ pub struct SentTransaction {
 
 /// Sends and commits a Kafka job's transactions.
 pub struct KafkaCommitter {
-    producer: Arc<JobProducer>,
+    pub(super) producer: Arc<JobProducer>,
     guarantee: Guarantee,
-    addresses: Addresses,
+    pub(super) addresses: Addresses,
     store: Arc<dyn StateStore>,
     /// Whether a Kafka transaction is open; shared with the rebalance
     /// handler, which aborts it before partitions are given up.
@@ -212,25 +77,6 @@ pub enum KafkaCommitError {
     State(#[from] StateError),
 }
 
-/// What to do after a failed Kafka operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recovery {
-    /// Abort the transaction, drop the overlay, rewind to the committed
-    /// offsets, and go on.
-    Abort,
-    /// Drop the producer and the consumer, rejoin, restore: fenced, fatal,
-    /// or a commit whose outcome is unknown.
-    Restart,
-}
-
-/// Classifies a Kafka error of a transactional operation.
-pub fn classify(err: &KafkaError) -> Recovery {
-    match err {
-        KafkaError::Transaction(err) if err.txn_requires_abort() && !err.is_fatal() => Recovery::Abort,
-        _ => Recovery::Restart,
-    }
-}
-
 impl KafkaCommitter {
     /// A committer sending with `producer` (already `init_transactions`ed
     /// under `exactly_once`) and applying state to `store`.
@@ -245,84 +91,12 @@ impl KafkaCommitter {
         KafkaCommitter { producer, guarantee, addresses, store, open, timeout }
     }
 
-    fn ensure_open(&self) -> Result<(), KafkaError> {
+    pub(super) fn ensure_open(&self) -> Result<(), KafkaError> {
         if self.guarantee == Guarantee::ExactlyOnce && !self.open.load(Ordering::SeqCst) {
             self.producer.begin_transaction()?;
             self.open.store(true, Ordering::SeqCst);
         }
         Ok(())
-    }
-
-    /// Sends the transaction's outputs and dead letters so far (they become
-    /// visible only when the transaction commits).
-    pub fn send_outputs(&self, txn: &mut Transaction) -> Result<(), KafkaError> {
-        if txn.outputs.is_empty() && txn.dead_letters.is_empty() {
-            return Ok(());
-        }
-        self.ensure_open()?;
-        let digest = &txn.plugin_digest;
-        for output in txn.outputs.drain(..) {
-            let headers = self.lineage(output.source, output.sequence, digest);
-            let topic = &self.addresses.outputs[output.output];
-            let mut record = BaseRecord::<[u8], [u8]>::to(topic).payload(&output.value[..]).headers(headers);
-            if let Some(key) = &output.key {
-                record = record.key(&key[..]);
-            }
-            self.send(record)?;
-        }
-        for dead in txn.dead_letters.drain(..) {
-            // A record near the broker's size limit plus our headers would
-            // be refused, and the job would retry it forever: keep its
-            // start, and say how long it was.
-            let reason = truncate_utf8(&dead.reason, MAX_REASON_BYTES);
-            let mut headers = self.lineage(dead.source, 0, digest).insert(Header { key: HEADER_REASON, value: Some(reason) });
-            let mut payload = &dead.record[..];
-            let original_length = payload.len().to_string();
-            if payload.len() > MAX_DEAD_LETTER_BYTES {
-                payload = &payload[..MAX_DEAD_LETTER_BYTES];
-                headers = headers.insert(Header { key: HEADER_TRUNCATED_FROM, value: Some(original_length.as_str()) });
-            }
-            let record = BaseRecord::<[u8], [u8]>::to(&self.addresses.dead_letter).payload(payload).headers(headers);
-            self.send(record)?;
-        }
-        Ok(())
-    }
-
-    fn lineage(&self, source: SourcePosition, sequence: u32, plugin_digest: &str) -> OwnedHeaders {
-        let (topic, partition) = split_source_id(source.partition);
-        let topic = &self.addresses.inputs[topic];
-        let mut partition_text = itoa::Buffer::new();
-        let partition_text = partition_text.format(partition);
-        let mut offset_text = itoa::Buffer::new();
-        let offset_text = offset_text.format(source.offset);
-        let mut sequence_text = itoa::Buffer::new();
-        let sequence_text = sequence_text.format(sequence);
-        // `<job>/<topic>/<partition>/<offset>/<n>`, built without `format!`:
-        // this runs once per output record.
-        let mut key = String::with_capacity(self.addresses.job.len() + topic.len() + 40);
-        for part in [self.addresses.job.as_str(), "/", topic, "/", partition_text, "/", offset_text, "/", sequence_text] {
-            key.push_str(part);
-        }
-        OwnedHeaders::new_with_capacity(6)
-            .insert(Header { key: HEADER_SOURCE_TOPIC, value: Some(topic.as_str()) })
-            .insert(Header { key: HEADER_SOURCE_PARTITION, value: Some(partition_text) })
-            .insert(Header { key: HEADER_SOURCE_OFFSET, value: Some(offset_text) })
-            .insert(Header { key: HEADER_PLUGIN, value: Some(plugin_digest) })
-            .insert(Header { key: HEADER_IDEMPOTENCY_KEY, value: Some(key.as_str()) })
-    }
-
-    /// Sends one record, waiting while the producer's queue is full.
-    fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
-        loop {
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((err, _)) => return Err(err),
-            }
-        }
     }
 
     /// First half of a commit, on the job loop: sends the transaction's

@@ -16,18 +16,23 @@
 //!
 //! - [`topics`]: client settings, topic checks and creation.
 //! - [`changelog`]: the changelog record format and restore.
-//! - [`committer`]: sending outputs, committing transactions.
+//! - [`producer`]: the job's producer and its delivery reports; which
+//!   failures abort and which restart.
+//! - [`collector`]: sending outputs and dead letters with their lineage.
+//! - [`committer`]: the transaction: changelog, offsets, commit, state.
 //! - [`fetch`]: reading the input's records in batches.
 //! - [`job`]: the job loop, rebalances, and recovery from Kafka failures.
 //! - [`keys`]: the layout of source ids, state, metadata and changelog keys.
 
-pub mod changelog;
+pub(crate) mod changelog;
+pub mod collector;
 pub mod committer;
 pub mod config;
-pub mod fetch;
-pub mod job;
+pub(crate) mod fetch;
+mod job;
 pub mod keys;
-pub mod topics;
+mod producer;
+pub(crate) mod topics;
 
 pub use job::{KafkaJob, KafkaRunOptions};
 

@@ -10,10 +10,13 @@
 //!
 //! The formats are in `docs/formats.md`.
 
-pub mod committer;
+pub(crate) mod committer;
 pub mod config;
-pub mod sink;
-pub mod source;
-pub mod task;
+pub(crate) mod sink;
+pub(crate) mod source;
+mod task;
 
+pub use committer::CommitError;
+pub use sink::SinkError;
+pub use source::SourceError;
 pub use task::{LocalTask, TaskError};

@@ -296,7 +296,9 @@ pub struct LocalSource {
 }
 
 impl LocalSource {
-    /// Opens `paths`, each positioned at `positions[i]` (or the start).
+    /// Opens `paths`, each positioned at `positions[i]` (or the start),
+    /// unconfined (the tests' shorthand; jobs use [`LocalSource::open_confined`]).
+    #[cfg(test)]
     pub fn open(paths: &[PathBuf], positions: &[LocalPosition]) -> Result<LocalSource, SourceError> {
         LocalSource::open_confined(paths, positions, None)
     }
@@ -451,6 +453,7 @@ impl LocalSource {
     }
 
     /// Whether every partition has been read to its end.
+    #[cfg(test)]
     pub fn is_exhausted(&self) -> bool {
         self.partitions.iter().all(|p| p.exhausted)
     }

@@ -20,7 +20,7 @@ use tally_core::sync::lock;
 use crate::config::JobConfig;
 use crate::job::{Job, JobError};
 use crate::kafka::KafkaJob;
-use crate::local::task::LocalTask;
+use crate::local::LocalTask;
 use crate::metrics::JobMetrics;
 
 use super::error::ServeError;

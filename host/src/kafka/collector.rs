@@ -1,0 +1,121 @@
+//! The record collector: sends a transaction's outputs and dead letters
+//! into the open Kafka transaction, each with its lineage headers and
+//! idempotency key (`docs/formats.md`). It only sends: the committer
+//! decides when a transaction opens and commits.
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::BaseRecord;
+use std::time::Duration;
+
+use super::committer::KafkaCommitter;
+use super::keys::split_source_id;
+use tally_core::transaction::{SourcePosition, Transaction};
+
+/// Header of the input topic an output record came from.
+pub const HEADER_SOURCE_TOPIC: &str = "tally.source.topic";
+/// Header of the input partition an output record came from.
+pub const HEADER_SOURCE_PARTITION: &str = "tally.source.partition";
+/// Header of the input offset an output record came from.
+pub const HEADER_SOURCE_OFFSET: &str = "tally.source.offset";
+/// Header of the digest of the plugin that produced a record.
+pub const HEADER_PLUGIN: &str = "tally.plugin";
+/// Header of the deterministic idempotency key
+/// `<job>/<topic>/<partition>/<offset>/<n>`: the same on every re-run of the
+/// same input, so a downstream effect can dedupe.
+pub const HEADER_IDEMPOTENCY_KEY: &str = "tally.idempotency-key";
+/// Header of a dead letter's reason.
+pub const HEADER_REASON: &str = "tally.reason";
+/// Header of a dead letter whose record was cut: its original length.
+pub const HEADER_TRUNCATED_FROM: &str = "tally.truncated-from";
+/// Most bytes of a record a dead letter keeps.
+pub const MAX_DEAD_LETTER_BYTES: usize = 512 << 10;
+/// Most bytes of a dead letter's reason.
+const MAX_REASON_BYTES: usize = 4 << 10;
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a
+/// character boundary.
+fn truncate_utf8(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+impl KafkaCommitter {
+    /// Sends the transaction's outputs and dead letters so far (they become
+    /// visible only when the transaction commits).
+    pub fn send_outputs(&self, txn: &mut Transaction) -> Result<(), KafkaError> {
+        if txn.outputs.is_empty() && txn.dead_letters.is_empty() {
+            return Ok(());
+        }
+        self.ensure_open()?;
+        let digest = &txn.plugin_digest;
+        for output in txn.outputs.drain(..) {
+            let headers = self.lineage(output.source, output.sequence, digest);
+            let topic = &self.addresses.outputs[output.output];
+            let mut record = BaseRecord::<[u8], [u8]>::to(topic).payload(&output.value[..]).headers(headers);
+            if let Some(key) = &output.key {
+                record = record.key(&key[..]);
+            }
+            self.send(record)?;
+        }
+        for dead in txn.dead_letters.drain(..) {
+            // A record near the broker's size limit plus our headers would
+            // be refused, and the job would retry it forever: keep its
+            // start, and say how long it was.
+            let reason = truncate_utf8(&dead.reason, MAX_REASON_BYTES);
+            let mut headers = self.lineage(dead.source, 0, digest).insert(Header { key: HEADER_REASON, value: Some(reason) });
+            let mut payload = &dead.record[..];
+            let original_length = payload.len().to_string();
+            if payload.len() > MAX_DEAD_LETTER_BYTES {
+                payload = &payload[..MAX_DEAD_LETTER_BYTES];
+                headers = headers.insert(Header { key: HEADER_TRUNCATED_FROM, value: Some(original_length.as_str()) });
+            }
+            let record = BaseRecord::<[u8], [u8]>::to(&self.addresses.dead_letter).payload(payload).headers(headers);
+            self.send(record)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn lineage(&self, source: SourcePosition, sequence: u32, plugin_digest: &str) -> OwnedHeaders {
+        let (topic, partition) = split_source_id(source.partition);
+        let topic = &self.addresses.inputs[topic];
+        let mut partition_text = itoa::Buffer::new();
+        let partition_text = partition_text.format(partition);
+        let mut offset_text = itoa::Buffer::new();
+        let offset_text = offset_text.format(source.offset);
+        let mut sequence_text = itoa::Buffer::new();
+        let sequence_text = sequence_text.format(sequence);
+        // `<job>/<topic>/<partition>/<offset>/<n>`, built without `format!`:
+        // this runs once per output record.
+        let mut key = String::with_capacity(self.addresses.job.len() + topic.len() + 40);
+        for part in [self.addresses.job.as_str(), "/", topic, "/", partition_text, "/", offset_text, "/", sequence_text] {
+            key.push_str(part);
+        }
+        OwnedHeaders::new_with_capacity(6)
+            .insert(Header { key: HEADER_SOURCE_TOPIC, value: Some(topic.as_str()) })
+            .insert(Header { key: HEADER_SOURCE_PARTITION, value: Some(partition_text) })
+            .insert(Header { key: HEADER_SOURCE_OFFSET, value: Some(offset_text) })
+            .insert(Header { key: HEADER_PLUGIN, value: Some(plugin_digest) })
+            .insert(Header { key: HEADER_IDEMPOTENCY_KEY, value: Some(key.as_str()) })
+    }
+
+    /// Sends one record, waiting while the producer's queue is full.
+    pub(super) fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((err, _)) => return Err(err),
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The job's producer: a client with a thread of its own serving delivery
+//! reports (which track the changelog's restore checkpoints and the first
+//! failed delivery), and the classification of a failed transactional
+//! call into abort-and-go-on or restart.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::config::FromClientConfigAndContext;
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, DeliveryResult, ProducerContext};
+use rdkafka::{ClientConfig, ClientContext};
+
+/// Delivery reports: the first failure, and how far each changelog
+/// partition was written (its restore checkpoint).
+pub struct DeliveryTracker {
+    changelog: String,
+    deliveries: Mutex<Deliveries>,
+}
+
+#[derive(Default)]
+struct Deliveries {
+    first_error: Option<String>,
+    changelog_next: HashMap<i32, i64>,
+}
+
+impl DeliveryTracker {
+    /// A tracker noting delivered offsets of topic `changelog`.
+    pub fn new(changelog: String) -> DeliveryTracker {
+        DeliveryTracker { changelog, deliveries: Mutex::default() }
+    }
+
+    pub(super) fn take_error(&self) -> Option<String> {
+        self.deliveries.lock().expect("delivery lock").first_error.take()
+    }
+
+    pub(super) fn changelog_next(&self, partition: i32) -> Option<i64> {
+        self.deliveries.lock().expect("delivery lock").changelog_next.get(&partition).copied()
+    }
+}
+
+impl ClientContext for DeliveryTracker {
+    fn error(&self, error: KafkaError, reason: &str) {
+        super::log_client_error(error, reason);
+    }
+}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let mut deliveries = self.deliveries.lock().expect("delivery lock");
+        match result {
+            Ok(record) if record.topic() == self.changelog => {
+                let next = deliveries.changelog_next.entry(record.partition()).or_insert(0);
+                *next = (*next).max(record.offset() + 1);
+            }
+            Ok(_) => {}
+            Err((err, record)) => {
+                deliveries.first_error.get_or_insert_with(|| format!("sending to `{}` failed: {err}", record.topic()));
+            }
+        }
+    }
+}
+
+/// How long each poll of a [`JobProducer`]'s delivery thread lasts, and so
+/// the longest that dropping the producer waits for the thread to end.
+const DELIVERY_POLL: Duration = Duration::from_millis(10);
+
+/// The job's producer, with a thread of its own serving delivery reports.
+/// rdkafka's `ThreadedProducer` does the same, but polls in steps of
+/// 100 ms, and dropping it waits for the step to end: 50 ms on average at
+/// every session end, restarts and rebalances included.
+pub struct JobProducer {
+    producer: Arc<BaseProducer<DeliveryTracker>>,
+    stop: Arc<AtomicBool>,
+    deliveries: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FromClientConfigAndContext<DeliveryTracker> for JobProducer {
+    fn from_config_and_context(config: &ClientConfig, tracker: DeliveryTracker) -> KafkaResult<JobProducer> {
+        let producer: Arc<BaseProducer<DeliveryTracker>> = Arc::new(config.create_with_context(tracker)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let deliveries = {
+            let (producer, stop) = (producer.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("tally-deliveries".to_string())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        producer.poll(DELIVERY_POLL);
+                    }
+                })
+                .map_err(|err| KafkaError::ClientCreation(format!("cannot start the delivery report thread: {err}")))?
+        };
+        Ok(JobProducer { producer, stop, deliveries: Some(deliveries) })
+    }
+}
+
+impl std::ops::Deref for JobProducer {
+    type Target = BaseProducer<DeliveryTracker>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.producer
+    }
+}
+
+impl Drop for JobProducer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(deliveries) = self.deliveries.take() {
+            let _ = deliveries.join();
+        }
+    }
+}
+
+/// What to do after a failed Kafka operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Abort the transaction, drop the overlay, rewind to the committed
+    /// offsets, and go on.
+    Abort,
+    /// Drop the producer and the consumer, rejoin, restore: fenced, fatal,
+    /// or a commit whose outcome is unknown.
+    Restart,
+}
+
+/// Classifies a Kafka error of a transactional operation.
+pub fn classify(err: &KafkaError) -> Recovery {
+    match err {
+        KafkaError::Transaction(err) if err.txn_requires_abort() && !err.is_fatal() => Recovery::Abort,
+        _ => Recovery::Restart,
+    }
+}
