@@ -120,7 +120,13 @@ fn clone_entry((key, value): (&Vec<u8>, &Vec<u8>)) -> (Vec<u8>, Vec<u8>) {
 /// The behaviour every backend must have. A backend's tests call
 /// [`conformance::run`] with a way to make a fresh, empty store.
 pub mod conformance {
-    use super::{StateStore, StoreCommit};
+    use super::{StateError, StateStore, StoreCommit};
+
+    /// The value of a store call that must succeed, or a failure naming the
+    /// call and the backend's error.
+    fn ok<T>(result: Result<T, StateError>, call: &str) -> T {
+        result.unwrap_or_else(|err| panic!("the store under test failed `{call}`: {err}"))
+    }
 
     fn commit_of(state: &[(&str, Option<&str>)], meta: &[(&str, &str)]) -> StoreCommit {
         StoreCommit {
@@ -139,39 +145,39 @@ pub mod conformance {
 
     /// Reads see every commit: puts, deletes and metadata.
     pub fn reads_what_was_committed(store: &dyn StateStore) {
-        assert_eq!(store.get_many(&[b"a"]).unwrap(), vec![None]);
-        store.commit(commit_of(&[("a", Some("1")), ("b", Some("2"))], &[("pos/0", "10")])).unwrap();
-        store.commit(commit_of(&[("a", None), ("c", Some("3"))], &[("pos/0", "20"), ("pos/1", "5")])).unwrap();
-        assert_eq!(store.get_many(&[b"a", b"b", b"c"]).unwrap(), vec![None, Some(b"2".to_vec()), Some(b"3".to_vec())]);
-        assert_eq!(store.get_meta(b"pos/0").unwrap(), Some(b"20".to_vec()));
-        assert_eq!(store.get_meta(b"nope").unwrap(), None);
-        let positions = store.scan_meta(b"pos/").unwrap();
+        assert_eq!(ok(store.get_many(&[b"a"]), "get_many"), vec![None]);
+        ok(store.commit(commit_of(&[("a", Some("1")), ("b", Some("2"))], &[("pos/0", "10")])), "commit");
+        ok(store.commit(commit_of(&[("a", None), ("c", Some("3"))], &[("pos/0", "20"), ("pos/1", "5")])), "commit");
+        assert_eq!(ok(store.get_many(&[b"a", b"b", b"c"]), "get_many"), vec![None, Some(b"2".to_vec()), Some(b"3".to_vec())]);
+        assert_eq!(ok(store.get_meta(b"pos/0"), "get_meta"), Some(b"20".to_vec()));
+        assert_eq!(ok(store.get_meta(b"nope"), "get_meta"), None);
+        let positions = ok(store.scan_meta(b"pos/"), "scan_meta");
         assert_eq!(positions, vec![(b"pos/0".to_vec(), b"20".to_vec()), (b"pos/1".to_vec(), b"5".to_vec())]);
-        assert_eq!(store.scan_state().unwrap().len(), 2);
+        assert_eq!(ok(store.scan_state(), "scan_state").len(), 2);
     }
 
     /// The same key in state and in metadata are two keys.
     pub fn keeps_state_and_meta_apart(store: &dyn StateStore) {
-        store.commit(commit_of(&[("k", Some("state"))], &[("k", "meta")])).unwrap();
-        assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"state".to_vec())]);
-        assert_eq!(store.get_meta(b"k").unwrap(), Some(b"meta".to_vec()));
+        ok(store.commit(commit_of(&[("k", Some("state"))], &[("k", "meta")])), "commit");
+        assert_eq!(ok(store.get_many(&[b"k"]), "get_many"), vec![Some(b"state".to_vec())]);
+        assert_eq!(ok(store.get_meta(b"k"), "get_meta"), Some(b"meta".to_vec()));
     }
 
     /// A metadata scan returns its prefix's keys in byte order and nothing
     /// past them; a state scan returns everything in byte order.
     pub fn scans_in_key_order_within_the_prefix(store: &dyn StateStore) {
-        store.commit(commit_of(&[("b", Some("2")), ("a", Some("1")), ("\u{ff}", Some("3"))], &[("p/b", "2"), ("p/a", "1"), ("p", "0"), ("q/a", "9")])).unwrap();
-        let keys: Vec<Vec<u8>> = store.scan_meta(b"p/").unwrap().into_iter().map(|(key, _)| key).collect();
+        ok(store.commit(commit_of(&[("b", Some("2")), ("a", Some("1")), ("\u{ff}", Some("3"))], &[("p/b", "2"), ("p/a", "1"), ("p", "0"), ("q/a", "9")])), "commit");
+        let keys: Vec<Vec<u8>> = ok(store.scan_meta(b"p/"), "scan_meta").into_iter().map(|(key, _)| key).collect();
         assert_eq!(keys, vec![b"p/a".to_vec(), b"p/b".to_vec()]);
-        let keys: Vec<Vec<u8>> = store.scan_state().unwrap().into_iter().map(|(key, _)| key).collect();
+        let keys: Vec<Vec<u8>> = ok(store.scan_state(), "scan_state").into_iter().map(|(key, _)| key).collect();
         assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec(), "\u{ff}".as_bytes().to_vec()]);
-        assert_eq!(store.get_many(&[b"b", b"b", b"zz"]).unwrap(), vec![Some(b"2".to_vec()), Some(b"2".to_vec()), None], "one result per key asked, repeats included");
+        assert_eq!(ok(store.get_many(&[b"b", b"b", b"zz"]), "get_many"), vec![Some(b"2".to_vec()), Some(b"2".to_vec()), None], "one result per key asked, repeats included");
     }
 
     /// Within one commit, a later write of a key wins over an earlier one.
     pub fn later_writes_in_one_commit_win(store: &dyn StateStore) {
-        store.commit(commit_of(&[("k", Some("1")), ("k", None), ("j", None), ("j", Some("2"))], &[])).unwrap();
-        assert_eq!(store.get_many(&[b"k", b"j"]).unwrap(), vec![None, Some(b"2".to_vec())]);
+        ok(store.commit(commit_of(&[("k", Some("1")), ("k", None), ("j", None), ("j", Some("2"))], &[])), "commit");
+        assert_eq!(ok(store.get_many(&[b"k", b"j"]), "get_many"), vec![None, Some(b"2".to_vec())]);
     }
 }
 

@@ -498,3 +498,20 @@ impl Host {
         tracing::info!(jobs = jobs.len(), "every job stopped");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_side_failure_answers_without_the_hosts_paths() {
+        let path = std::path::PathBuf::from("/srv/tally-data/jobs/acme/billing/record.json");
+        let source = std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is read-only", path.display()));
+        let answer = ApiError::from(ServeError::File { action: "write", path: path.clone(), source });
+        assert_eq!(answer.status, 500);
+        assert!(!answer.message.contains("/srv/tally-data"), "{}", answer.message);
+        assert!(answer.message.contains("log says why"), "{}", answer.message);
+        let deleted = ApiError::from(ServeError::Deleted { job: "acme.billing".into() });
+        assert_eq!((deleted.status, deleted.message.as_str()), (409, "job `acme.billing` is being deleted"));
+    }
+}
