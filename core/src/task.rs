@@ -15,9 +15,14 @@
 //! 5. a commit that took effect is reported, and passes a trial
 //!    ([`Task::committed`]).
 //!
-//! The drivers own what differs: where records come from, how a commit is
-//! made durable, and how the input goes back to the last commit. See
-//! `docs/architecture.md`.
+//! [`Task::drive`] is the one loop that calls these steps, for every
+//! driver. The drivers ([`Driver`]) own what differs: where records come
+//! from, how a commit is made durable, and how the input goes back to the
+//! last commit. See `docs/architecture.md`.
+
+mod drive;
+
+pub use drive::{CommitOutcome, Driver, Finish, Input, Settle};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,14 +101,14 @@ pub const MAX_TRANSACTION_BYTES: u64 = 256 << 20;
 
 /// What running one batch came to.
 #[derive(Debug)]
-pub enum Ran {
+enum Ran {
     /// The batch is in the transaction (its rejections as dead letters).
     Done(BatchOutcome),
-    /// The version on trial failed on it: call [`Task::roll_back`] with the
-    /// reason, then read the input again from the last commit.
+    /// The version on trial failed on it: roll back, then read the input
+    /// again from the last commit.
     TrialFailed(String),
-    /// The job was asked to stop during the call: drop the transaction
-    /// ([`Task::drop_transaction`]); the next run redoes it.
+    /// The job was asked to stop during the call: drop the transaction;
+    /// the next run redoes it.
     Stopped,
 }
 
@@ -131,6 +136,9 @@ pub struct Task {
     context: JobContext,
     batches: BatchRunner,
     commit_interval: Duration,
+    /// What the open transaction processed: counted in the run's summary
+    /// when it commits, so records redone after an abort count once.
+    uncommitted: RunSummary,
 }
 
 impl Task {
@@ -147,6 +155,7 @@ impl Task {
             context,
             batches: BatchRunner::new(),
             commit_interval,
+            uncommitted: RunSummary::default(),
         }
     }
 
@@ -158,19 +167,9 @@ impl Task {
         self.observer = observer;
     }
 
-    /// The open transaction.
-    pub fn txn(&mut self) -> &mut Transaction {
-        &mut self.txn
-    }
-
     /// The job's plugin context (its stop signal and CPU seat).
     pub fn context(&self) -> &JobContext {
         &self.context
-    }
-
-    /// The observer commits and batches are reported to.
-    pub fn observer(&self) -> &Arc<dyn JobObserver> {
-        &self.observer
     }
 
     /// Digest of the plugin version running now.
@@ -179,25 +178,25 @@ impl Task {
     }
 
     /// Whether a version runs its trial transaction.
-    pub fn on_trial(&self) -> bool {
+    fn on_trial(&self) -> bool {
         self.hot_swap.as_ref().is_some_and(HotSwap::on_trial)
     }
 
     /// Whether no version waits for a transaction's outcome (none on trial,
     /// none pushed): only then may a commit overlap the next transaction.
-    pub fn swap_idle(&self) -> bool {
+    fn swap_idle(&self) -> bool {
         self.hot_swap.as_ref().is_none_or(HotSwap::is_idle)
     }
 
     /// Whether the open transaction should commit now: its interval since
     /// `last_commit` is up, or it holds [`MAX_TRANSACTION_BYTES`].
-    pub fn commit_due(&self, last_commit: Instant) -> bool {
+    fn commit_due(&self, last_commit: Instant) -> bool {
         last_commit.elapsed() >= self.commit_interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES
     }
 
     /// Step 1, at a transaction boundary: takes a pushed plugin version, if
     /// any, for a trial transaction.
-    pub fn at_boundary(&mut self) {
+    fn at_boundary(&mut self) {
         if let Some(swap) = &mut self.hot_swap {
             swap.at_boundary(&mut self.processor, &mut self.txn);
         }
@@ -208,7 +207,7 @@ impl Task {
     /// transaction, and judges a version on trial on them. A failure that is
     /// not one event's (the store, the configuration, a plugin failing on
     /// everything) is an error: the run ends.
-    pub fn run(&mut self, events: &[Event], read: usize, oversized: u64) -> Result<Ran, RunError> {
+    fn run(&mut self, events: &[Event], read: usize, oversized: u64) -> Result<Ran, RunError> {
         let on_trial = self.on_trial();
         let mut outcome = if events.is_empty() {
             BatchOutcome::default()
@@ -223,6 +222,9 @@ impl Task {
         let judged = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(events.len(), &outcome));
         outcome.dead_lettered += oversized;
         self.observer.batch(read, &outcome);
+        if judged.is_none() {
+            self.uncommitted.count_batch(read, &outcome);
+        }
         Ok(match judged {
             Some(reason) => Ran::TrialFailed(reason),
             None => Ran::Done(outcome),
@@ -231,7 +233,7 @@ impl Task {
 
     /// Step 3, before a commit: `Some(reason)` if the version on trial
     /// rejected too large a share of the transaction (then roll back).
-    pub fn judge_transaction(&self) -> Option<String> {
+    fn judge_transaction(&self) -> Option<String> {
         self.hot_swap.as_ref().and_then(HotSwap::judge_transaction)
     }
 
@@ -240,7 +242,7 @@ impl Task {
     /// this, the failed version never runs again — then drops the
     /// transaction. The driver then discards what it wrote and reads the
     /// input again from the last commit.
-    pub fn roll_back(&mut self, reason: String) {
+    fn roll_back(&mut self, reason: String) {
         if let Some(swap) = &mut self.hot_swap {
             swap.roll_back(&mut self.processor, &mut self.txn, reason.clone());
         }
@@ -248,10 +250,11 @@ impl Task {
     }
 
     /// Drops the open transaction for a reason that is not the running
-    /// version's fault (a stop mid-call, a Kafka abort, a rebalance): its
-    /// work is forgotten and a version on trial starts its trial over with
-    /// the redo.
-    pub fn drop_transaction(&mut self, reason: &str) {
+    /// version's fault (a stop mid-call, a Kafka abort, a rebalance, a
+    /// failure that ended the run): its work is forgotten and a version on
+    /// trial starts its trial over with the redo.
+    fn drop_transaction(&mut self, reason: &str) {
+        self.uncommitted = RunSummary::default();
         self.txn.abort();
         self.batches.transaction_dropped();
         self.observer.aborted(reason);
@@ -263,7 +266,7 @@ impl Task {
     /// Step 5: a commit took effect. `commit` is reported to the observer
     /// (`None`: it carried no input, nothing to report); a version on trial
     /// that ran events in it has passed.
-    pub fn committed(&mut self, commit: Option<Committed>) {
+    fn committed(&mut self, commit: Option<Committed>) {
         if let Some(commit) = commit {
             self.observer.committed(&CommitReport {
                 at: commit.at,

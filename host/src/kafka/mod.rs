@@ -49,10 +49,50 @@ pub enum KafkaJobError {
         /// What is wrong, and the fix.
         message: String,
     },
-    /// The group's committed offsets are below what the state already
-    /// includes: someone rewound them by hand.
-    #[error("{0}")]
-    Rewind(String),
+    /// At start, the group's committed offsets are below what the state
+    /// already includes: someone moved them back by hand.
+    #[error(
+        "Kafka job `{job}` refuses to start: consumer group `{group}` has {} for `{topic}` partition {partition}, \
+         but the job's state already includes that partition's records up to offset {included}. Someone moved the group's \
+         offsets back by hand; processing from there would count those records twice. To reprocess history, replay into a \
+         new output version instead: run the job under a new name (a new group, changelog and state directory) writing to \
+         new output topics. To undo the reset, set the group's offset for `{topic}` partition {partition} back to {included}.",
+        group_offset.map_or_else(|| "no committed offset".to_string(), |offset| format!("committed offset {offset}"))
+    )]
+    GroupRewound {
+        /// The job.
+        job: String,
+        /// Its consumer group.
+        group: String,
+        /// The input topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The group's committed offset, if it has one.
+        group_offset: Option<i64>,
+        /// Next offset the state includes.
+        included: i64,
+    },
+    /// While running, the consumer was handed a record the state already
+    /// includes: it was moved back (an offset reset, a truncated log).
+    #[error(
+        "Kafka job `{job}` stopped: it was handed offset {offset} of `{topic}` partition {partition}, but its state \
+         already includes that partition up to offset {included}; the consumer was moved back (an offset \
+         reset, or a truncated log), and going on would count those records twice. To reprocess history, \
+         replay into a new output version: run the job under a new name writing to new output topics"
+    )]
+    Rewind {
+        /// The job.
+        job: String,
+        /// The input topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The offset handed over.
+        offset: i64,
+        /// Next offset the state includes.
+        included: i64,
+    },
     /// A Kafka client failed in a way retrying does not fix.
     #[error("Kafka job `{job}`: {source}")]
     Kafka {
@@ -86,7 +126,7 @@ impl KafkaJobError {
     pub fn is_retryable(&self) -> bool {
         match self {
             KafkaJobError::Run(run) => run.is_retryable(),
-            KafkaJobError::Rewind(_) | KafkaJobError::Setup { .. } | KafkaJobError::Config(_) => false,
+            KafkaJobError::Rewind { .. } | KafkaJobError::GroupRewound { .. } | KafkaJobError::Setup { .. } | KafkaJobError::Config(_) => false,
             KafkaJobError::Kafka { .. } | KafkaJobError::Lock(_) | KafkaJobError::State(_) | KafkaJobError::Plugin(_) => true,
         }
     }

@@ -1,7 +1,6 @@
-//! Local mode's job loop: reads batches of NDJSON lines from the input
-//! files, runs them through the [`Task`] into a transaction, and commits on
-//! the interval through the [`LocalCommitter`]. The order of the steps at a
-//! transaction's edges is the core task's (see `tally_core::task`).
+//! Local mode's driver: reads batches of NDJSON lines from the input files
+//! for the core's job loop ([`Task::drive`]), and commits through the
+//! [`LocalCommitter`]. The order of the steps is the loop's.
 //!
 //! A batch the plugin traps on is dropped and its events are retried one by
 //! one, so the event to blame is dead-lettered alone with the reason and
@@ -9,7 +8,7 @@
 //! `docs/architecture.md`, invariant 5).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +17,8 @@ use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{JobObserver, RunSummary};
 use tally_core::plugin::{Event, JobContext, LoadedPlugin, PluginError, Processor};
 use tally_core::state::{StateError, StateStore};
-use tally_core::task::{Committed, Ran, RunError, Task};
+use tally_core::batch::BatchOutcome;
+use tally_core::task::{CommitOutcome, Committed, Driver, Finish, Input, RunError, Task};
 use tally_core::transaction::Transaction;
 use tally_state_rocks::RocksStore;
 
@@ -26,7 +26,7 @@ use crate::local::committer::{CommitError, LocalCommitter};
 use crate::config::JobConfig;
 use crate::lock::{DirLock, LockError};
 use crate::local::sink::Lineage;
-use crate::local::source::{InputRecord, LocalSource, SourceError};
+use crate::local::source::{InputRecord, LocalPosition, LocalSource, SourceError};
 
 /// Why a job stopped before finishing its inputs.
 #[derive(Debug, thiserror::Error)]
@@ -105,16 +105,24 @@ pub fn to_events(records: &mut Vec<InputRecord>, events: &mut Vec<Event>, txn: &
 /// A local-mode job: NDJSON inputs through a processor into output files,
 /// exactly once across crashes.
 pub struct LocalTask {
-    config: JobConfig,
-    source: LocalSource,
     task: Task,
-    committer: LocalCommitter,
+    files: Files,
     store: Arc<dyn StateStore>,
-    /// Where the inputs stand in the last commit (a rollback reads on from here).
-    committed_positions: Vec<crate::local::source::LocalPosition>,
     /// Set when a run failed: what is in memory can no longer be committed.
     failed: bool,
     _locks: Vec<DirLock>,
+}
+
+/// Local mode's [`Driver`]: the input files, read in batches, and the
+/// committer of the output files and the state.
+struct Files {
+    config: JobConfig,
+    source: LocalSource,
+    committer: LocalCommitter,
+    /// Where the inputs stand in the last commit (a rollback reads on from here).
+    committed_positions: Vec<LocalPosition>,
+    records: Vec<InputRecord>,
+    context: JobContext,
 }
 
 /// How long a following job waits before looking for new input lines.
@@ -169,16 +177,18 @@ impl LocalTask {
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
         let (committer, recovered) = LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
-        let mut source = LocalSource::open_confined(&local.inputs, &recovered.positions, local.confine_to.as_deref())?;
-        source.set_max_record_bytes(config.limits.max_record_bytes);
-        source.set_max_batch_bytes(config.limits.batch_bytes());
+        let source = Files::open_source(config, &recovered.positions)?;
         tracing::info!(job = %config.name, plugin = %processor.digest(), resumed_from = ?recovered.positions, "local job opened");
         Ok(LocalTask {
-            config: config.clone(),
-            committed_positions: source.positions(),
-            source,
-            task: Task::new(&config.name, processor, txn, context, config.commit_interval()),
-            committer,
+            task: Task::new(&config.name, processor, txn, context.clone(), config.commit_interval()),
+            files: Files {
+                config: config.clone(),
+                committed_positions: source.positions(),
+                source,
+                committer,
+                records: Vec::with_capacity(config.batch_size),
+                context,
+            },
             store,
             failed: false,
             _locks: locks,
@@ -188,7 +198,7 @@ impl LocalTask {
     /// Lets new plugin versions pushed into `slot` be swapped in at
     /// transaction boundaries, and reports commits and swaps to `observer`.
     pub fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
-        self.task.attach(slot, self.config.limits, policy, observer);
+        self.task.attach(slot, self.files.config.limits, policy, observer);
     }
 
     /// The job's committed state (for queries; reads see the last commit).
@@ -203,10 +213,11 @@ impl LocalTask {
 
     /// Path of output `name`'s file.
     pub fn output_path(&self, name: &str) -> Option<PathBuf> {
-        let index = self.config.outputs.iter().position(|output| output == name).or_else(|| {
-            (name == self.config.dead_letter_output).then_some(self.config.outputs.len())
+        let config = &self.files.config;
+        let index = config.outputs.iter().position(|output| output == name).or_else(|| {
+            (name == config.dead_letter_output).then_some(config.outputs.len())
         })?;
-        Some(self.committer.output_path(index).to_path_buf())
+        Some(self.files.committer.output_path(index).to_path_buf())
     }
 
     /// Processes every input to its end, committing every commit interval
@@ -231,135 +242,82 @@ impl LocalTask {
 
     fn run_guarded(&mut self, stop: &AtomicBool, follow: bool) -> Result<RunSummary, TaskError> {
         if self.failed {
-            return Err(TaskError::Failed { job: self.config.name.clone() });
+            return Err(TaskError::Failed { job: self.files.config.name.clone() });
         }
-        self.source.set_follow(follow);
-        let result = self.run_batches(stop, follow);
-        if let Err(err) = &result {
-            self.failed = true;
-            self.task.drop_transaction(&err.to_string());
-            // Best effort: reopening the task cuts the files back anyway.
-            let _ = self.committer.abort();
-        }
-        result
-    }
-
-    fn run_batches(&mut self, stop: &AtomicBool, follow: bool) -> Result<RunSummary, TaskError> {
+        self.files.source.set_follow(follow);
         let started = Instant::now();
         let mut summary = RunSummary::default();
-        let mut records = Vec::with_capacity(self.config.batch_size);
-        let mut events = Vec::with_capacity(self.config.batch_size);
-        let mut last_commit = Instant::now();
-        // Counts of the open transaction, added to `summary` when it commits.
-        let mut uncommitted = RunSummary::default();
-        self.task.at_boundary();
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                summary.stopped_early = true;
-                break;
+        match self.task.drive(&mut self.files, stop, &mut summary) {
+            Ok(finish) => {
+                summary.stopped_early = finish == Finish::Stopped;
+                summary.elapsed = started.elapsed();
+                let config = &self.files.config;
+                tracing::info!(job = %config.name, records = summary.records, dead_lettered = summary.dead_lettered, commits = summary.commits, "inputs done");
+                Ok(summary)
             }
-            self.source.next_batch(self.config.batch_size, &mut records)?;
-            if records.is_empty() {
-                if !follow {
-                    break;
-                }
-                if uncommitted.records > 0 && !self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
-                    continue;
-                }
-                last_commit = Instant::now();
-                self.task.context().idle();
-                std::thread::sleep(FOLLOW_POLL);
-                self.task.at_boundary();
-                self.source.look_again()?;
-                continue;
-            }
-            let read = records.len();
-            let oversized = to_events(&mut records, &mut events, self.task.txn());
-            let outcome = match self.task.run(&events, read, oversized)? {
-                Ran::Done(outcome) => outcome,
-                Ran::TrialFailed(reason) => {
-                    self.roll_back(reason, &mut uncommitted)?;
-                    continue;
-                }
-                Ran::Stopped => {
-                    // Stopped mid-call: what was not committed is read again.
-                    self.abandon("the job was stopped during a plugin call", &mut uncommitted)?;
-                    summary.stopped_early = true;
-                    summary.elapsed = started.elapsed();
-                    return Ok(summary);
-                }
-            };
-            uncommitted.count_batch(read, &outcome);
-            self.committer.stage(self.task.txn())?;
-            if self.task.commit_due(last_commit) {
-                if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
-                    self.task.at_boundary();
-                }
-                last_commit = Instant::now();
+            Err(err) => {
+                self.failed = true;
+                // Best effort: reopening the task cuts the files back anyway.
+                let _ = self.files.committer.abort();
+                Err(err)
             }
         }
-        if self.commit_or_roll_back(&mut summary, &mut uncommitted)? {
-            self.task.at_boundary();
-        } else if !summary.stopped_early {
-            // The redo of a rolled-back transaction: finish the inputs with
-            // the restored version.
-            let rest = self.run_batches(stop, follow)?;
-            summary.absorb(&rest);
+    }
+}
+
+impl Files {
+    /// The inputs, positioned at `positions` and bounded by the job's limits.
+    fn open_source(config: &JobConfig, positions: &[LocalPosition]) -> Result<LocalSource, TaskError> {
+        let local = config.local()?;
+        let mut source = LocalSource::open_confined(&local.inputs, positions, local.confine_to.as_deref())?;
+        source.set_max_record_bytes(config.limits.max_record_bytes);
+        source.set_max_batch_bytes(config.limits.batch_bytes());
+        Ok(source)
+    }
+}
+
+impl Driver for Files {
+    type Error = TaskError;
+
+    fn next_batch(&mut self, txn: &mut Transaction, events: &mut Vec<Event>, _wait: Duration) -> Result<Input, TaskError> {
+        self.source.next_batch(self.config.batch_size, &mut self.records)?;
+        if self.records.is_empty() {
+            return Ok(if self.source.is_following() { Input::Dry } else { Input::End });
         }
-        summary.elapsed = started.elapsed();
-        tracing::info!(job = %self.config.name, records = summary.records, dead_lettered = summary.dead_lettered, commits = summary.commits, "inputs done");
-        Ok(summary)
+        let read = self.records.len();
+        let oversized = to_events(&mut self.records, events, txn);
+        Ok(Input::Batch { read, oversized, more_buffered: false })
     }
 
-    /// Commits, unless a version on trial failed the transaction: then
-    /// rolls back and returns `false` (the input is read again).
-    fn commit_or_roll_back(&mut self, summary: &mut RunSummary, uncommitted: &mut RunSummary) -> Result<bool, TaskError> {
-        if let Some(reason) = self.task.judge_transaction() {
-            self.roll_back(reason, uncommitted)?;
-            return Ok(false);
-        }
-        let carried = std::mem::take(uncommitted);
+    fn ran(&mut self, txn: &mut Transaction, _events: &[Event], _outcome: &BatchOutcome, _on_trial: bool) -> Result<(), TaskError> {
+        Ok(self.committer.stage(txn)?)
+    }
+
+    fn commit(&mut self, txn: &mut Transaction, carried: RunSummary, _may_overlap: bool) -> Result<CommitOutcome, TaskError> {
         // The commit waits on the disk: another job may use the CPU meanwhile.
-        self.task.context().idle();
+        self.context.idle();
         let positions = self.source.positions();
         let started = Instant::now();
-        self.committer.commit_all(self.task.txn(), &positions)?;
+        self.committer.commit_all(txn, &positions)?;
         let took = started.elapsed();
         tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
-        summary.commits += 1;
-        summary.absorb(&carried);
         self.committed_positions = positions;
-        self.task.committed(Some(Committed { at: Instant::now(), took, lag: self.source.unread_bytes(), carried }));
-        Ok(true)
+        Ok(CommitOutcome::Done(Some(Committed { at: Instant::now(), took, lag: self.source.unread_bytes(), carried })))
     }
 
-    /// A version on trial failed: the task puts the previous version back,
-    /// then the output written since the last commit is cut and the inputs
-    /// are read again from it.
-    fn roll_back(&mut self, reason: String, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
-        self.task.roll_back(reason);
+    /// Cuts the output written since the last commit and reads the inputs
+    /// again from it.
+    fn discard(&mut self, _txn: &mut Transaction) -> Result<(), TaskError> {
         self.committer.abort()?;
-        self.reread_from_last_commit(uncommitted)
-    }
-
-    /// Drops the open transaction for a reason that is not the plugin
-    /// version's fault (a stop mid-call): a version on trial starts its
-    /// trial over, and the inputs are read again from the last commit.
-    fn abandon(&mut self, reason: &str, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
-        self.task.drop_transaction(reason);
-        self.committer.abort()?;
-        self.reread_from_last_commit(uncommitted)
-    }
-
-    fn reread_from_last_commit(&mut self, uncommitted: &mut RunSummary) -> Result<(), TaskError> {
-        let local = self.config.local()?;
         let follow = self.source.is_following();
-        self.source = LocalSource::open_confined(&local.inputs, &self.committed_positions, local.confine_to.as_deref())?;
-        self.source.set_max_record_bytes(self.config.limits.max_record_bytes);
-        self.source.set_max_batch_bytes(self.config.limits.batch_bytes());
+        self.source = Files::open_source(&self.config, &self.committed_positions)?;
         self.source.set_follow(follow);
-        *uncommitted = RunSummary::default();
         Ok(())
+    }
+
+    fn wait_for_input(&mut self) -> Result<(), TaskError> {
+        std::thread::sleep(FOLLOW_POLL);
+        Ok(self.source.look_again()?)
     }
 }
 

@@ -1,163 +1,112 @@
-//! The commit pipeline of a session: a transaction's records are sent, its
-//! Kafka commit finishes on a thread of its own while the next transaction
-//! runs, and its outcome is taken (counted, or aborted and rewound).
+//! The commit pipeline of a session's driver: a transaction's records are
+//! sent, its Kafka commit finishes on a thread of its own while the next
+//! transaction runs, and its outcome is taken (counted, or aborted and
+//! rewound).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use rdkafka::consumer::BaseConsumer;
 
-use super::progress::{consumer_lag, rewind, Progress};
-use super::rebalance::Rebalancer;
-use super::{KafkaJob, Restart, SessionError};
-use crate::kafka::committer::{classify, KafkaCommitError, KafkaCommitter, KafkaTransactions, Recovery};
+use super::progress::{consumer_lag, rewind};
+use super::session::Session;
+use super::{Restart, SessionError};
+use crate::kafka::committer::{classify, KafkaCommitError, KafkaTransactions, Recovery};
 use tally_core::commit::TwoPhaseCommitter;
 use tally_core::observe::RunSummary;
-use tally_core::task::Committed;
+use tally_core::task::{CommitOutcome, Committed, Settle};
+use tally_core::transaction::Transaction;
 
-impl KafkaJob {
+impl Session<'_, '_, '_> {
     /// Commits the open transaction: sends its records, then leaves its
-    /// Kafka commit to a thread and goes on with the next transaction, or,
-    /// with `Overlap::No` or while a plugin version waits for a
-    /// transaction's outcome, waits for it. A commit still in flight is
-    /// settled first. `false` if Kafka aborted a transaction (then the
-    /// consumer is back at the committed offsets and the work is redone).
-    pub(super) fn commit<'scope>(
-        &mut self,
-        consumer: &'scope BaseConsumer<Rebalancer>,
-        committer: &'scope KafkaCommitter,
-        progress: &mut Progress,
-        summary: &mut RunSummary,
-        commits: &mut Commits<'scope, '_>,
-        overlap: Overlap,
-    ) -> Result<bool, SessionError> {
-        if !self.settle(consumer, committer, progress, summary, commits)? {
-            return Ok(false);
-        }
-        if let Some(reason) = self.task.judge_transaction() {
-            self.roll_back(consumer, committer, progress, reason)?;
-            return Ok(false);
-        }
+    /// Kafka commit to a thread and goes on with the next transaction
+    /// (`may_overlap`), or waits for it.
+    pub(super) fn commit_transaction(&mut self, txn: &mut Transaction, carried: RunSummary, may_overlap: bool) -> Result<CommitOutcome, SessionError> {
         let started = Instant::now();
         // Phase one here; phase two, the commit point, on the commit thread.
-        let mut two_phase = KafkaTransactions { committer, consumer };
-        let sent = match two_phase.prepare(self.task.txn(), &progress.positions) {
+        let mut two_phase = KafkaTransactions { committer: self.committer, consumer: self.consumer };
+        let sent = match two_phase.prepare(txn, &self.progress.positions) {
             Ok(sent) => sent,
-            Err(err) => return self.commit_failed(consumer, committer, progress, err),
+            Err(err) => return self.commit_failed(err, Settle::Wait),
         };
         let finishing = sent.map(|sent| {
-            commits.scope.spawn(move || {
+            self.scope.spawn(move || {
                 let result = two_phase.commit(Some(sent));
                 (result, Instant::now())
             })
         });
         let done = CommitDone {
             started,
-            positions: std::mem::take(&mut progress.positions),
-            first: std::mem::take(&mut progress.first),
-            uncommitted: std::mem::take(&mut progress.uncommitted),
+            positions: std::mem::take(&mut self.progress.positions),
+            first: std::mem::take(&mut self.progress.first),
+            carried,
         };
-        let overlaps = finishing.is_some() && overlap == Overlap::Yes && self.task.swap_idle();
-        commits.in_flight = Some(InFlight { finishing, done });
-        if overlaps {
-            return Ok(true);
+        let in_background = finishing.is_some() && may_overlap;
+        self.in_flight = Some(InFlight { finishing, done });
+        if in_background {
+            return Ok(CommitOutcome::InFlight);
         }
-        let committed = self.settle(consumer, committer, progress, summary, commits)?;
-        if committed {
-            self.task.at_boundary();
-        }
-        Ok(committed)
+        self.finish_in_flight(txn, Settle::Wait)
     }
 
-    /// Waits for the commit in flight, if any, and takes its outcome:
-    /// `false` if Kafka aborted it (then the open transaction, which built
-    /// on its state, is dropped too, and the consumer is back at the
-    /// committed offsets).
-    pub(super) fn settle(
-        &mut self,
-        consumer: &BaseConsumer<Rebalancer>,
-        committer: &KafkaCommitter,
-        progress: &mut Progress,
-        summary: &mut RunSummary,
-        commits: &mut Commits<'_, '_>,
-    ) -> Result<bool, SessionError> {
-        let Some(mut in_flight) = commits.in_flight.take() else { return Ok(true) };
+    /// The outcome of the commit in flight: with [`Settle::IfReady`], only
+    /// once it finished or a rebalance waits (a revocation aborts the open
+    /// transaction, so the commit's outcome comes first).
+    pub(super) fn settle_in_flight(&mut self, txn: &mut Transaction, how: Settle) -> Result<Option<CommitOutcome>, SessionError> {
+        let Some(in_flight) = &self.in_flight else { return Ok(None) };
+        if how == Settle::IfReady && !in_flight.is_finished() && !self.fetch.consumer_events_waiting() {
+            return Ok(None);
+        }
+        self.finish_in_flight(txn, how).map(Some)
+    }
+
+    fn finish_in_flight(&mut self, txn: &mut Transaction, how: Settle) -> Result<CommitOutcome, SessionError> {
+        let Some(mut in_flight) = self.in_flight.take() else { return Ok(CommitOutcome::Done(None)) };
         if !in_flight.is_finished() {
             // Waiting for Kafka: another job of the tenant may use the CPU.
-            self.task.context().idle();
+            self.context.idle();
         }
         match in_flight.join() {
-            Ok(finished) => {
-                self.commit_took_effect(consumer, in_flight.done, finished, progress, summary);
-                Ok(true)
-            }
+            Ok(finished) => Ok(self.took_effect(txn, in_flight.done, finished)),
             Err(err) => {
                 // Where a partition has no committed offset, the rewind goes
                 // back to the first offset read since the last commit: this
                 // transaction's, not the open one's.
-                progress.first.extend(in_flight.done.first);
-                self.commit_failed(consumer, committer, progress, err)
+                self.progress.first.extend(in_flight.done.first);
+                self.commit_failed(err, how)
             }
         }
     }
 
-    /// Counts a commit that took effect at `finished`.
-    pub(super) fn commit_took_effect(
-        &mut self,
-        consumer: &BaseConsumer<Rebalancer>,
-        done: CommitDone,
-        finished: Instant,
-        progress: &mut Progress,
-        summary: &mut RunSummary,
-    ) {
-        self.task.txn().commit_finished();
+    /// A commit that took effect at `finished`.
+    fn took_effect(&mut self, txn: &mut Transaction, done: CommitDone, finished: Instant) -> CommitOutcome {
+        txn.commit_finished();
         let took = finished.saturating_duration_since(done.started);
-        summary.absorb(&done.uncommitted);
-        let report = (!done.positions.is_empty()).then(|| {
-            summary.commits += 1;
-            Committed { at: finished, took, lag: consumer_lag(consumer), carried: done.uncommitted }
-        });
-        progress.included.extend(done.positions);
-        self.task.committed(report);
-        tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
+        let report = (!done.positions.is_empty())
+            .then(|| Committed { at: finished, took, lag: consumer_lag(self.consumer), carried: done.carried });
+        self.progress.included.extend(done.positions);
+        tracing::debug!(job = %self.job.name, took_us = took.as_micros() as u64, "committed");
+        CommitOutcome::Done(report)
     }
 
     /// Handles a failed commit: an abortable error aborts and rewinds
-    /// (`Ok(false)`); anything else ends the session.
-    pub(super) fn commit_failed(
-        &mut self,
-        consumer: &BaseConsumer<Rebalancer>,
-        committer: &KafkaCommitter,
-        progress: &mut Progress,
-        err: KafkaCommitError,
-    ) -> Result<bool, SessionError> {
+    /// ([`CommitOutcome::Aborted`]; after a run's failure, nothing is
+    /// undone: the next session starts from the committed offsets);
+    /// anything else ends the session.
+    fn commit_failed(&mut self, err: KafkaCommitError, how: Settle) -> Result<CommitOutcome, SessionError> {
         match err {
             KafkaCommitError::Kafka(err) if classify(&err) == Recovery::Abort => {
-                tracing::warn!(job = %self.config.name, error = %err, "transaction aborted; rewinding to the committed offsets");
-                committer.abort()?;
-                self.task.drop_transaction(&err.to_string());
-                rewind(consumer, &progress.first)?;
-                progress.forget_uncommitted();
-                Ok(false)
+                if how != Settle::AfterFailure {
+                    tracing::warn!(job = %self.job.name, error = %err, "transaction aborted; rewinding to the committed offsets");
+                    self.committer.abort()?;
+                    rewind(self.consumer, &self.progress.first)?;
+                    self.progress.forget_uncommitted();
+                }
+                Ok(CommitOutcome::Aborted(err.to_string()))
             }
             KafkaCommitError::State(err) => Err(SessionError::fatal(err)),
             err => Err(Restart::Commit(err).into()),
         }
     }
-}
-
-/// Whether a commit may overlap the next transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Overlap {
-    Yes,
-    /// The commit ends before the loop goes on (the run is stopping).
-    No,
-}
-
-/// The session's commit thread scope, and the commit in flight in it.
-pub(super) struct Commits<'scope, 'env> {
-    pub(super) scope: &'scope std::thread::Scope<'scope, 'env>,
-    pub(super) in_flight: Option<InFlight<'scope>>,
 }
 
 /// A commit whose records are sent and whose Kafka commit runs on a thread
@@ -192,5 +141,5 @@ pub(super) struct CommitDone {
     pub(super) positions: BTreeMap<u32, i64>,
     /// First offset per source id it read.
     pub(super) first: HashMap<u32, i64>,
-    pub(super) uncommitted: RunSummary,
+    pub(super) carried: RunSummary,
 }

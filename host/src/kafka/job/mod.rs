@@ -22,7 +22,7 @@ use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{JobObserver, RunSummary};
 use tally_core::plugin::{JobContext, LoadedPlugin, PluginError, Processor};
 use tally_core::state::StateStore;
-use tally_core::task::Task;
+use tally_core::task::{RunError, Task};
 use tally_core::transaction::Transaction;
 use tally_state_rocks::RocksStore;
 
@@ -75,9 +75,21 @@ pub(super) enum SessionError {
     Restart(Restart),
     /// Retrying does not help.
     Fatal(KafkaJobError),
-    /// The job was asked to stop during a plugin call: the open
-    /// transaction is aborted, and redone by the next run.
-    Stopped,
+}
+
+impl std::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionError::Restart(restart) => restart.fmt(f),
+            SessionError::Fatal(err) => err.fmt(f),
+        }
+    }
+}
+
+impl From<RunError> for SessionError {
+    fn from(err: RunError) -> Self {
+        SessionError::Fatal(err.into())
+    }
 }
 
 impl SessionError {
@@ -229,10 +241,6 @@ impl KafkaJob {
                     break;
                 }
                 Err(SessionError::Fatal(err)) => return Err(err),
-                Err(SessionError::Stopped) => {
-                    summary.stopped_early = true;
-                    break;
-                }
                 Err(SessionError::Restart(reason)) => {
                     tracing::warn!(job = %self.config.name, %reason, "Kafka session failed; rejoining the group and restoring state");
                     if session_started.elapsed() > Duration::from_secs(30) {

@@ -10,7 +10,6 @@ use rdkafka::Offset;
 use super::rebalance::Rebalancer;
 use super::KAFKA_TIMEOUT;
 use crate::kafka::keys::source_id;
-use tally_core::observe::RunSummary;
 use tally_core::plugin::Event;
 
 /// Where the job loop is within the assigned partitions.
@@ -33,9 +32,6 @@ pub(super) struct Progress {
     pub(super) included: HashMap<u32, i64>,
     /// Input partitions read to their end (for `until_caught_up`).
     pub(super) at_end: BTreeSet<(usize, i32)>,
-    /// What the open transaction processed: added to the run's summary when
-    /// it commits, so records redone after an abort count once.
-    pub(super) uncommitted: RunSummary,
 }
 
 impl Progress {
@@ -47,7 +43,6 @@ impl Progress {
         self.positions.clear();
         self.first.clear();
         self.at_end.clear();
-        self.uncommitted = RunSummary::default();
     }
 }
 

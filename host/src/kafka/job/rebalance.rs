@@ -114,11 +114,18 @@ impl Rebalancer {
                 }
                 match (group_offset, included) {
                     (group, Some(included)) if group.unwrap_or(0) < included => {
-                        let message = self.rewind_message(topic, partition, group, included);
+                        let rewound = KafkaJobError::GroupRewound {
+                            job: self.job.clone(),
+                            group: self.group.clone(),
+                            topic: topic.to_string(),
+                            partition,
+                            group_offset: group,
+                            included,
+                        };
                         if self.guarantee == Guarantee::ExactlyOnce {
-                            return Err(SessionError::Fatal(KafkaJobError::Rewind(message)));
+                            return Err(SessionError::Fatal(rewound));
                         }
-                        tracing::warn!(job = %self.job, "{message} (at_least_once: going on, those records count again)");
+                        tracing::warn!(job = %self.job, "{rewound} (at_least_once: going on, those records count again)");
                     }
                     (Some(group), included) if group > included.unwrap_or(0) => behind.push((topic.to_string(), partition, group, included)),
                     _ => {}
@@ -193,19 +200,6 @@ impl Rebalancer {
                 ),
             })),
         }
-    }
-
-    fn rewind_message(&self, topic: &str, partition: i32, group: Option<i64>, included: i64) -> String {
-        let group_text = group.map_or_else(|| "no committed offset".to_string(), |offset| format!("committed offset {offset}"));
-        format!(
-            "Kafka job `{job}` refuses to start: consumer group `{group_id}` has {group_text} for `{topic}` partition {partition}, \
-             but the job's state already includes that partition's records up to offset {included}. Someone moved the group's \
-             offsets back by hand; processing from there would count those records twice. To reprocess history, replay into a \
-             new output version instead: run the job under a new name (a new group, changelog and state directory) writing to \
-             new output topics. To undo the reset, set the group's offset for `{topic}` partition {partition} back to {included}.",
-            job = self.job,
-            group_id = self.group,
-        )
     }
 }
 
