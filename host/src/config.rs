@@ -21,26 +21,15 @@
 //! [`KafkaConfig`]).
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Deserialize;
 
 pub use tally_core::limits::*;
-
-pub use crate::kafka::config::{Guarantee, KafkaConfig, DEFAULT_TRANSACTION_TIMEOUT_MS};
-pub(crate) use crate::kafka::config::{default_create_partitions, default_transaction_timeout_ms};
-pub use crate::local::config::LocalConfig;
-
-/// Commit interval when the job does not set one.
-pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
-/// Events handed to the plugin per call when the job does not say.
-pub const DEFAULT_BATCH_SIZE: usize = 1024;
-/// Name of the dead-letter output when the job does not set one.
-pub const DEFAULT_DEAD_LETTER_OUTPUT: &str = "dead-letters";
-/// Largest batch a job may ask for.
-pub const MAX_BATCH_SIZE: usize = 65_536;
-/// Most outputs a job may declare.
-pub const MAX_OUTPUTS: usize = 64;
+pub use tally_core::settings::{
+    InvalidJob, JobSettings, DEFAULT_BATCH_SIZE, DEFAULT_COMMIT_INTERVAL, DEFAULT_DEAD_LETTER_OUTPUT, MAX_BATCH_SIZE, MAX_OUTPUTS,
+};
+pub use tally_kafka::{Guarantee, KafkaConfig, DEFAULT_CREATE_PARTITIONS, DEFAULT_TRANSACTION_TIMEOUT_MS};
+pub use tally_local::LocalConfig;
 
 /// A bad job configuration.
 #[derive(Debug, thiserror::Error)]
@@ -55,47 +44,26 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The job file is not valid TOML or has unknown or mistyped fields.
-    #[error("job file `{}` is invalid: {message}", path.display())]
+    #[error("job file `{}` is invalid: {source}", path.display())]
     Parse {
         /// The file.
         path: PathBuf,
-        /// What is wrong, and the fix.
-        message: String,
+        /// What is wrong (the parser names the field), and the fix.
+        source: toml::de::Error,
     },
     /// A value is out of range or inconsistent.
-    #[error("job `{job}`: {message}")]
-    Invalid {
-        /// The job.
-        job: String,
-        /// What is wrong, and the fix.
-        message: String,
-    },
+    #[error(transparent)]
+    Invalid(#[from] InvalidJob),
 }
 
-/// One job: a plugin over inputs, with outputs and limits.
+/// One job: what every job sets, and where it reads and writes.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(try_from = "JobFile")]
 pub struct JobConfig {
-    /// Job name; it prefixes idempotency keys, so keep it stable.
-    pub name: String,
-    /// Path of the plugin component.
-    pub plugin: PathBuf,
-    /// Outputs the plugin may emit to.
-    pub outputs: Vec<String>,
-    /// Where rejected and trapping events go.
-    pub dead_letter_output: String,
-    /// How often a transaction commits, in milliseconds.
-    pub commit_interval_ms: u64,
-    /// Most events per plugin call.
-    pub batch_size: usize,
-    /// Sandbox limits of the plugin.
-    pub limits: Limits,
+    /// Name, plugin, outputs, interval, batch size, limits, hot swap, emit.
+    pub settings: JobSettings,
     /// Where the job reads and writes: files, or Kafka topics.
     pub mode: Mode,
-    /// How a new plugin version pushed into the running job is judged.
-    pub hot_swap: tally_core::hot_swap::SwapPolicy,
-    /// Which of the plugin's records a commit writes, per output.
-    pub emit: std::collections::BTreeMap<String, Emit>,
 }
 
 /// Where a job reads and writes: its `[local]` or its `[kafka]` section.
@@ -168,16 +136,18 @@ impl TryFrom<JobFile> for JobConfig {
             (None, None) => return Err(ModeError::Neither),
         };
         Ok(JobConfig {
-            name: file.name,
-            plugin: file.plugin,
-            outputs: file.outputs,
-            dead_letter_output: file.dead_letter_output,
-            commit_interval_ms: file.commit_interval_ms,
-            batch_size: file.batch_size,
-            limits: file.limits,
+            settings: JobSettings {
+                name: file.name,
+                plugin: file.plugin,
+                outputs: file.outputs,
+                dead_letter_output: file.dead_letter_output,
+                commit_interval_ms: file.commit_interval_ms,
+                batch_size: file.batch_size,
+                limits: file.limits,
+                hot_swap: file.hot_swap,
+                emit: file.emit,
+            },
             mode,
-            hot_swap: file.hot_swap,
-            emit: file.emit,
         })
     }
 }
@@ -191,6 +161,12 @@ pub(crate) fn default_commit_interval_ms() -> u64 {
 pub(crate) fn default_batch_size() -> usize {
     DEFAULT_BATCH_SIZE
 }
+pub(crate) fn default_create_partitions() -> u32 {
+    DEFAULT_CREATE_PARTITIONS
+}
+pub(crate) fn default_transaction_timeout_ms() -> u64 {
+    DEFAULT_TRANSACTION_TIMEOUT_MS
+}
 
 impl JobConfig {
     /// Reads a job file; relative paths in it are taken relative to the file.
@@ -198,7 +174,7 @@ impl JobConfig {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         let mut job: JobConfig = toml::from_str(&text)
-            .map_err(|err| ConfigError::Parse { path: path.to_path_buf(), message: err.to_string() })?;
+            .map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
         let base = path.parent().unwrap_or(Path::new("."));
         job.resolve_paths(base);
         job.validate()?;
@@ -211,7 +187,7 @@ impl JobConfig {
                 *path = base.join(&*path);
             }
         };
-        resolve(&mut self.plugin);
+        resolve(&mut self.settings.plugin);
         match &mut self.mode {
             Mode::Local(local) => {
                 local.inputs.iter_mut().for_each(resolve);
@@ -223,92 +199,35 @@ impl JobConfig {
     }
 
     /// The local section, or an error saying the job is not a local job.
-    pub fn local(&self) -> Result<&LocalConfig, ConfigError> {
+    pub fn local(&self) -> Result<&LocalConfig, InvalidJob> {
         match &self.mode {
             Mode::Local(local) => Ok(local),
-            Mode::Kafka(_) => Err(ConfigError::Invalid {
-                job: self.name.clone(),
+            Mode::Kafka(_) => Err(InvalidJob {
+                job: self.settings.name.clone(),
                 message: "this is not a local job: it has no [local] section".into(),
             }),
         }
     }
 
     /// The kafka section, or an error saying the job is not a Kafka job.
-    pub fn kafka(&self) -> Result<&KafkaConfig, ConfigError> {
+    pub fn kafka(&self) -> Result<&KafkaConfig, InvalidJob> {
         match &self.mode {
             Mode::Kafka(kafka) => Ok(kafka),
-            Mode::Local(_) => Err(ConfigError::Invalid {
-                job: self.name.clone(),
+            Mode::Local(_) => Err(InvalidJob {
+                job: self.settings.name.clone(),
                 message: "this is not a Kafka job: it has no [kafka] section".into(),
             }),
         }
     }
 
-    /// How each output (by index, as in `outputs`) is emitted.
-    pub fn emit_per_output(&self) -> Vec<Emit> {
-        self.outputs.iter().map(|name| self.emit.get(name).copied().unwrap_or_default()).collect()
-    }
-
-    /// The commit interval as a duration.
-    pub fn commit_interval(&self) -> Duration {
-        Duration::from_millis(self.commit_interval_ms)
-    }
-
-    /// Checks ranges and consistency; the message says what to change.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |message: String| Err(ConfigError::Invalid { job: self.name.clone(), message });
-        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-            return invalid(format!("name {:?} must be non-empty and use only letters, digits, `-`, `_`, `.`", self.name));
-        }
-        if self.outputs.is_empty() {
-            return invalid("declare at least one output the plugin emits to (outputs = [\"totals\"])".into());
-        }
-        if self.outputs.len() > MAX_OUTPUTS {
-            return invalid(format!("a job may declare at most {MAX_OUTPUTS} outputs, this one declares {}", self.outputs.len()));
-        }
-        let mut names: Vec<&str> = self.outputs.iter().map(String::as_str).collect();
-        names.push(&self.dead_letter_output);
-        for name in &names {
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-                return invalid(format!("output name {name:?} must use only letters, digits, `-`, `_`, `.`"));
-            }
-        }
-        names.sort_unstable();
-        if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
-            return invalid(format!("output `{}` is declared twice (the dead-letter output counts too)", pair[0]));
-        }
-        if let Some(name) = self.emit.keys().find(|name| !self.outputs.contains(name)) {
-            return invalid(format!(
-                "emit names output `{name}`, which the job does not declare (declared: {}); dead letters are always all written",
-                self.outputs.join(", ")
-            ));
-        }
-        if self.commit_interval_ms == 0 {
-            return invalid("commit_interval_ms must be at least 1".into());
-        }
-        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
-            return invalid(format!("batch_size must be between 1 and {MAX_BATCH_SIZE}, got {}", self.batch_size));
-        }
+    /// Checks ranges and consistency, the settings and then the mode's
+    /// section; the message says what to change.
+    pub fn validate(&self) -> Result<(), InvalidJob> {
+        self.settings.validate()?;
         match &self.mode {
-            Mode::Local(local) => local.validate(self)?,
-            Mode::Kafka(kafka) => kafka.validate(self)?,
+            Mode::Local(local) => local.validate(&self.settings),
+            Mode::Kafka(kafka) => kafka.validate(&self.settings),
         }
-        let share = self.hot_swap.max_reject_share;
-        if !(0.0..=1.0).contains(&share) {
-            return invalid(format!("hot_swap.max_reject_share must be between 0 and 1, got {share}"));
-        }
-        let limits = &self.limits;
-        let tick_ms = tally_core::plugin::EPOCH_TICK.as_millis() as u64;
-        if limits.memory_bytes < (1 << 20) || limits.max_key_bytes == 0 || limits.max_value_bytes == 0 {
-            return invalid("limits must be positive, and limits.memory_bytes at least 1 MiB (1048576)".into());
-        }
-        if limits.cpu_budget_ms < tick_ms {
-            return invalid(format!("limits.cpu_budget_ms must be at least {tick_ms} (the budget is checked every {tick_ms} ms)"));
-        }
-        if limits.max_failures_in_a_row == 0 || limits.max_record_bytes == 0 {
-            return invalid("limits.max_failures_in_a_row and limits.max_record_bytes must be at least 1".into());
-        }
-        Ok(())
     }
 }
 
@@ -337,11 +256,11 @@ mod tests {
     fn a_job_file_gets_defaults_and_paths_relative_to_itself() {
         let (dir, path) = write_job(JOB);
         let job = JobConfig::from_file(&path).unwrap();
-        assert_eq!(job.commit_interval(), DEFAULT_COMMIT_INTERVAL);
-        assert_eq!(job.dead_letter_output, "dead-letters");
-        assert_eq!(job.limits, Limits::default());
-        assert_eq!(job.emit_per_output(), vec![Emit::EveryUpdate]);
-        assert_eq!(job.plugin, dir.path().join("billing.wasm"));
+        assert_eq!(job.settings.commit_interval(), DEFAULT_COMMIT_INTERVAL);
+        assert_eq!(job.settings.dead_letter_output, "dead-letters");
+        assert_eq!(job.settings.limits, Limits::default());
+        assert_eq!(job.settings.emit_per_output(), vec![Emit::EveryUpdate]);
+        assert_eq!(job.settings.plugin, dir.path().join("billing.wasm"));
         let local = job.local().unwrap();
         assert_eq!(local.inputs, vec![dir.path().join("in/p0.ndjson")]);
         assert_eq!(local.state_dir, PathBuf::from("/var/state"));
@@ -358,7 +277,7 @@ mod tests {
     fn emit_is_chosen_per_declared_output() {
         let two_outputs = JOB.replace(r#"["totals"]"#, r#"["totals", "alerts"]"#);
         let (_dir, path) = write_job(&two_outputs.replace("outputs =", "emit = { totals = \"latest_per_key\" }\noutputs ="));
-        assert_eq!(JobConfig::from_file(&path).unwrap().emit_per_output(), vec![Emit::LatestPerKey, Emit::EveryUpdate]);
+        assert_eq!(JobConfig::from_file(&path).unwrap().settings.emit_per_output(), vec![Emit::LatestPerKey, Emit::EveryUpdate]);
         let (_dir, path) = write_job(&JOB.replace("outputs =", "emit = { totals = \"latest\" }\noutputs ="));
         let err = JobConfig::from_file(&path).unwrap_err().to_string();
         assert!(err.contains("unknown variant `latest`, expected `every_update` or `latest_per_key`"), "{err}");
@@ -394,41 +313,9 @@ mod tests {
         let job = JobConfig::from_file(&path).unwrap();
         let kafka = job.kafka().unwrap();
         assert_eq!(kafka.guarantee, Guarantee::ExactlyOnce);
-        assert_eq!(kafka.group_id(&job.name), "tally-billing");
+        assert_eq!(kafka.group_id(&job.settings.name), "tally-billing");
         assert_eq!(kafka.state_dir, dir.path().join("state"));
         assert!(job.local().is_err());
-    }
-
-    #[test]
-    fn prefixed_client_settings_reach_only_their_clients() {
-        use crate::kafka::topics::{client_settings, ClientRole};
-        let text = format!(
-            "{KAFKA_JOB}\n[kafka.client]\n\"socket.timeout.ms\" = \"9000\"\n\"producer.linger.ms\" = \"2\"\n\"consumer.session.timeout.ms\" = \"7000\"\n"
-        );
-        let (_dir, path) = write_job(&text);
-        let job = JobConfig::from_file(&path).unwrap();
-        let kafka = job.kafka().unwrap();
-        let settings = |role| client_settings(kafka, role).map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>();
-        assert_eq!(settings(ClientRole::Producer), ["linger.ms=2", "socket.timeout.ms=9000"]);
-        assert_eq!(settings(ClientRole::Consumer), ["session.timeout.ms=7000", "socket.timeout.ms=9000"]);
-        assert_eq!(settings(ClientRole::Admin), ["socket.timeout.ms=9000"]);
-    }
-
-    #[test]
-    fn partitions_without_a_committed_offset_start_where_auto_offset_reset_says() {
-        use crate::kafka::topics::{consumer_config, start_without_commit};
-        use rdkafka::Offset;
-        let start = |client: &str| {
-            let (_dir, path) = write_job(&format!("{KAFKA_JOB}\n[kafka.client]\n{client}\n"));
-            let job = JobConfig::from_file(&path).unwrap();
-            start_without_commit(&consumer_config(&job, job.kafka().unwrap(), "0123456789abcdef"))
-        };
-        assert_eq!(start(""), Offset::Beginning, "Tally's default is the earliest record");
-        assert_eq!(start("\"auto.offset.reset\" = \"latest\""), Offset::End);
-        assert_eq!(start("\"auto.offset.reset\" = \"smallest\""), Offset::Beginning);
-        assert_eq!(start("\"auto.offset.reset\" = \"earliest\"\n\"consumer.auto.offset.reset\" = \"largest\""), Offset::End);
-        assert_eq!(start("\"producer.auto.offset.reset\" = \"latest\""), Offset::Beginning, "a producer setting is not the consumer's");
-        assert_eq!(start("\"auto.offset.reset\" = \"error\""), Offset::Invalid, "librdkafka raises the error itself");
     }
 
     #[test]

@@ -11,8 +11,8 @@ use tally_core::plugin::{JobContext, LoadedPlugin};
 use tally_core::state::StateStore;
 
 use crate::config::JobConfig;
-use crate::kafka::{KafkaJob, KafkaJobError, KafkaRunOptions};
-use crate::local::{LocalTask, TaskError};
+use tally_kafka::{KafkaJob, KafkaJobError, KafkaRunOptions};
+use tally_local::{LocalTask, TaskError};
 
 /// A driver's error, saying itself what should happen next.
 pub trait JobError: std::error::Error {
@@ -69,7 +69,7 @@ impl Job for LocalTask {
     type Error = TaskError;
 
     fn open(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<Self, TaskError> {
-        LocalTask::open_in(config, plugin, context)
+        LocalTask::open_in(&config.settings, config.local()?, plugin, context)
     }
 
     fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
@@ -89,7 +89,7 @@ impl Job for KafkaJob {
     type Error = KafkaJobError;
 
     fn open(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<Self, KafkaJobError> {
-        KafkaJob::open_in(config, plugin, context)
+        KafkaJob::open_in(&config.settings, config.kafka()?, plugin, context)
     }
 
     fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {

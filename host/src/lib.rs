@@ -1,21 +1,22 @@
-//! Tally's host: the drivers that run a job over real inputs and outputs,
-//! on the engine in `tally-core`, and `tally serve`.
+//! Tally's host: the job file, one [`job::Job`] trait over both drivers
+//! (`tally-local`, `tally-kafka`), `tally serve` and its client.
 //!
-//! - Local mode (NDJSON files): [`local`], state in `tally-state-rocks`.
-//! - Kafka mode (topics, exactly once by Kafka transactions): [`kafka`].
+//! - The job file, its mode-independent settings and its mode: [`config`].
 //! - Many tenants' jobs in one process, with an admin API: [`serve`].
 //! - The admin API's client: [`client`].
 //!
 //! The dependencies point one way: the `tally` binary → [`serve`] → the
-//! drivers → `tally-core`. See `docs/architecture.md`.
+//! drivers (`tally-local`, `tally-kafka`) → `tally-state-rocks` →
+//! `tally-core`. See `docs/architecture.md`.
 //!
 //! ```no_run
 //! use tally_core::plugin::PluginRuntime;
-//! use tally_host::{config::JobConfig, local::LocalTask};
+//! use tally_host::config::JobConfig;
+//! use tally_local::LocalTask;
 //!
 //! let job = JobConfig::from_file("billing.toml".as_ref())?;
-//! let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
-//! let summary = LocalTask::open(&job, &plugin)?.run()?;
+//! let plugin = PluginRuntime::new()?.load_file(&job.settings.plugin)?;
+//! let summary = LocalTask::open(&job.settings, job.local()?, &plugin)?.run()?;
 //! println!("{} records, {} dead-lettered", summary.records, summary.dead_lettered);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -25,8 +26,5 @@
 pub mod client;
 pub mod config;
 pub mod job;
-pub mod kafka;
-pub mod local;
-pub mod lock;
 mod metrics;
 pub mod serve;

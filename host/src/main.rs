@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use tally_host::config::{JobConfig, LocalConfig, Limits, Mode, DEFAULT_BATCH_SIZE, DEFAULT_DEAD_LETTER_OUTPUT};
-use tally_host::kafka::{KafkaJob, KafkaRunOptions};
+use tally_host::config::{JobConfig, JobSettings, LocalConfig, Mode, DEFAULT_BATCH_SIZE};
+use tally_kafka::{KafkaJob, KafkaRunOptions};
 use tally_core::plugin::{LoadedPlugin, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
 use tally_core::state::StateStore;
 use tally_state_rocks::RocksStore;
-use tally_host::local::LocalTask;
+use tally_local::LocalTask;
 
 /// mimalloc instead of glibc's malloc: the job loop allocates and frees
 /// millions of small buffers a second, and glibc spent ~15% of the billing
@@ -310,16 +310,11 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         Some(path) => JobConfig::from_file(&path)?,
         None => {
             let missing = |flag: &str| anyhow::anyhow!("give a job file, or --{flag} (see `tally run --help`)");
+            let mut settings = JobSettings::new(&args.name, args.plugin.ok_or_else(|| missing("plugin"))?, args.outputs);
+            settings.commit_interval_ms = args.commit_interval_ms;
+            settings.batch_size = args.batch_size;
             let job = JobConfig {
-                name: args.name,
-                plugin: args.plugin.ok_or_else(|| missing("plugin"))?,
-                outputs: args.outputs,
-                dead_letter_output: DEFAULT_DEAD_LETTER_OUTPUT.to_string(),
-                commit_interval_ms: args.commit_interval_ms,
-                batch_size: args.batch_size,
-                limits: Limits::default(),
-                hot_swap: Default::default(),
-                emit: Default::default(),
+                settings,
                 mode: Mode::Local(LocalConfig {
                     inputs: args.inputs,
                     output_dir: args.output_dir.ok_or_else(|| missing("output-dir"))?,
@@ -331,14 +326,16 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             job
         }
     };
-    let plugin = PluginRuntime::new()?.load_file(&job.plugin)?;
-    if matches!(job.mode, Mode::Kafka(_)) {
-        return run_kafka_job(&job, &plugin, args.until_caught_up, &stop);
-    }
+    let plugin = PluginRuntime::new()?.load_file(&job.settings.plugin)?;
+    let local = match &job.mode {
+        Mode::Kafka(kafka) => return run_kafka_job(&job.settings, kafka, &plugin, args.until_caught_up, &stop),
+        Mode::Local(local) => local,
+    };
     if args.until_caught_up {
         bail!("--until-caught-up is for Kafka jobs; a local job always stops at the end of its inputs");
     }
-    let mut task = LocalTask::open(&job, &plugin)?;
+    let job = &job.settings;
+    let mut task = LocalTask::open(job, local, &plugin)?;
     let summary = task.run_until(&stop)?;
     if summary.stopped_early {
         println!("stopped on request; everything processed so far is committed, and the next run resumes there");
@@ -363,8 +360,8 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
-fn run_kafka_job(job: &JobConfig, plugin: &LoadedPlugin, until_caught_up: bool, stop: &AtomicBool) -> anyhow::Result<()> {
-    let mut kafka_job = KafkaJob::open(job, plugin)?;
+fn run_kafka_job(job: &JobSettings, kafka: &tally_host::config::KafkaConfig, plugin: &LoadedPlugin, until_caught_up: bool, stop: &AtomicBool) -> anyhow::Result<()> {
+    let mut kafka_job = KafkaJob::open(job, kafka, plugin)?;
     let summary = kafka_job.run_until(stop, KafkaRunOptions { until_caught_up })?;
     println!("{}", summary.describe(&job.name));
     if summary.stopped_early {
@@ -444,14 +441,14 @@ fn list_state(state_dir: &Path, json: bool) -> anyhow::Result<()> {
     }
     // RocksDB admits one process at a time: take the job's lock, so a
     // running job is reported rather than raced.
-    let _lock = tally_host::lock::DirLock::acquire(state_dir)?;
+    let _lock = tally_core::lock::DirLock::acquire(state_dir)?;
     let store = RocksStore::open(&db)?;
     // A Kafka job's state is kept per input partition: each key starts
     // with its partition number (4 bytes, big-endian).
     let per_partition = state_dir.join("instance-id").exists();
     let mut out = std::io::stdout().lock();
     for (key, value) in store.scan_state()? {
-        let (partition, key) = match tally_host::kafka::keys::split_namespaced(&key) {
+        let (partition, key) = match tally_kafka::keys::split_namespaced(&key) {
             Some((partition, rest)) if per_partition => (Some(partition), rest),
             _ => (None, &key[..]),
         };

@@ -53,8 +53,9 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
     use rdkafka::consumer::BaseConsumer;
     use rdkafka::producer::Producer;
     use rdkafka::ClientConfig;
-    use tally_host::config::{Guarantee, Limits};
-    use tally_host::kafka::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
+    use tally_core::limits::Limits;
+    use tally_kafka::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
+    use tally_kafka::Guarantee;
     use tally_core::state::MemoryStore;
     use tally_core::transaction::{SourcePosition, Transaction};
 

@@ -1,14 +1,18 @@
 //! The crates' dependencies point one way: the engine (`tally-core`) and
 //! the plugin test driver (`tally-testing`) reach no RocksDB, no Kafka
 //! client and no HTTP stack, so a plugin author's `cargo test` builds none
-//! of them; and the engine depends on no driver.
+//! of them; the engine depends on no driver, and no driver on another or
+//! on the server.
 
 use std::collections::BTreeSet;
 use std::process::Command;
 
 /// Crates only the drivers and the server may pull in.
 const DRIVER_ONLY: &[&str] =
-    &["rocksdb", "librocksdb-sys", "rdkafka", "rdkafka-sys", "hyper", "axum", "tokio", "tower-http", "ureq", "tally-state-rocks", "tally-host"];
+    &["rocksdb", "librocksdb-sys", "rdkafka", "rdkafka-sys", "hyper", "axum", "tokio", "tower-http", "ureq", "tally-state-rocks", "tally-local", "tally-kafka", "tally-host"];
+
+/// The HTTP stack: only the server and its client have it.
+const HTTP: &[&str] = &["hyper", "axum", "tokio", "tower-http", "ureq"];
 
 /// Every package `root` depends on for its library on this platform
 /// (normal dependencies, transitively), by name, from `cargo tree`: it reads
@@ -41,4 +45,15 @@ fn the_engine_and_the_plugin_test_driver_reach_no_rocksdb_kafka_or_http() {
     }
     let state = normal_closure("tally-state-rocks");
     assert!(state.contains("tally-core") && state.contains("rocksdb") && !state.contains("rdkafka") && !state.contains("tally-host"), "{state:?}");
+}
+
+#[test]
+fn each_driver_reaches_the_core_and_no_other_driver_nor_the_server() {
+    for (driver, other) in [("tally-local", "tally-kafka"), ("tally-kafka", "tally-local")] {
+        let closure = normal_closure(driver);
+        assert!(closure.contains("tally-core") && closure.contains("tally-state-rocks"), "{driver}: {closure:?}");
+        let wrong: Vec<&str> = [other, "tally-host"].into_iter().chain(HTTP.iter().copied()).filter(|name| closure.contains(*name)).collect();
+        assert!(wrong.is_empty(), "{driver} depends on {wrong:?}; a driver depends on the core only");
+    }
+    assert!(!normal_closure("tally-local").contains("rdkafka"), "local mode needs no Kafka client");
 }

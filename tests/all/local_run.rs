@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use tally_host::lock::DirLock;
+use tally_core::lock::DirLock;
 use tally_tests::*;
 
 use crate::plugins::USAGE_BILLING;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use tally_host::config::Limits;
+use tally_core::limits::Limits;
 use tally_testing::PluginTest;
 
 use crate::plugins::MISBEHAVING;

@@ -12,12 +12,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tally_host::config::{JobConfig, KafkaConfig, Limits, LocalConfig, Mode, DEFAULT_BATCH_SIZE};
+use tally_core::limits::Limits;
+use tally_core::settings::JobSettings;
+use tally_kafka::KafkaConfig;
+use tally_local::LocalConfig;
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{CommitReport, JobObserver};
-use tally_host::kafka::{KafkaJob, KafkaRunOptions};
+use tally_kafka::{KafkaJob, KafkaRunOptions};
 use tally_core::plugin::{LoadedPlugin, PluginRuntime};
-use tally_host::local::LocalTask;
+use tally_local::LocalTask;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
 use tally_tests::kafka::{bootstrap, partition_of, KafkaBillingJob};
@@ -45,19 +48,10 @@ impl JobObserver for Commits {
 }
 
 /// The billing job with 100 ms commits, reading and writing per `mode`.
-fn job_config(mode: Mode) -> JobConfig {
-    JobConfig {
-        name: "billing".into(),
-        plugin: plugins::USAGE_BILLING.into(),
-        outputs: vec!["totals".into()],
-        dead_letter_output: "dead-letters".into(),
-        commit_interval_ms: INTERVAL.as_millis() as u64,
-        batch_size: DEFAULT_BATCH_SIZE,
-        limits: Limits::default(),
-        mode,
-        hot_swap: SwapPolicy::default(),
-        emit: Default::default(),
-    }
+fn job_config() -> JobSettings {
+    let mut settings = JobSettings::new("billing", plugins::USAGE_BILLING.into(), vec!["totals".into()]);
+    settings.commit_interval_ms = INTERVAL.as_millis() as u64;
+    settings
 }
 
 fn main() {
@@ -71,12 +65,13 @@ fn main() {
     // Local: 2,000 lines appended every 10 ms (200k events/s) to a followed file.
     let input = dir.path().join("usage.ndjson");
     std::fs::write(&input, "").unwrap();
-    let config = job_config(Mode::Local(LocalConfig {
+    let config = job_config();
+    let local_config = LocalConfig {
         inputs: vec![input.clone()],
         output_dir: dir.path().join("out"),
         state_dir: dir.path().join("state"),
         confine_to: None,
-    }));
+    };
     let feed = move |stop: &AtomicBool, lines: &[tally_tests::UsageLine]| {
         let mut file = std::fs::OpenOptions::new().append(true).open(&input).unwrap();
         for chunk in lines.chunks(2_000).cycle() {
@@ -91,7 +86,7 @@ fn main() {
     let local = config.clone();
     let plugin = first.clone();
     measure("local job", &runtime, feed, move |slot, commits, stop| {
-        let mut task = LocalTask::open(&local, &plugin).unwrap();
+        let mut task = LocalTask::open(&local, &local_config, &plugin).unwrap();
         task.attach(slot, SwapPolicy::default(), commits);
         task.run_following(stop).unwrap().records
     });
@@ -102,7 +97,8 @@ fn main() {
     }
     // Kafka: 500 records produced every 20 ms (up to 25k events/s) over 4 partitions.
     let topics = KafkaBillingJob::create("bench-swap", 4);
-    let mut config = job_config(Mode::Kafka(KafkaConfig {
+    let mut config = job_config();
+    let kafka = KafkaConfig {
         brokers: bootstrap(),
         group: None,
         inputs: vec![topics.input.clone()],
@@ -114,7 +110,7 @@ fn main() {
         create_partitions: 4,
         transaction_timeout_ms: 10_000,
         client: Default::default(),
-    }));
+    };
     config.name = topics.name.clone();
     let input_topic = topics.input.clone();
     let feed = move |stop: &AtomicBool, lines: &[tally_tests::UsageLine]| {
@@ -136,7 +132,7 @@ fn main() {
         producer.flush(Duration::from_secs(30)).unwrap();
     };
     measure("Kafka job (exactly once)", &runtime, feed, move |slot, commits, stop| {
-        let mut job = KafkaJob::open(&config, &first).unwrap();
+        let mut job = KafkaJob::open(&config, &kafka, &first).unwrap();
         job.attach(slot, SwapPolicy::default(), commits);
         job.run_until(stop, KafkaRunOptions::default()).unwrap().records
     });

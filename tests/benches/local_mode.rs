@@ -13,10 +13,11 @@
 
 use std::path::Path;
 
-use tally_host::config::{JobConfig, Limits, LocalConfig, Mode, DEFAULT_BATCH_SIZE};
+use tally_core::settings::{JobSettings, DEFAULT_BATCH_SIZE};
+use tally_local::LocalConfig;
 use tally_core::plugin::PluginRuntime;
 use tally_core::observe::RunSummary;
-use tally_host::local::LocalTask;
+use tally_local::LocalTask;
 use tally_tests::native::NativeProcessor;
 use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, write_partitions};
 
@@ -42,19 +43,12 @@ fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> JobConfig {
-    JobConfig {
-        name: "billing".into(),
-        plugin: plugins::USAGE_BILLING.into(),
-        outputs: vec!["totals".into()],
-        dead_letter_output: "dead-letters".into(),
-        commit_interval_ms: 100,
-        batch_size: env_or("TALLY_BENCH_BATCH", DEFAULT_BATCH_SIZE),
-        limits: Limits::default(),
-        mode: Mode::Local(LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state"), confine_to: None }),
-        hot_swap: Default::default(),
-        emit: Default::default(),
-    }
+fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> (JobSettings, LocalConfig) {
+    let mut settings = JobSettings::new("billing", plugins::USAGE_BILLING.into(), vec!["totals".into()]);
+    settings.commit_interval_ms = 100;
+    settings.batch_size = env_or("TALLY_BENCH_BATCH", DEFAULT_BATCH_SIZE);
+    let local = LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state"), confine_to: None };
+    (settings, local)
 }
 
 fn main() {
@@ -78,10 +72,10 @@ fn main() {
             if std::env::var("TALLY_BENCH_ONLY").is_ok_and(|only| only != kind) {
                 continue;
             }
-            let config = job(dir.path(), inputs.clone(), &format!("{kind}-{round}"));
+            let (config, local) = job(dir.path(), inputs.clone(), &format!("{kind}-{round}"));
             let mut task = match kind {
-                "wasm" => LocalTask::open(&config, &plugin).unwrap(),
-                _ => LocalTask::open_with(&config, || {
+                "wasm" => LocalTask::open(&config, &local, &plugin).unwrap(),
+                _ => LocalTask::open_with(&config, &local, || {
                     Ok(Box::new(NativeProcessor::new(usage_billing::UsageBilling, "usage-billing")))
                 })
                 .unwrap(),
@@ -90,7 +84,7 @@ fn main() {
             let summary: RunSummary = task.run().unwrap();
             let cpu = process_cpu_seconds() - cpu_before;
             assert_eq!(summary.records as usize, events);
-            let totals = read_totals(&config.local().unwrap().output_dir.join("totals.ndjson"));
+            let totals = read_totals(&local.output_dir.join("totals.ndjson"));
             assert_eq!(final_totals(&totals), expected, "{kind} computed wrong totals");
             let rate = events as f64 / summary.elapsed.as_secs_f64();
             let cpu_rate = events as f64 / cpu;

@@ -28,7 +28,6 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::ConfigError;
 
 /// Shortest bearer token accepted: guessing must be hopeless.
 pub const MIN_TOKEN_CHARS: usize = 16;
@@ -169,12 +168,42 @@ pub fn valid_name(name: &str) -> bool {
 #[error("{0}")]
 pub struct InvalidHostFile(pub String);
 
+/// A host file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostFileError {
+    /// It could not be read.
+    #[error("cannot read host file `{}`: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It is not valid TOML, or has unknown or mistyped fields.
+    #[error("host file `{}` is invalid: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (the parser names the field).
+        source: toml::de::Error,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("host file `{}`: {source}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What to change.
+        source: InvalidHostFile,
+    },
+}
+
 impl HostConfig {
     /// Reads and checks a host file; relative paths are taken relative to it.
-    pub fn from_file(path: &Path) -> Result<HostConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    pub fn from_file(path: &Path) -> Result<HostConfig, HostFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| HostFileError::Read { path: path.to_path_buf(), source })?;
         let mut config: HostConfig =
-            toml::from_str(&text).map_err(|err| ConfigError::Parse { path: path.to_path_buf(), message: err.to_string() })?;
+            toml::from_str(&text).map_err(|source| HostFileError::Parse { path: path.to_path_buf(), source })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |path: &mut PathBuf| {
             if path.is_relative() {
@@ -187,7 +216,7 @@ impl HostConfig {
                 resolve(dir);
             }
         }
-        config.validate().map_err(|InvalidHostFile(message)| ConfigError::Invalid { job: format!("(host file {})", path.display()), message })?;
+        config.validate().map_err(|source| HostFileError::Invalid { path: path.to_path_buf(), source })?;
         Ok(config)
     }
 

@@ -9,7 +9,7 @@ use tally_core::plugin::compiler::CompileError;
 use tally_core::plugin::PluginError;
 
 use super::job_spec::JobSpecError;
-use crate::lock::LockError;
+use tally_core::lock::LockError;
 
 /// A failure of the serve layer.
 #[derive(Debug, thiserror::Error)]

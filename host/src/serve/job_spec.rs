@@ -18,13 +18,13 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, Mode, ModeError, 
+use crate::config::{ConfigError, InvalidJob, JobSettings, Mode, ModeError, 
     default_batch_size, default_commit_interval_ms, default_create_partitions, default_dead_letter_output,
     default_transaction_timeout_ms, Emit, Guarantee, JobConfig, KafkaConfig, Limits, LocalConfig,
     DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH,
 };
 use tally_core::hot_swap::SwapPolicy;
-use crate::local::source::{LocalSource, SourceError};
+use tally_local::SourceError;
 
 use super::config::{HostConfig, TenantConfig};
 use super::registry::JobDir;
@@ -251,10 +251,7 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostCo
     let dir = JobDir::new(&host.data_dir, tenant_name, &name);
     let config = served.into_config(tenant_name, tenant, host, &dir)?;
     // Said in the tenant's terms: the job's name without the tenant prefix.
-    config.validate().map_err(|err| match err {
-        ConfigError::Invalid { message, .. } => ConfigError::Invalid { job: name.clone(), message },
-        other => other,
-    })?;
+    config.validate().map_err(|InvalidJob { message, .. }| ConfigError::Invalid(InvalidJob { job: name.clone(), message }))?;
     check_caps(&config, tenant_name, host)?;
     if let (Mode::Local(local), Some(input_dir)) = (&config.mode, tenant.input_dir.as_deref()) {
         check_inputs(input_dir, &local.inputs)?;
@@ -297,16 +294,18 @@ impl ServedJob {
             }
         };
         Ok(JobConfig {
-            name: format!("{tenant_name}.{}", self.name),
-            plugin: dir.path().join("plugins"),
-            outputs: self.outputs,
-            dead_letter_output: self.dead_letter_output,
-            commit_interval_ms: self.commit_interval_ms,
-            batch_size: self.batch_size,
-            limits: self.limits,
+            settings: JobSettings {
+                name: format!("{tenant_name}.{}", self.name),
+                plugin: dir.path().join("plugins"),
+                outputs: self.outputs,
+                dead_letter_output: self.dead_letter_output,
+                commit_interval_ms: self.commit_interval_ms,
+                batch_size: self.batch_size,
+                limits: self.limits,
+                hot_swap: self.hot_swap,
+                emit: self.emit,
+            },
             mode,
-            hot_swap: self.hot_swap,
-            emit: self.emit,
         })
     }
 }
@@ -331,7 +330,7 @@ fn check_caps(config: &JobConfig, tenant_name: &str, host: &HostConfig) -> Resul
             return over("kafka.create_partitions", MAX_CREATE_PARTITIONS.into(), kafka.create_partitions.into(), "");
         }
     }
-    let limits = &config.limits;
+    let limits = &config.settings.limits;
     if limits.memory_bytes > host.max_memory_bytes {
         return over("limits.memory_bytes", host.max_memory_bytes, limits.memory_bytes, " (max_memory_bytes)");
     }
@@ -356,14 +355,14 @@ fn check_caps(config: &JobConfig, tenant_name: &str, host: &HostConfig) -> Resul
     Ok(())
 }
 
-/// Opens each input the way the job will ([`LocalSource::open_confined`]):
+/// Opens each input the way the job will ([`tally_local::check_confined_input`]):
 /// a regular file inside `input_dir` once every link is followed. Said at
 /// deploy in the tenant's terms (paths inside its input directory, never
 /// the host's); the job checks again on every open.
 fn check_inputs(input_dir: &Path, inputs: &[PathBuf]) -> Result<(), JobSpecError> {
     for input in inputs {
         let shown = input.strip_prefix(input_dir).unwrap_or(input).display().to_string();
-        match LocalSource::open_confined(std::slice::from_ref(input), &[], Some(input_dir)) {
+        match tally_local::check_confined_input(input, input_dir) {
             Ok(_) => {}
             Err(SourceError::Outside { .. }) => {
                 return Err(JobSpecError::InputOutside { input: shown });
@@ -414,7 +413,7 @@ mod tests {
         std::fs::write(inputs.path().join("usage-0.ndjson"), "").unwrap();
         let (name, config) = parse(LOCAL, "acme", &tenant(Some(inputs.path())), &host()).unwrap();
         assert_eq!(name, "billing");
-        assert_eq!(config.name, "acme.billing");
+        assert_eq!(config.settings.name, "acme.billing");
         let local = config.local().unwrap().clone();
         assert_eq!(local.inputs, [inputs.path().join("usage-0.ndjson")]);
         assert_eq!(local.state_dir, Path::new("/data/jobs/acme/billing/state"));
@@ -554,8 +553,8 @@ mod tests {
                 let tenant = tenant(Some(&inputs));
                 if let Ok((name, config)) = parse(&text, "acme", &tenant, &host()) {
                     prop_assert!(crate::serve::config::valid_name(&name));
-                    prop_assert_eq!(&config.name, &format!("acme.{name}"));
-                    prop_assert_eq!(&config.plugin, &Path::new("/data/jobs/acme").join(&name).join("plugins"));
+                    prop_assert_eq!(&config.settings.name, &format!("acme.{name}"));
+                    prop_assert_eq!(&config.settings.plugin, &Path::new("/data/jobs/acme").join(&name).join("plugins"));
                     if let Ok(local) = config.local() {
                         prop_assert!(local.inputs.iter().all(|input| input.starts_with(&inputs) && !input.components().any(|c| matches!(c, Component::ParentDir))));
                         prop_assert!(local.state_dir.starts_with("/data/jobs/acme") && local.output_dir.starts_with("/data/jobs/acme"));

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 
 use tally_core::fair_share::CpuScheduler;
-use crate::lock::DirLock;
+use tally_core::lock::DirLock;
 use crate::metrics::HostMetrics;
 use tally_core::plugin::compiler::{CompileError, CompileLimits, Compiler};
 use tally_core::plugin::{LoadedPlugin, PluginRuntime};
@@ -278,10 +278,10 @@ impl Host {
             let memory: u64 = jobs
                 .iter()
                 .filter(|((owner, _), _)| owner == tenant)
-                .map(|(_, job)| job.config.limits.memory_bytes)
+                .map(|(_, job)| job.config.settings.limits.memory_bytes)
                 .chain(deploying.iter().filter(|((owner, _), _)| owner == tenant).map(|(_, memory)| *memory))
                 .sum();
-            let asked = config.limits.memory_bytes;
+            let asked = config.settings.limits.memory_bytes;
             if memory + asked > tenant_config.max_total_memory_bytes {
                 return Err(ApiError::new(
                     409,
@@ -307,7 +307,7 @@ impl Host {
         let plugin = self.compile(tenant, name, bytes)?;
         if let crate::config::Mode::Kafka(kafka) = &config.mode {
             // Missing topics are a bad deploy, said now, not a job failing later.
-            crate::kafka::topics::prepare(&config, kafka).map_err(|err| ApiError::bad_request(err.to_string()))?;
+            tally_kafka::prepare_topics(&config.settings, kafka).map_err(|err| ApiError::bad_request(err.to_string()))?;
         }
         let dir = JobDir::new(&self.config.data_dir, tenant, name);
         if dir.exists() {
@@ -366,7 +366,7 @@ impl Host {
         }
         let job = self.job(tenant, name)?;
         // Held until the files are gone: no deploy of the name meanwhile.
-        if lock(&self.deploying).insert(key.clone(), job.config.limits.memory_bytes).is_some() {
+        if lock(&self.deploying).insert(key.clone(), job.config.settings.limits.memory_bytes).is_some() {
             return Err(ApiError::new(409, format!("job `{name}` is being deployed or deleted right now; try again")));
         }
         job.mark_deleted();
@@ -465,7 +465,7 @@ impl Host {
         let keys: Vec<(Option<i32>, Vec<u8>)> = if partitions == 0 {
             vec![(None, key.as_bytes().to_vec())]
         } else {
-            (0..partitions).map(|partition| (Some(partition), crate::kafka::keys::namespaced(partition, key.as_bytes()))).collect()
+            (0..partitions).map(|partition| (Some(partition), tally_kafka::keys::namespaced(partition, key.as_bytes()))).collect()
         };
         let refs: Vec<&[u8]> = keys.iter().map(|(_, key)| key.as_slice()).collect();
         let values = store.get_many(&refs).map_err(|err| {

@@ -19,8 +19,8 @@ use tally_core::sync::lock;
 
 use crate::config::JobConfig;
 use crate::job::{Job, JobError};
-use crate::kafka::KafkaJob;
-use crate::local::LocalTask;
+use tally_kafka::KafkaJob;
+use tally_local::LocalTask;
 use crate::metrics::JobMetrics;
 
 use super::error::ServeError;
@@ -202,7 +202,7 @@ impl JobRuntime {
     pub fn spawn(self: &Arc<Self>) -> JoinHandle<()> {
         let runtime = self.clone();
         std::thread::Builder::new()
-            .name(format!("job-{}", self.config.name))
+            .name(format!("job-{}", self.config.settings.name))
             .spawn(move || runtime.run())
             .expect("spawning a job thread")
     }
@@ -459,7 +459,7 @@ impl JobRuntime {
     fn run_job<J: Job>(self: &Arc<Self>) -> Result<(), Failure> {
         let plugin = self.active_plugin().map_err(|err| Failure { message: err.to_string(), then: AfterFailure::Halt })?;
         let mut job = J::open(&self.config, &plugin, self.context.clone()).map_err(Failure::of)?;
-        job.attach(self.slot.clone(), self.config.hot_swap, self.observer());
+        job.attach(self.slot.clone(), self.config.settings.hot_swap, self.observer());
         *lock(&self.store) = Some(job.state());
         while self.wait_while_paused() {
             self.set_state(JobState::Running);

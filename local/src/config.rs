@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, JobConfig};
+use tally_core::settings::{InvalidJob, JobSettings};
 
 /// Local mode's inputs, outputs and state.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -24,9 +24,9 @@ pub struct LocalConfig {
 
 impl LocalConfig {
     /// Checks the section within job `job`; the message says what to change.
-    pub fn validate(&self, job: &JobConfig) -> Result<(), ConfigError> {
+    pub fn validate(&self, job: &JobSettings) -> Result<(), InvalidJob> {
         let local = self;
-        let invalid = |message: String| Err(ConfigError::Invalid { job: job.name.clone(), message });
+        let invalid = |message: String| Err(InvalidJob { job: job.name.clone(), message });
         if local.inputs.is_empty() {
             return invalid("local.inputs must name at least one NDJSON file".into());
         }

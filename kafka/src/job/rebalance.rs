@@ -16,11 +16,11 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::{Restart, SessionError, KAFKA_TIMEOUT};
 use crate::config::Guarantee;
-use crate::kafka::changelog::{read_offset, RestoreError, Restorer};
-use crate::kafka::committer::JobProducer;
-use crate::kafka::fetch::Router;
-use crate::kafka::keys::{checkpoint_key, included_key};
-use crate::kafka::KafkaJobError;
+use crate::changelog::{read_offset, RestoreError, Restorer};
+use crate::committer::JobProducer;
+use crate::fetch::Router;
+use crate::keys::{checkpoint_key, included_key};
+use crate::KafkaJobError;
 use tally_core::state::StateStore;
 
 /// A partition this process got of some inputs but not of all, with an
@@ -205,7 +205,7 @@ impl Rebalancer {
 
 impl ClientContext for Rebalancer {
     fn error(&self, error: KafkaError, reason: &str) {
-        crate::kafka::log_client_error(error, reason);
+        crate::log_client_error(error, reason);
     }
 }
 

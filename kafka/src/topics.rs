@@ -10,7 +10,8 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext, Offset};
 
 use super::KafkaJobError;
-use crate::config::{Guarantee, JobConfig, KafkaConfig};
+use crate::config::{Guarantee, KafkaConfig};
+use tally_core::settings::JobSettings;
 
 /// How long metadata and admin requests may take.
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -100,7 +101,7 @@ fn sets(kafka: &KafkaConfig, role: ClientRole, property: &str) -> bool {
 /// and static membership under the process's instance id (KIP-345), so a
 /// restarted process takes its partitions back at once instead of waiting
 /// for its old session to time out.
-pub fn consumer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> ClientConfig {
+pub fn consumer_config(job: &JobSettings, kafka: &KafkaConfig, instance: &str) -> ClientConfig {
     let mut config = base_config(kafka, ClientRole::Consumer);
     config
         .set("group.id", kafka.group_id(&job.name))
@@ -142,7 +143,7 @@ pub const CONSUMER_DEFAULTS: &[(&str, &str)] =
 
 /// The consumer that restores changelogs and reads the group's committed
 /// offsets; it never joins the group.
-pub fn restore_config(job: &JobConfig, kafka: &KafkaConfig) -> ClientConfig {
+pub fn restore_config(job: &JobSettings, kafka: &KafkaConfig) -> ClientConfig {
     let mut config = base_config(kafka, ClientRole::Consumer);
     config
         .set("group.id", kafka.group_id(&job.name))
@@ -159,7 +160,7 @@ pub fn restore_config(job: &JobConfig, kafka: &KafkaConfig) -> ClientConfig {
 
 /// The producer: transactional under `exactly_once` (one transactional id
 /// per process, kept in its state directory), idempotent otherwise.
-pub fn producer_config(job: &JobConfig, kafka: &KafkaConfig, instance: &str) -> ClientConfig {
+pub fn producer_config(job: &JobSettings, kafka: &KafkaConfig, instance: &str) -> ClientConfig {
     let mut config = base_config(kafka, ClientRole::Producer);
     config.set("enable.idempotence", "true");
     if !sets(kafka, ClientRole::Producer, "linger.ms") {
@@ -224,7 +225,7 @@ pub struct TopicLayout {
 
 /// Checks that the job's topics exist (creating what the job allows) and
 /// that the inputs and the changelog agree on their partition count.
-pub fn prepare(job: &JobConfig, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
+pub fn prepare(job: &JobSettings, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
     let admin: AdminClient<DefaultClientContext> = base_config(kafka, ClientRole::Admin).create().map_err(|err| {
         KafkaJobError::Setup { job: job.name.clone(), message: format!("cannot create a Kafka client: {err}") }
     })?;
@@ -235,7 +236,7 @@ pub fn prepare(job: &JobConfig, kafka: &KafkaConfig) -> Result<TopicLayout, Kafk
     layout
 }
 
-fn prepare_with(admin: &AdminClient<DefaultClientContext>, job: &JobConfig, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
+fn prepare_with(admin: &AdminClient<DefaultClientContext>, job: &JobSettings, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
     let setup = |message: String| KafkaJobError::Setup { job: job.name.clone(), message };
     let existing = topic_partitions(admin).map_err(|err| {
         setup(format!(

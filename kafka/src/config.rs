@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, JobConfig};
+use tally_core::settings::{InvalidJob, JobSettings};
 
 /// Which guarantee a Kafka job gives.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -71,10 +71,14 @@ pub struct KafkaConfig {
     pub client: std::collections::BTreeMap<String, String>,
 }
 
-pub(crate) fn default_create_partitions() -> u32 {
-    1
+/// Partitions of topics a job creates when no input topic exists yet and
+/// it does not say.
+pub const DEFAULT_CREATE_PARTITIONS: u32 = 1;
+
+fn default_create_partitions() -> u32 {
+    DEFAULT_CREATE_PARTITIONS
 }
-pub(crate) fn default_transaction_timeout_ms() -> u64 {
+fn default_transaction_timeout_ms() -> u64 {
     DEFAULT_TRANSACTION_TIMEOUT_MS
 }
 
@@ -90,9 +94,9 @@ impl KafkaConfig {
     }
 
     /// Checks the section within job `job`; the message says what to change.
-    pub fn validate(&self, job: &JobConfig) -> Result<(), ConfigError> {
+    pub fn validate(&self, job: &JobSettings) -> Result<(), InvalidJob> {
         let kafka = self;
-        let invalid = |message: String| Err(ConfigError::Invalid { job: job.name.clone(), message });
+        let invalid = |message: String| Err(InvalidJob { job: job.name.clone(), message });
         if kafka.brokers.trim().is_empty() {
             return invalid("kafka.brokers must name at least one broker (host:port)".into());
         }
@@ -151,4 +155,58 @@ fn valid_topic(topic: &str) -> bool {
         && topic != "."
         && topic != ".."
         && topic.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KAFKA_JOB: &str = r#"
+        [kafka]
+        brokers = "127.0.0.1:9092"
+        inputs = ["usage"]
+        outputs = { totals = "billing-totals" }
+        dead_letter_topic = "billing-dead-letters"
+        state_dir = "state"
+    "#;
+
+    /// The `[kafka]` section of a job file.
+    fn section(text: &str) -> KafkaConfig {
+        #[derive(Deserialize)]
+        struct File {
+            kafka: KafkaConfig,
+        }
+        toml::from_str::<File>(text).unwrap().kafka
+    }
+
+    #[test]
+    fn prefixed_client_settings_reach_only_their_clients() {
+        use crate::topics::{client_settings, ClientRole};
+        let text = format!(
+            "{KAFKA_JOB}\n[kafka.client]\n\"socket.timeout.ms\" = \"9000\"\n\"producer.linger.ms\" = \"2\"\n\"consumer.session.timeout.ms\" = \"7000\"\n"
+        );
+        let kafka = section(&text);
+        let settings = |role| client_settings(&kafka, role).map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>();
+        assert_eq!(settings(ClientRole::Producer), ["linger.ms=2", "socket.timeout.ms=9000"]);
+        assert_eq!(settings(ClientRole::Consumer), ["session.timeout.ms=7000", "socket.timeout.ms=9000"]);
+        assert_eq!(settings(ClientRole::Admin), ["socket.timeout.ms=9000"]);
+    }
+
+    #[test]
+    fn partitions_without_a_committed_offset_start_where_auto_offset_reset_says() {
+        use crate::topics::{consumer_config, start_without_commit};
+        use rdkafka::Offset;
+        let start = |client: &str| {
+            let kafka = section(&format!("{KAFKA_JOB}\n[kafka.client]\n{client}\n"));
+            let job = JobSettings::new("billing", "billing.wasm".into(), vec!["totals".into()]);
+            start_without_commit(&consumer_config(&job, &kafka, "0123456789abcdef"))
+        };
+        assert_eq!(start(""), Offset::Beginning, "Tally's default is the earliest record");
+        assert_eq!(start("\"auto.offset.reset\" = \"latest\""), Offset::End);
+        assert_eq!(start("\"auto.offset.reset\" = \"smallest\""), Offset::Beginning);
+        assert_eq!(start("\"auto.offset.reset\" = \"earliest\"\n\"consumer.auto.offset.reset\" = \"largest\""), Offset::End);
+        assert_eq!(start("\"producer.auto.offset.reset\" = \"latest\""), Offset::Beginning, "a producer setting is not the consumer's");
+        assert_eq!(start("\"auto.offset.reset\" = \"error\""), Offset::Invalid, "librdkafka raises the error itself");
+    }
+
 }

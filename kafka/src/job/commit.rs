@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::progress::{consumer_lag, rewind};
 use super::session::Session;
 use super::{Restart, SessionError};
-use crate::kafka::committer::{classify, KafkaCommitError, KafkaTransactions, Recovery};
+use crate::committer::{classify, KafkaCommitError, KafkaTransactions, Recovery};
 use tally_core::commit::TwoPhaseCommitter;
 use tally_core::observe::RunSummary;
 use tally_core::task::{CommitOutcome, Committed, Settle};

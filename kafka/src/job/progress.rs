@@ -9,7 +9,7 @@ use rdkafka::Offset;
 
 use super::rebalance::Rebalancer;
 use super::KAFKA_TIMEOUT;
-use crate::kafka::keys::source_id;
+use crate::keys::source_id;
 use tally_core::plugin::Event;
 
 /// Where the job loop is within the assigned partitions.

@@ -16,12 +16,13 @@ use super::commit::InFlight;
 use super::progress::{rewind, Progress};
 use super::rebalance::Rebalancer;
 use super::{KafkaJob, KafkaRunOptions, Restart, SessionEnd, SessionError, CONNECT_BUDGET, IDLE_FETCH_WAIT, KAFKA_TIMEOUT, MAX_EVENTS_PER_TURN};
-use crate::config::{Guarantee, JobConfig, KafkaConfig};
-use crate::kafka::changelog::Restorer;
-use crate::kafka::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
-use crate::kafka::fetch::{FetchQueue, Fetched, FetchedRecord, Router};
-use crate::kafka::keys::{namespace, source_id, split_source_id};
-use crate::kafka::{topics, KafkaJobError, QuietEof};
+use crate::config::{Guarantee, KafkaConfig};
+use tally_core::settings::JobSettings;
+use crate::changelog::Restorer;
+use crate::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
+use crate::fetch::{FetchQueue, Fetched, FetchedRecord, Router};
+use crate::keys::{namespace, source_id, split_source_id};
+use crate::{topics, KafkaJobError, QuietEof};
 use tally_core::batch::BatchOutcome;
 use tally_core::observe::RunSummary;
 use tally_core::plugin::{Event, JobContext};
@@ -130,7 +131,7 @@ impl KafkaJob {
 /// One session's [`Driver`]: its clients, where it stands in its
 /// partitions, and the commit in flight on a thread of the session's scope.
 pub(super) struct Session<'s, 'scope, 'env> {
-    pub(super) job: &'s JobConfig,
+    pub(super) job: &'s JobSettings,
     pub(super) kafka: &'s KafkaConfig,
     pub(super) consumer: &'scope BaseConsumer<Rebalancer>,
     pub(super) fetch: FetchQueue<'scope>,
@@ -344,7 +345,7 @@ impl Session<'_, '_, '_> {
 /// Takes one item read from the input: a record joins the pending batch, a
 /// partition's end is noted, a fatal client error is put in `failure` (the
 /// session restarts).
-fn take_fetched(job: &JobConfig, kafka: &KafkaConfig, progress: &mut Progress, item: Fetched<'_>, failure: &mut Option<String>) {
+fn take_fetched(job: &JobSettings, kafka: &KafkaConfig, progress: &mut Progress, item: Fetched<'_>, failure: &mut Option<String>) {
     match item {
         Fetched::Record(record) => {
             // Naming the topic costs a C string conversion per record: skip

@@ -233,9 +233,9 @@ mod tests {
         apply(&mut chunk, 2, Some(&ChangelogKey::State(b"acme").to_bytes()), Some(b"7")).unwrap();
         apply(&mut chunk, 2, Some(&ChangelogKey::State(b"gone").to_bytes()), None).unwrap();
         apply(&mut chunk, 2, Some(&ChangelogKey::Offset("usage").to_bytes()), Some(b"42")).unwrap();
-        let mut acme = crate::kafka::keys::namespace(2).to_vec();
+        let mut acme = crate::keys::namespace(2).to_vec();
         acme.extend_from_slice(b"acme");
-        let mut gone = crate::kafka::keys::namespace(2).to_vec();
+        let mut gone = crate::keys::namespace(2).to_vec();
         gone.extend_from_slice(b"gone");
         assert_eq!(chunk.state, vec![(acme, Some(b"7".to_vec())), (gone, None)]);
         assert_eq!(chunk.meta, vec![(included_key("usage", 2), b"42".to_vec())]);

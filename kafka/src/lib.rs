@@ -24,16 +24,20 @@
 //! - [`job`]: the job loop, rebalances, and recovery from Kafka failures.
 //! - [`keys`]: the layout of source ids, state, metadata and changelog keys.
 
-pub(crate) mod changelog;
-pub mod collector;
+#![warn(missing_docs)]
+
+mod changelog;
+mod collector;
 pub mod committer;
-pub mod config;
-pub(crate) mod fetch;
+mod config;
+mod fetch;
 mod job;
 pub mod keys;
 mod producer;
-pub(crate) mod topics;
+mod topics;
 
+pub use config::{Guarantee, KafkaConfig, DEFAULT_CREATE_PARTITIONS, DEFAULT_TRANSACTION_TIMEOUT_MS};
+pub use topics::{prepare as prepare_topics, TopicLayout};
 pub use job::{KafkaJob, KafkaRunOptions};
 
 /// Why a Kafka job stopped.
@@ -103,7 +107,7 @@ pub enum KafkaJobError {
     },
     /// The state directory is locked or unusable.
     #[error(transparent)]
-    Lock(#[from] crate::lock::LockError),
+    Lock(#[from] tally_core::lock::LockError),
     /// The state store failed.
     #[error(transparent)]
     State(#[from] tally_core::state::StateError),
@@ -116,7 +120,7 @@ pub enum KafkaJobError {
     Run(#[from] tally_core::task::RunError),
     /// The job configuration is invalid.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] tally_core::settings::InvalidJob),
 }
 
 impl KafkaJobError {

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use crate::local::sink::{Lineage, LocalSink, SinkError};
-use crate::local::source::LocalPosition;
+use crate::sink::{Lineage, LocalSink, SinkError};
+use crate::source::LocalPosition;
 use tally_core::commit::TwoPhaseCommitter;
 use tally_core::state::{StateError, StateStore, StoreCommit};
 use tally_core::transaction::Transaction;
@@ -215,7 +215,7 @@ fn damaged(key: &[u8]) -> CommitError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Limits;
+    use tally_core::limits::Limits;
     use tally_core::state::{MemoryStore, StateError};
     use tally_core::transaction::SourcePosition;
     use std::sync::atomic::{AtomicBool, Ordering};

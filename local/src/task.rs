@@ -22,11 +22,12 @@ use tally_core::task::{CommitOutcome, Committed, Driver, Finish, Input, RunError
 use tally_core::transaction::Transaction;
 use tally_state_rocks::RocksStore;
 
-use crate::local::committer::{CommitError, LocalCommitter};
-use crate::config::JobConfig;
-use crate::lock::{DirLock, LockError};
-use crate::local::sink::Lineage;
-use crate::local::source::{InputRecord, LocalPosition, LocalSource, SourceError};
+use crate::committer::{CommitError, LocalCommitter};
+use tally_core::settings::{InvalidJob, JobSettings};
+use tally_core::lock::{DirLock, LockError};
+use crate::config::LocalConfig;
+use crate::sink::Lineage;
+use crate::source::{InputRecord, LocalPosition, LocalSource, SourceError};
 
 /// Why a job stopped before finishing its inputs.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +54,7 @@ pub enum TaskError {
     Run(#[from] RunError),
     /// The job configuration is invalid.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] InvalidJob),
     /// An earlier commit failed; the task must be reopened, which recovers
     /// from the last commit.
     #[error("an earlier commit of job `{job}` failed; open the job again to recover from its last commit")]
@@ -116,7 +117,8 @@ pub struct LocalTask {
 /// Local mode's [`Driver`]: the input files, read in batches, and the
 /// committer of the output files and the state.
 struct Files {
-    config: JobConfig,
+    config: JobSettings,
+    local: LocalConfig,
     source: LocalSource,
     committer: LocalCommitter,
     /// Where the inputs stand in the last commit (a rollback reads on from here).
@@ -132,33 +134,35 @@ impl LocalTask {
     /// Opens a local job running `plugin`: locks the state directory,
     /// recovers the last commit (cutting uncommitted output), and positions
     /// the inputs after the last committed record.
-    pub fn open(config: &JobConfig, plugin: &LoadedPlugin) -> Result<LocalTask, TaskError> {
-        LocalTask::open_in(config, plugin, JobContext::new(&config.name))
+    pub fn open(config: &JobSettings, local: &LocalConfig, plugin: &LoadedPlugin) -> Result<LocalTask, TaskError> {
+        LocalTask::open_in(config, local, plugin, JobContext::new(&config.name))
     }
 
     /// Like [`LocalTask::open`], with the plugin's instances in `context`
     /// (stopped by its signal, seated in the host's CPU sharing).
-    pub fn open_in(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<LocalTask, TaskError> {
+    pub fn open_in(config: &JobSettings, local: &LocalConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<LocalTask, TaskError> {
         let make = plugin.processor_maker(config.limits, context.clone());
-        LocalTask::open_with_in(config, context, make)
+        LocalTask::open_with_in(config, local, context, make)
     }
 
     /// Like [`LocalTask::open`], with the processor made by `make_processor`
     /// (benchmarks use it to run the same logic natively).
     pub fn open_with(
-        config: &JobConfig,
+        config: &JobSettings,
+        local: &LocalConfig,
         make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<LocalTask, TaskError> {
-        LocalTask::open_with_in(config, JobContext::new(&config.name), make_processor)
+        LocalTask::open_with_in(config, local, JobContext::new(&config.name), make_processor)
     }
 
     fn open_with_in(
-        config: &JobConfig,
+        config: &JobSettings,
+        local: &LocalConfig,
         context: JobContext,
         make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<LocalTask, TaskError> {
         config.validate()?;
-        let local = config.local()?;
+        local.validate(config)?;
         // Refuse a missing input or a plugin that cannot start before
         // anything is created on disk.
         match &local.confine_to {
@@ -177,12 +181,13 @@ impl LocalTask {
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
         let (committer, recovered) = LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
-        let source = Files::open_source(config, &recovered.positions)?;
+        let source = Files::open_source(config, local, &recovered.positions)?;
         tracing::info!(job = %config.name, plugin = %processor.digest(), resumed_from = ?recovered.positions, "local job opened");
         Ok(LocalTask {
             task: Task::new(&config.name, processor, txn, context.clone(), config.commit_interval()),
             files: Files {
                 config: config.clone(),
+                local: local.clone(),
                 committed_positions: source.positions(),
                 source,
                 committer,
@@ -267,8 +272,7 @@ impl LocalTask {
 
 impl Files {
     /// The inputs, positioned at `positions` and bounded by the job's limits.
-    fn open_source(config: &JobConfig, positions: &[LocalPosition]) -> Result<LocalSource, TaskError> {
-        let local = config.local()?;
+    fn open_source(config: &JobSettings, local: &LocalConfig, positions: &[LocalPosition]) -> Result<LocalSource, TaskError> {
         let mut source = LocalSource::open_confined(&local.inputs, positions, local.confine_to.as_deref())?;
         source.set_max_record_bytes(config.limits.max_record_bytes);
         source.set_max_batch_bytes(config.limits.batch_bytes());
@@ -310,7 +314,7 @@ impl Driver for Files {
     fn discard(&mut self, _txn: &mut Transaction) -> Result<(), TaskError> {
         self.committer.abort()?;
         let follow = self.source.is_following();
-        self.source = Files::open_source(&self.config, &self.committed_positions)?;
+        self.source = Files::open_source(&self.config, &self.local, &self.committed_positions)?;
         self.source.set_follow(follow);
         Ok(())
     }

@@ -321,8 +321,8 @@ impl LocalSource {
             line: Vec::new(),
             next_start: 0,
             follow: false,
-            max_record_bytes: crate::config::DEFAULT_MAX_RECORD_BYTES,
-            max_batch_bytes: crate::config::MAX_BATCH_BYTES,
+            max_record_bytes: tally_core::limits::DEFAULT_MAX_RECORD_BYTES,
+            max_batch_bytes: tally_core::limits::MAX_BATCH_BYTES,
         })
     }
 

@@ -26,8 +26,9 @@ use tally_core::task::{RunError, Task};
 use tally_core::transaction::Transaction;
 use tally_state_rocks::RocksStore;
 
-use crate::config::{JobConfig, KafkaConfig};
-use crate::lock::DirLock;
+use crate::config::KafkaConfig;
+use tally_core::settings::JobSettings;
+use tally_core::lock::DirLock;
 
 /// How long a transactional call (init, send offsets, commit, abort) may take.
 pub(super) const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
@@ -54,7 +55,7 @@ pub struct KafkaRunOptions {
 /// A Kafka job in this process: its plugin, its local state, and the loop
 /// that recovers from Kafka failures by rebuilding its clients.
 pub struct KafkaJob {
-    config: JobConfig,
+    config: JobSettings,
     kafka: KafkaConfig,
     layout: TopicLayout,
     store: Arc<dyn StateStore>,
@@ -155,32 +156,35 @@ pub(super) enum SessionEnd {
 impl KafkaJob {
     /// Opens Kafka job `config` running `plugin`: locks its state
     /// directory, and checks (or creates) its topics.
-    pub fn open(config: &JobConfig, plugin: &LoadedPlugin) -> Result<KafkaJob, KafkaJobError> {
-        KafkaJob::open_in(config, plugin, JobContext::new(&config.name))
+    pub fn open(config: &JobSettings, kafka: &KafkaConfig, plugin: &LoadedPlugin) -> Result<KafkaJob, KafkaJobError> {
+        KafkaJob::open_in(config, kafka, plugin, JobContext::new(&config.name))
     }
 
     /// Like [`KafkaJob::open`], with the plugin's instances in `context`
     /// (stopped by its signal, seated in the host's CPU sharing).
-    pub fn open_in(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<KafkaJob, KafkaJobError> {
+    pub fn open_in(config: &JobSettings, kafka: &KafkaConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<KafkaJob, KafkaJobError> {
         let make = plugin.processor_maker(config.limits, context.clone());
-        KafkaJob::open_with_in(config, context, make)
+        KafkaJob::open_with_in(config, kafka, context, make)
     }
 
     /// Like [`KafkaJob::open`], with the processor made by `make_processor`.
     pub fn open_with(
-        config: &JobConfig,
+        config: &JobSettings,
+        kafka: &KafkaConfig,
         make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<KafkaJob, KafkaJobError> {
-        KafkaJob::open_with_in(config, JobContext::new(&config.name), make_processor)
+        KafkaJob::open_with_in(config, kafka, JobContext::new(&config.name), make_processor)
     }
 
     fn open_with_in(
-        config: &JobConfig,
+        config: &JobSettings,
+        kafka: &KafkaConfig,
         context: JobContext,
         make_processor: impl FnOnce() -> Result<Box<dyn Processor>, PluginError>,
     ) -> Result<KafkaJob, KafkaJobError> {
         config.validate()?;
-        let kafka = config.kafka()?.clone();
+        kafka.validate(config)?;
+        let kafka = kafka.clone();
         let processor = make_processor()?;
         let lock = DirLock::acquire(&kafka.state_dir)?;
         let instance = instance_id::instance_id(&kafka.state_dir).map_err(|err| KafkaJobError::Setup { job: config.name.clone(), message: err.to_string() })?;
