@@ -38,20 +38,20 @@ mod topics;
 
 pub use config::{Guarantee, KafkaConfig, DEFAULT_CREATE_PARTITIONS, DEFAULT_TRANSACTION_TIMEOUT_MS};
 pub use topics::{prepare as prepare_topics, TopicLayout};
-pub use job::{KafkaJob, KafkaRunOptions};
+pub use changelog::RestoreError;
+pub use job::{InstanceIdError, KafkaJob, KafkaRunOptions};
 
 /// Why a Kafka job stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KafkaJobError {
-    /// The job's topics, brokers or state do not fit together; the message
-    /// says what to change.
-    #[error("Kafka job `{job}`: {message}")]
+    /// The job's topics, brokers or state do not fit together.
+    #[error("Kafka job `{job}`: {source}")]
     Setup {
         /// The job.
         job: String,
-        /// What is wrong, and the fix.
-        message: String,
+        /// What does not fit, and the fix.
+        source: SetupError,
     },
     /// At start, the group's committed offsets are below what the state
     /// already includes: someone moved them back by hand.
@@ -121,6 +121,112 @@ pub enum KafkaJobError {
     /// The job configuration is invalid.
     #[error(transparent)]
     Config(#[from] tally_core::settings::InvalidJob),
+}
+
+/// What of a Kafka job's clients, topics or state does not fit; each says
+/// what to change. Retrying does not help.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// librdkafka refused the client configuration.
+    #[error("cannot create a Kafka client: {0}; check kafka.client and kafka.brokers")]
+    Client(#[source] rdkafka::error::KafkaError),
+    /// The cluster's topics could not be listed.
+    #[error("cannot read topic metadata from {brokers}: {source}; check that the brokers run and are reachable (locally: scripts/kafka start)")]
+    Metadata {
+        /// The brokers asked.
+        brokers: String,
+        /// Why.
+        source: rdkafka::error::KafkaError,
+    },
+    /// Two inputs have different partition counts.
+    #[error(
+        "input topics `{first}` ({first_partitions} partitions) and `{second}` ({second_partitions} partitions) differ; \
+         partition p of every input feeds one state, so inputs must have the same number of partitions"
+    )]
+    InputsDiffer {
+        /// One input.
+        first: String,
+        /// Its partitions.
+        first_partitions: i32,
+        /// Another.
+        second: String,
+        /// Its partitions.
+        second_partitions: i32,
+    },
+    /// Topics the job needs do not exist and it may not create them.
+    #[error(
+        "topic(s) {} do not exist; create them (for example: scripts/kafka topics --create --topic {} --partitions {partitions}), \
+         or set kafka.create_topics = true",
+        missing.iter().map(|topic| format!("`{topic}`")).collect::<Vec<_>>().join(", "),
+        missing.first().map_or("", String::as_str)
+    )]
+    TopicsMissing {
+        /// The missing topics.
+        missing: Vec<String>,
+        /// Partitions they should have.
+        partitions: i32,
+    },
+    /// The changelog has another partition count than the inputs.
+    #[error(
+        "changelog topic `{changelog}` has {count} partitions but the inputs have {partitions}; \
+         state cannot follow its partitions. Keep the inputs' partition count, or run the job under a new name"
+    )]
+    ChangelogPartitions {
+        /// The changelog topic.
+        changelog: String,
+        /// Its partitions.
+        count: i32,
+        /// The inputs' partitions.
+        partitions: i32,
+    },
+    /// Creating topics failed.
+    #[error("creating topics failed: {0}")]
+    CreateTopics(#[source] rdkafka::error::KafkaError),
+    /// The broker refused one topic.
+    #[error("creating topic `{topic}` failed: {code}")]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// The broker's answer.
+        code: rdkafka::types::RDKafkaErrorCode,
+    },
+    /// The state directory's instance id cannot be had.
+    #[error(transparent)]
+    InstanceId(#[from] job::InstanceIdError),
+    /// The changelog holds records Tally did not write.
+    #[error(transparent)]
+    ForeignChangelog(changelog::RestoreError),
+    /// The changelog ends before what this process's state has read of it.
+    #[error(
+        "changelog topic `{changelog}` partition {partition} ends at offset {end}, but this process's state has \
+         read it up to offset {checkpoint}: the topic lost records since (deleted and recreated, or truncated), \
+         so no other process could restore this state. Tally stops rather than write a changelog that does not \
+         add up. To rebuild the state from the input, run the job under a new name (a new group, changelog and \
+         state directory) writing to new output topics"
+    )]
+    ChangelogLost {
+        /// The changelog topic.
+        changelog: String,
+        /// The partition.
+        partition: i32,
+        /// Where it ends now.
+        end: i64,
+        /// How far the state had read it.
+        checkpoint: i64,
+    },
+    /// The process was given partition `p` of some inputs but not of all.
+    #[error(
+        "this process was given partition {partition} of some inputs but not of `{missing}`; partition {partition} of \
+         every input feeds one state, so every process of the job must read the same inputs \
+         (change kafka.inputs on all processes together: stop them all, then start them with the new inputs)"
+    )]
+    SplitNamespace {
+        /// The partition number.
+        partition: i32,
+        /// An input it is missing from.
+        missing: String,
+    },
 }
 
 impl KafkaJobError {

@@ -9,7 +9,7 @@ use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext, Offset};
 
-use super::KafkaJobError;
+use crate::{KafkaJobError, SetupError};
 use crate::config::{Guarantee, KafkaConfig};
 use tally_core::settings::JobSettings;
 
@@ -227,7 +227,7 @@ pub struct TopicLayout {
 /// that the inputs and the changelog agree on their partition count.
 pub fn prepare(job: &JobSettings, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
     let admin: AdminClient<DefaultClientContext> = base_config(kafka, ClientRole::Admin).create().map_err(|err| {
-        KafkaJobError::Setup { job: job.name.clone(), message: format!("cannot create a Kafka client: {err}") }
+        KafkaJobError::Setup { job: job.name.clone(), source: SetupError::Client(err) }
     })?;
     let layout = prepare_with(&admin, job, kafka);
     // rust-rdkafka's drop joins the client's polling thread, which wakes
@@ -237,22 +237,18 @@ pub fn prepare(job: &JobSettings, kafka: &KafkaConfig) -> Result<TopicLayout, Ka
 }
 
 fn prepare_with(admin: &AdminClient<DefaultClientContext>, job: &JobSettings, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
-    let setup = |message: String| KafkaJobError::Setup { job: job.name.clone(), message };
-    let existing = topic_partitions(admin).map_err(|err| {
-        setup(format!(
-            "cannot read topic metadata from {}: {err}; check that the brokers run and are reachable (locally: scripts/kafka start)",
-            kafka.brokers
-        ))
-    })?;
+    let setup = |source: SetupError| KafkaJobError::Setup { job: job.name.clone(), source };
+    let existing = topic_partitions(admin).map_err(|source| setup(SetupError::Metadata { brokers: kafka.brokers.clone(), source }))?;
 
     let input_counts: Vec<(&str, i32)> =
         kafka.inputs.iter().filter_map(|topic| existing.get(topic).map(|&count| (topic.as_str(), count))).collect();
     if let Some(pair) = input_counts.windows(2).find(|pair| pair[0].1 != pair[1].1) {
-        return Err(setup(format!(
-            "input topics `{}` ({} partitions) and `{}` ({} partitions) differ; partition p of every input feeds one state, \
-             so inputs must have the same number of partitions",
-            pair[0].0, pair[0].1, pair[1].0, pair[1].1
-        )));
+        return Err(setup(SetupError::InputsDiffer {
+            first: pair[0].0.to_string(),
+            first_partitions: pair[0].1,
+            second: pair[1].0.to_string(),
+            second_partitions: pair[1].1,
+        }));
     }
     let partitions = input_counts.first().map_or(kafka.create_partitions as i32, |&(_, count)| count);
 
@@ -261,21 +257,13 @@ fn prepare_with(admin: &AdminClient<DefaultClientContext>, job: &JobSettings, ka
     user_topics.push(&kafka.dead_letter_topic);
     let missing: Vec<&str> = user_topics.iter().copied().filter(|topic| !existing.contains_key(*topic)).collect();
     if !missing.is_empty() && !kafka.create_topics {
-        return Err(setup(format!(
-            "topic(s) {} do not exist; create them (for example: scripts/kafka topics --create --topic {} --partitions {partitions}), \
-             or set kafka.create_topics = true",
-            missing.iter().map(|topic| format!("`{topic}`")).collect::<Vec<_>>().join(", "),
-            missing[0]
-        )));
+        return Err(setup(SetupError::TopicsMissing { missing: missing.iter().map(|topic| topic.to_string()).collect(), partitions }));
     }
 
     let changelog = changelog_topic(&job.name);
     match existing.get(&changelog) {
         Some(&count) if count != partitions => {
-            return Err(setup(format!(
-                "changelog topic `{changelog}` has {count} partitions but the inputs have {partitions}; \
-                 state cannot follow its partitions. Keep the inputs' partition count, or run the job under a new name"
-            )));
+            return Err(setup(SetupError::ChangelogPartitions { changelog: changelog.clone(), count, partitions }));
         }
         _ => {}
     }
@@ -289,13 +277,13 @@ fn prepare_with(admin: &AdminClient<DefaultClientContext>, job: &JobSettings, ka
     if !to_create.is_empty() {
         let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
         let results = futures_executor::block_on(admin.create_topics(&to_create, &options))
-            .map_err(|err| setup(format!("creating topics failed: {err}")))?;
+            .map_err(|err| setup(SetupError::CreateTopics(err)))?;
         for result in results {
             match result {
                 Ok(topic) => tracing::info!(job = %job.name, %topic, partitions, "created topic"),
                 // Another process of the job created it first.
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => return Err(setup(format!("creating topic `{topic}` failed: {code}"))),
+                Err((topic, code)) => return Err(setup(SetupError::CreateTopic { topic, code })),
             }
         }
     }

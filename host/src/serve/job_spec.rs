@@ -136,18 +136,18 @@ pub enum JobSpecError {
     #[error("the job file is not valid TOML: {0}")]
     NotToml(#[source] toml::de::Error),
     /// The file sets something only the host sets.
-    #[error("remove `{field}` from the job file: {why} ({message})")]
+    #[error("remove `{field}` from the job file: {why} ({})", source.message())]
     HostOwned {
         /// The field.
         field: &'static str,
         /// Who sets it instead.
         why: &'static str,
-        /// The parser's words.
-        message: String,
+        /// The parser's error.
+        source: toml::de::Error,
     },
-    /// A field is unknown, missing or mistyped.
-    #[error("the job file is invalid: {0}")]
-    Invalid(String),
+    /// A field is unknown, missing or mistyped (the parser's words).
+    #[error("the job file is invalid: {}", .0.message())]
+    Invalid(#[source] toml::de::Error),
     /// The job's name is not one the host accepts.
     #[error("job name {0:?} must be non-empty and use only letters, digits and `-` (at most 64)")]
     BadName(String),
@@ -224,18 +224,18 @@ impl ServedJob {
             return Err(JobSpecError::TooLarge { bytes: text.len() });
         }
         let table: toml::Table = toml::from_str(text).map_err(JobSpecError::NotToml)?;
-        toml::Value::Table(table).try_into().map_err(|err: toml::de::Error| explain(err.message()))
+        toml::Value::Table(table).try_into().map_err(explain)
     }
 }
 
 /// The parser's message, with why a host-owned name is refused.
-fn explain(message: &str) -> JobSpecError {
+fn explain(err: toml::de::Error) -> JobSpecError {
     for (field, why) in HOST_OWNED {
-        if message.contains(&format!("unknown field `{field}`")) {
-            return JobSpecError::HostOwned { field, why, message: message.to_string() };
+        if err.message().contains(&format!("unknown field `{field}`")) {
+            return JobSpecError::HostOwned { field, why, source: err };
         }
     }
-    JobSpecError::Invalid(message.to_string())
+    JobSpecError::Invalid(err)
 }
 
 /// Parses `text` as `tenant`'s job; returns the job's name as the tenant

@@ -5,13 +5,26 @@ use std::path::{Path, PathBuf};
 
 /// Why a state directory's instance id cannot be had.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum InstanceIdError {
+#[non_exhaustive]
+pub enum InstanceIdError {
     /// The file holds something else than an id.
     #[error("`{}` holds {found:?}, not an instance id (16 hex digits); delete the file to give this state directory a new one", path.display())]
-    Damaged { path: PathBuf, found: String },
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What it holds.
+        found: String,
+    },
     /// Reading or writing it failed.
     #[error("cannot {action} `{}`: {source}", path.display())]
-    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
 }
 
 /// Reads (or creates) the id that makes this state directory's

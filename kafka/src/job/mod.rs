@@ -4,6 +4,8 @@
 
 mod commit;
 mod instance_id;
+
+pub use instance_id::InstanceIdError;
 mod progress;
 mod rebalance;
 mod session;
@@ -187,7 +189,8 @@ impl KafkaJob {
         let kafka = kafka.clone();
         let processor = make_processor()?;
         let lock = DirLock::acquire(&kafka.state_dir)?;
-        let instance = instance_id::instance_id(&kafka.state_dir).map_err(|err| KafkaJobError::Setup { job: config.name.clone(), message: err.to_string() })?;
+        let instance = instance_id::instance_id(&kafka.state_dir)
+            .map_err(|err| KafkaJobError::Setup { job: config.name.clone(), source: err.into() })?;
         let layout = topics::prepare(config, &kafka)?;
         let store: Arc<dyn StateStore> =
             Arc::new(RocksStore::open(&kafka.state_dir.join("db"))?);

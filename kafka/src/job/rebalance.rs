@@ -20,7 +20,7 @@ use crate::changelog::{read_offset, RestoreError, Restorer};
 use crate::committer::JobProducer;
 use crate::fetch::Router;
 use crate::keys::{checkpoint_key, included_key};
-use crate::KafkaJobError;
+use crate::{KafkaJobError, SetupError};
 use tally_core::state::StateStore;
 
 /// A partition this process got of some inputs but not of all, with an
@@ -90,7 +90,9 @@ impl Rebalancer {
         let deadline = Instant::now() + self.settle;
         loop {
             self.restorer.restore(&partitions).map_err(|err| match err {
-                RestoreError::Foreign { .. } => SessionError::Fatal(KafkaJobError::Setup { job: self.job.clone(), message: err.to_string() }),
+                RestoreError::Foreign { .. } => {
+                    SessionError::Fatal(KafkaJobError::Setup { job: self.job.clone(), source: SetupError::ForeignChangelog(err) })
+                }
                 RestoreError::State(state) => SessionError::fatal(state),
                 other => Restart::Restore(other).into(),
             })?;
@@ -171,13 +173,7 @@ impl Rebalancer {
             if checkpoint > end {
                 return Err(SessionError::Fatal(KafkaJobError::Setup {
                     job: self.job.clone(),
-                    message: format!(
-                        "changelog topic `{changelog}` partition {partition} ends at offset {end}, but this process's state has \
-                         read it up to offset {checkpoint}: the topic lost records since (deleted and recreated, or truncated), \
-                         so no other process could restore this state. Tally stops rather than write a changelog that does not \
-                         add up. To rebuild the state from the input, run the job under a new name (a new group, changelog and \
-                         state directory) writing to new output topics"
-                    ),
+                    source: SetupError::ChangelogLost { changelog: changelog.to_string(), partition, end, checkpoint },
                 }));
             }
         }
@@ -192,12 +188,8 @@ impl Rebalancer {
         match split_namespace(&self.inputs, assigned) {
             None => Ok(()),
             Some((partition, missing)) => Err(SessionError::Fatal(KafkaJobError::Setup {
-                    job: self.job.clone(),
-                    message: format!(
-                        "this process was given partition {partition} of some inputs but not of `{missing}`; partition {partition} of \
-                         every input feeds one state, so every process of the job must read the same inputs \
-                         (change kafka.inputs on all processes together: stop them all, then start them with the new inputs)"
-                ),
+                job: self.job.clone(),
+                source: SetupError::SplitNamespace { partition, missing: missing.to_string() },
             })),
         }
     }

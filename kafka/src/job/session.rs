@@ -22,7 +22,7 @@ use crate::changelog::Restorer;
 use crate::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
 use crate::fetch::{FetchQueue, Fetched, FetchedRecord, Router};
 use crate::keys::{namespace, source_id, split_source_id};
-use crate::{topics, KafkaJobError, QuietEof};
+use crate::{topics, KafkaJobError, QuietEof, SetupError};
 use tally_core::batch::BatchOutcome;
 use tally_core::observe::RunSummary;
 use tally_core::plugin::{Event, JobContext};
@@ -121,10 +121,7 @@ impl KafkaJob {
 
     /// A client that cannot even be created has a bad setting: say which.
     pub(super) fn client_error(&self, err: KafkaError) -> SessionError {
-        SessionError::Fatal(KafkaJobError::Setup {
-            job: self.config.name.clone(),
-            message: format!("cannot create a Kafka client: {err}; check kafka.client and kafka.brokers"),
-        })
+        SessionError::Fatal(KafkaJobError::Setup { job: self.config.name.clone(), source: SetupError::Client(err) })
     }
 }
 
