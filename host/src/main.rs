@@ -155,11 +155,11 @@ struct RunArgs {
 
 #[derive(Subcommand)]
 enum PluginCommand {
-    /// Build a Rust plugin crate into a component.
+    /// Build a plugin into a component: a Rust crate (Cargo.toml) or a JavaScript package (package.json).
     ///
     /// Example: tally plugin build plugins/usage-billing --out usage_billing.wasm
     Build {
-        /// The plugin crate's directory.
+        /// The plugin's directory.
         dir: PathBuf,
         /// Where to write the component (default: printed at the end).
         #[arg(long)]
@@ -372,7 +372,7 @@ fn run_kafka_job(job: &JobSettings, kafka: &tally_host::config::KafkaConfig, plu
 
 fn build_plugin(dir: &Path, out: Option<&Path>) -> anyhow::Result<()> {
     let target_dir = tally_plugin_build::default_target_dir(dir);
-    let built = tally_plugin_build::build_crate(dir, &target_dir)?;
+    let built = tally_plugin_build::build(dir, &target_dir)?;
     let path = match out {
         Some(out) => {
             if let Some(parent) = out.parent().filter(|parent| !parent.as_os_str().is_empty()) {

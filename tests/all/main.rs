@@ -13,6 +13,7 @@ mod hostile_uploads;
 mod kafka_crash;
 mod kafka_group;
 mod kafka_run;
+mod languages;
 mod layering;
 mod local_run;
 mod refusals;

@@ -1,4 +1,5 @@
-//! Builds Rust plugin crates into Tally Wasm components.
+//! Builds plugins into Tally Wasm components: Rust crates, and JavaScript
+//! packages ([`build_js`]); [`build`] tells which a directory holds.
 //!
 //! A plugin crate (a `cdylib` using `tally-sdk`) is compiled for
 //! `wasm32-unknown-unknown`, which gives a component with no WASI imports at
@@ -18,6 +19,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+mod js;
+
+pub use js::{build_js, COMPONENTIZE_QJS};
 
 /// The Rust target plugins are compiled for.
 pub const WASM_TARGET: &str = "wasm32-unknown-unknown";
@@ -48,6 +53,14 @@ pub enum BuildError {
     /// The crate directory has no readable `Cargo.toml` with a package name.
     #[error("`{path}` is not a plugin crate: {reason}")]
     NotACrate { path: PathBuf, reason: String },
+    /// The directory's `package.json` does not describe a plugin.
+    #[error("`{path}` is not a JavaScript plugin package: {reason}")]
+    NotAPackage {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong, and the fix.
+        reason: String,
+    },
     /// cargo could not be started.
     #[error("could not run `{program}`: {source}")]
     Spawn { program: String, source: std::io::Error },
@@ -60,6 +73,26 @@ pub enum BuildError {
     /// The module could not be made into a component.
     #[error("`{package}` could not be made into a component: {reason}")]
     Componentize { package: String, reason: String },
+    /// No componentize-qjs to build a JavaScript plugin with.
+    #[error(
+        "building a JavaScript plugin needs the npm package {COMPONENTIZE_QJS}: run `npm install --save-dev {COMPONENTIZE_QJS}` \
+         in the plugin's directory (or `npm install -g {COMPONENTIZE_QJS}`), or set TALLY_COMPONENTIZE_QJS to its path"
+    )]
+    NoJsToolchain,
+    /// A language's build tool ran and failed; its output was printed above.
+    #[error("{tool} failed to build `{package}` (its errors are printed above)")]
+    Tool {
+        /// The tool.
+        tool: &'static str,
+        /// The plugin package.
+        package: String,
+    },
+    /// The directory holds no plugin this tool knows how to build.
+    #[error("`{}` holds no plugin to build: a Rust plugin has a Cargo.toml, a JavaScript one a package.json", path.display())]
+    UnknownLanguage {
+        /// The directory.
+        path: PathBuf,
+    },
     /// Reading or writing a file failed.
     #[error("{action} `{}`: {source}", path.display())]
     Io { action: &'static str, path: PathBuf, source: std::io::Error },
@@ -167,6 +200,38 @@ fn clear_outer_cargo_env(command: &mut Command) {
         if outer_cargo || outer_rustc || build_script {
             command.env_remove(name);
         }
+    }
+}
+
+
+/// The language a plugin directory is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    /// A Rust crate (`Cargo.toml`) using `tally-sdk`.
+    Rust,
+    /// A JavaScript package (`package.json`) using the `tally` module.
+    JavaScript,
+}
+
+impl Language {
+    /// What `dir` holds: a `Cargo.toml` is Rust, a `package.json` JavaScript.
+    pub fn of(dir: &Path) -> Result<Language, BuildError> {
+        if dir.join("Cargo.toml").is_file() {
+            Ok(Language::Rust)
+        } else if dir.join("package.json").is_file() {
+            Ok(Language::JavaScript)
+        } else {
+            Err(BuildError::UnknownLanguage { path: dir.to_path_buf() })
+        }
+    }
+}
+
+/// Builds the plugin in `dir`, in whichever language it is written, into a
+/// component under `target_dir`.
+pub fn build(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError> {
+    match Language::of(dir)? {
+        Language::Rust => build_crate(dir, target_dir),
+        Language::JavaScript => build_js(dir, target_dir),
     }
 }
 

@@ -91,13 +91,13 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
         let index = index as u32;
         // UTF-8 is checked once for the whole record, not string by string.
         let decoded = match std::str::from_utf8(&event.value) {
-            Ok(text) => serde_json::from_str::<A::Event<'_>>(text),
-            Err(err) => Err(serde::de::Error::custom(format_args!("the record is not UTF-8 ({err})"))),
+            Ok(text) => serde_json::from_str::<A::Event<'_>>(text).map_err(|err| undecodable_reason(&err)),
+            Err(_) => Err("event is not UTF-8".to_string()),
         };
         let decoded = match decoded {
             Ok(decoded) => decoded,
-            Err(err) => {
-                rejections.push(Rejection { index, reason: format!("event is not valid JSON for this plugin: {err}") });
+            Err(reason) => {
+                rejections.push(Rejection { index, reason });
                 continue;
             }
         };
@@ -180,6 +180,22 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
     }
     rejections.sort_by_key(|rejection| rejection.index);
     rejections
+}
+
+/// Why a record does not decode, in words every SDK uses (see
+/// `docs/billing.md`): not JSON at all, or the event type's own message (a
+/// missing field, a wrong type) without serde_json's position, which other
+/// languages' decoders do not count the same way.
+fn undecodable_reason(err: &serde_json::Error) -> String {
+    if err.is_syntax() || err.is_eof() {
+        return "event is not valid JSON".to_string();
+    }
+    let text = err.to_string();
+    let position = format!(" at line {} column {}", err.line(), err.column());
+    match text.strip_suffix(&position) {
+        Some(message) if err.line() > 0 => message.to_string(),
+        _ => text,
+    }
 }
 
 /// Appends `value` to `buffer` as JSON; returns where it landed.
@@ -269,11 +285,13 @@ mod tests {
             event(2, r#"{"who":"a","n":-5}"#),
             event(3, "not json"),
             event(4, r#"{"who":"a","n":3}"#),
+            event(5, r#"{"who":"c"}"#),
         ];
         let rejections = Sum.process(events, &mut host);
-        assert_eq!(rejections.iter().map(|r| r.index).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(rejections.iter().map(|r| r.index).collect::<Vec<_>>(), vec![2, 3, 5]);
         assert_eq!(rejections[0].reason, "n must not be negative");
-        assert!(rejections[1].reason.starts_with("event is not valid JSON for this plugin"));
+        assert_eq!(rejections[1].reason, "event is not valid JSON");
+        assert_eq!(rejections[2].reason, "missing field `n`", "the event type's words, without serde_json's position");
         assert_eq!(host.calls, 3);
         assert_eq!(host.state[b"\"a\"".as_slice()], b"14");
         assert_eq!(host.state[b"\"b\"".as_slice()], b"2");
@@ -289,7 +307,7 @@ mod tests {
         let bad = Event { value: b"{\"who\":\"\xff\",\"n\":1}".to_vec(), ..event(0, "") };
         let rejections = Sum.process(vec![bad, event(1, r#"{"who":"a","n":1}"#)], &mut host);
         assert_eq!(rejections.len(), 1, "{rejections:?}");
-        assert!(rejections[0].reason.contains("not UTF-8"), "{}", rejections[0].reason);
+        assert_eq!(rejections[0].reason, "event is not UTF-8");
         assert_eq!(host.state[b"\"a\"".as_slice()], b"1");
     }
 
