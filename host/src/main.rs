@@ -1,6 +1,7 @@
 //! The `tally` command line.
 
 mod admin_cli;
+mod scaffold;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -155,6 +156,16 @@ struct RunArgs {
 
 #[derive(Subcommand)]
 enum PluginCommand {
+    /// Write a new plugin (a per-key counter with a test) to start from.
+    ///
+    /// Example: tally plugin new my-plugin --lang js
+    New {
+        /// The directory to create (its name is the package name).
+        dir: PathBuf,
+        /// The plugin's language.
+        #[arg(long, value_enum)]
+        lang: scaffold::Lang,
+    },
     /// Build a plugin into a component: a Rust crate (Cargo.toml) or a JavaScript package (package.json).
     ///
     /// Example: tally plugin build plugins/usage-billing --out usage_billing.wasm
@@ -274,6 +285,7 @@ fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
         // The handlers go in first: a SIGTERM while the plugin compiles or
         // the job opens stops the run cleanly instead of killing it.
         Command::Run(args) => run_job(args, stop_on_signals()?),
+        Command::Plugin(PluginCommand::New { dir, lang }) => scaffold::new_plugin(&dir, lang),
         Command::Plugin(PluginCommand::Build { dir, out }) => build_plugin(&dir, out.as_deref()),
         Command::Plugin(PluginCommand::Inspect { file, json }) => inspect_plugin(&file, json),
         Command::State(StateCommand::List { state_dir, json }) => list_state(&state_dir, json),

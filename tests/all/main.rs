@@ -18,5 +18,6 @@ mod layering;
 mod local_run;
 mod refusals;
 mod sandbox;
+mod scaffold;
 mod serve;
 mod serve_kafka;

@@ -36,7 +36,9 @@ pub fn build_js(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError
     if stage.exists() {
         std::fs::remove_dir_all(&stage).map_err(io("clearing", &stage))?;
     }
-    copy_sources(dir, &stage)?;
+    std::fs::create_dir_all(target_dir).map_err(io("creating", target_dir))?;
+    let skip = std::fs::canonicalize(target_dir).ok();
+    copy_sources(dir, &stage, skip.as_deref())?;
     let sdk = stage.join("node_modules").join("tally");
     std::fs::create_dir_all(&sdk).map_err(io("creating", &sdk))?;
     for (name, text) in [
@@ -94,9 +96,10 @@ fn read_manifest(dir: &Path) -> Result<(String, String), BuildError> {
     Ok((name.to_string(), main.to_string()))
 }
 
-/// Copies the package's modules (`.js`, `.mjs`, `.json`), not its
-/// `node_modules`, into `stage`.
-fn copy_sources(dir: &Path, stage: &Path) -> Result<(), BuildError> {
+/// Copies the package's modules (`.js`, `.mjs`, `.json`) into `stage`:
+/// not its `node_modules`, `target` or hidden directories, nor `skip` (the
+/// build's own output, which may sit inside the package).
+fn copy_sources(dir: &Path, stage: &Path, skip: Option<&Path>) -> Result<(), BuildError> {
     let io = |action: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| BuildError::Io { action, path, source }
@@ -107,8 +110,9 @@ fn copy_sources(dir: &Path, stage: &Path) -> Result<(), BuildError> {
         let path = entry.path();
         let name = entry.file_name();
         let kind = entry.file_type().map_err(io("reading", &path))?;
-        if kind.is_dir() && name != "node_modules" && !name.to_string_lossy().starts_with('.') {
-            copy_sources(&path, &stage.join(&name))?;
+        let skipped = name == "node_modules" || name == "target" || name.to_string_lossy().starts_with('.');
+        if kind.is_dir() && !skipped && std::fs::canonicalize(&path).ok().as_deref() != skip {
+            copy_sources(&path, &stage.join(&name), skip)?;
         } else if kind.is_file() && matches!(path.extension().and_then(|ext| ext.to_str()), Some("js" | "mjs" | "json")) {
             std::fs::copy(&path, stage.join(&name)).map_err(io("copying", &path))?;
         }

@@ -1,0 +1,60 @@
+//! `tally plugin new` writes plugins that build, run and pass their own
+//! tests: the JavaScript one under node's test runner (the SDK linked from
+//! this tree: no network), both built by `tally plugin build` and run in
+//! local mode.
+
+use std::path::Path;
+use std::process::Command;
+
+use tally_tests::tally_binary;
+
+fn tally(args: &[&str], dir: &Path) -> String {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let output = Command::new(tally_binary())
+        .args(args)
+        .current_dir(dir)
+        // The toolchain scripts/setup installed for the billing plugin.
+        .env("TALLY_COMPONENTIZE_QJS", workspace.join("plugins/usage-billing-js/node_modules/.bin/componentize-qjs"))
+        // Plugin crates resolve their dependencies from the local cache: no network in tests.
+        .env("CARGO_NET_OFFLINE", "true")
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "tally {args:?} failed: {said}");
+    said
+}
+
+/// Builds the plugin in `dir/name` and runs it over two events.
+fn build_and_run(dir: &Path, name: &str) {
+    tally(&["plugin", "build", name, "--out", "plugin.wasm"], dir);
+    std::fs::write(dir.join("in.ndjson"), "{\"key\":\"a\",\"n\":2}\n{\"key\":\"a\",\"n\":3}\n").unwrap();
+    tally(&["run", "--name", name, "--plugin", "plugin.wasm", "--output", "counts", "--input", "in.ndjson", "--output-dir", "out", "--state-dir", "state"], dir);
+    let counts = std::fs::read_to_string(dir.join("out/counts.ndjson")).unwrap();
+    let values: Vec<u64> = counts.lines().map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["value"].as_u64().unwrap()).collect();
+    assert_eq!(values, [2, 5], "{counts}");
+}
+
+#[test]
+fn a_new_javascript_plugin_passes_its_test_builds_and_runs() {
+    for lang in ["js", "ts"] {
+        let dir = tempfile::tempdir().unwrap();
+        tally(&["plugin", "new", "counter", "--lang", lang], dir.path());
+        let plugin = dir.path().join("counter");
+        // What `npm install` would link, without the network.
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        std::fs::create_dir_all(plugin.join("node_modules")).unwrap();
+        std::os::unix::fs::symlink(workspace.join("sdk/js"), plugin.join("node_modules/tally")).unwrap();
+        let test = Command::new("node").arg("--test").current_dir(&plugin).output().unwrap();
+        assert!(test.status.success(), "{lang}: {}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
+        build_and_run(dir.path(), "counter");
+    }
+}
+
+#[test]
+fn a_new_rust_plugin_builds_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    tally(&["plugin", "new", "counter", "--lang", "rust"], dir.path());
+    build_and_run(dir.path(), "counter");
+    let refused = Command::new(tally_binary()).args(["plugin", "new", "counter", "--lang", "rust"]).current_dir(dir.path()).output().unwrap();
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("is not empty"));
+}

@@ -1,0 +1,119 @@
+//! The billing plugin in each language, side by side in one process: its
+//! component's size, compile time, cached-load time (a compiled component
+//! read back from disk), instantiate time, and events per CPU second in
+//! local mode (100 ms commits) against the Rust build and the native one.
+//!
+//! `cargo bench -p tally-tests --bench languages` (TALLY_BENCH_EVENTS and
+//! TALLY_BENCH_ROUNDS change the size; scripts/bench runs it).
+
+use std::path::Path;
+use std::time::Instant;
+
+use tally_core::limits::Limits;
+use tally_core::plugin::{LoadedPlugin, PluginRuntime};
+use tally_core::settings::JobSettings;
+use tally_local::{LocalConfig, LocalTask};
+use tally_tests::native::NativeProcessor;
+use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, write_partitions};
+
+#[allow(dead_code)] // the benchmark uses only the billing plugins
+mod plugins {
+    include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
+}
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// CPU time (user + system) this process has used so far, from /proc.
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    values[values.len() / 2]
+}
+
+/// Compile, cached-load and instantiate times (ms), and the plugin loaded
+/// from the cache.
+fn load_times(runtime: &PluginRuntime, path: &str, dir: &Path) -> (usize, f64, f64, f64, LoadedPlugin) {
+    let bytes = std::fs::read(path).unwrap();
+    let started = Instant::now();
+    let compiled = runtime.precompile(path, &bytes).unwrap();
+    let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+    let cached = dir.join(format!("{}.cwasm", tally_core::plugin::digest(&bytes).replace(':', "-")));
+    std::fs::write(&cached, compiled).unwrap();
+    let started = Instant::now();
+    let plugin = runtime.load_compiled(path, &tally_core::plugin::digest(&bytes), bytes.len(), &cached).unwrap();
+    let load_ms = started.elapsed().as_secs_f64() * 1e3;
+    let started = Instant::now();
+    drop(plugin.instantiate(Limits::default()).unwrap());
+    let instantiate_ms = started.elapsed().as_secs_f64() * 1e3;
+    (bytes.len(), compile_ms, load_ms, instantiate_ms, plugin)
+}
+
+fn main() {
+    if std::env::args().any(|arg| arg == "--list") {
+        return;
+    }
+    let events = env_or("TALLY_BENCH_EVENTS", 200_000);
+    let rounds = env_or("TALLY_BENCH_ROUNDS", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let lines = usage_lines(2026, events, 0);
+    let (inputs, _) = write_partitions(dir.path(), &lines, 4);
+    let expected = expected_totals(&lines);
+    let runtime = PluginRuntime::new().unwrap();
+
+    println!("billing plugin per language: local mode, {events} events in 4 files, 100 ms commits, {rounds} rounds; CPU clock of this process");
+    println!("{:<8} {:>10} {:>11} {:>11} {:>14}", "plugin", "bytes", "compile ms", "cached ms", "instantiate ms");
+    let mut builds = Vec::new();
+    for (name, path) in [("rust", plugins::USAGE_BILLING), ("js", plugins::USAGE_BILLING_JS)] {
+        let (size, compile, load, instantiate, plugin) = load_times(&runtime, path, dir.path());
+        println!("{name:<8} {size:>10} {compile:>11.0} {load:>11.1} {instantiate:>14.2}");
+        builds.push((name, Some(plugin)));
+    }
+    builds.push(("native", None));
+
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); builds.len()];
+    for round in 0..rounds {
+        for (index, (name, plugin)) in builds.iter().enumerate() {
+            let run = format!("{name}-{round}");
+            let mut settings = JobSettings::new("billing", plugins::USAGE_BILLING.into(), vec!["totals".into()]);
+            settings.commit_interval_ms = 100;
+            let local = LocalConfig {
+                inputs: inputs.clone(),
+                output_dir: dir.path().join(&run).join("out"),
+                state_dir: dir.path().join(&run).join("state"),
+                confine_to: None,
+            };
+            let mut task = match plugin {
+                Some(plugin) => LocalTask::open(&settings, &local, plugin).unwrap(),
+                None => LocalTask::open_with(&settings, &local, || {
+                    Ok(Box::new(NativeProcessor::new(usage_billing::UsageBilling, "usage-billing")))
+                })
+                .unwrap(),
+            };
+            let before = process_cpu_seconds();
+            let summary = task.run().unwrap();
+            let cpu = process_cpu_seconds() - before;
+            assert_eq!(summary.records as usize, events);
+            assert_eq!(final_totals(&read_totals(&local.output_dir.join("totals.ndjson"))), expected, "{name} computed wrong totals");
+            rates[index].push(events as f64 / cpu.max(1e-3));
+            drop(task);
+            std::fs::remove_dir_all(dir.path().join(&run)).ok();
+        }
+    }
+    let rust = median(rates[0].clone());
+    println!("{:<8} {:>16} {:>10}", "plugin", "events/CPU-s", "/ rust");
+    for ((name, _), rates) in builds.iter().zip(rates) {
+        let rate = median(rates);
+        println!("{name:<8} {rate:>16.0} {:>10.2}", rate / rust);
+    }
+}
