@@ -72,6 +72,11 @@ fn edge_records() -> Vec<Vec<u8>> {
         br#"{"customer":"a","metric":["m"],"quantity":1,"ts":"2026-11-03T10:00:00Z"}"#.to_vec(),
         br#"{"customer":"a","metric":"m","quantity":1,"ts":{"at":"2026-11-03T10:00:00Z"}}"#.to_vec(),
         br#"{"quantity":1,"ts":"2026-11-03T10:00:00Z","extra":[1,{"x":1e999}],"customer":"order","metric":"m"}"#.to_vec(),
+        // nesting: 128 levels in an ignored field are read, 129 are not JSON
+        format!(r#"{{"customer":"deep","metric":"m","quantity":1,"ts":"2026-11-03T10:00:00Z","x":{}{}}}"#, "[".repeat(127), "]".repeat(127)).into_bytes(),
+        format!(r#"{{"customer":"deep","metric":"m","quantity":1,"ts":"2026-11-03T10:00:00Z","x":{}{}}}"#, "[".repeat(128), "]".repeat(128)).into_bytes(),
+        format!(r#"{{"customer":"deep","metric":"m","quantity":1,"ts":"2026-11-03T10:00:00Z","x":"{}"}}"#, "[".repeat(300)).into_bytes(),
+        format!(r#"{{"customer":"deep","metric":"m","quantity":1,"ts":"2026-11-03T10:00:00Z","x":{}1{}}}"#, "[".repeat(50_000), "]".repeat(50_000)).into_bytes(),
         // not an object, not JSON, not UTF-8
         b"[1,2,3]".to_vec(),
         b"\"a string\"".to_vec(),

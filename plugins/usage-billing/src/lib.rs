@@ -40,6 +40,30 @@ impl<'de> Deserialize<'de> for Usage<'de> {
 
 struct UsageVisitor;
 
+/// A field name, matched without allocating (escaped names unescaped first).
+enum Field {
+    /// One of [`FIELDS`], by index.
+    Known(usize),
+    /// Any other field: ignored.
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FieldVisitor;
+        impl Visitor<'_> for FieldVisitor {
+            type Value = Field;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a field name")
+            }
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<Field, E> {
+                Ok(FIELDS.iter().position(|field| *field == name).map_or(Field::Other, Field::Known))
+            }
+        }
+        deserializer.deserialize_identifier(FieldVisitor)
+    }
+}
+
 impl<'de> Visitor<'de> for UsageVisitor {
     type Value = Usage<'de>;
 
@@ -53,13 +77,13 @@ impl<'de> Visitor<'de> for UsageVisitor {
         // order the fields came in.
         let mut seen: [Option<&'de RawValue>; 4] = [None; 4];
         let mut twice = [false; 4];
-        while let Some(name) = map.next_key::<Cow<'de, str>>()? {
-            match FIELDS.iter().position(|field| *field == name) {
-                Some(index) => {
+        while let Some(field) = map.next_key::<Field>()? {
+            match field {
+                Field::Known(index) => {
                     let value = map.next_value::<&'de RawValue>()?;
                     twice[index] |= seen[index].replace(value).is_some();
                 }
-                None => drop(map.next_value::<IgnoredAny>()?),
+                Field::Other => drop(map.next_value::<IgnoredAny>()?),
             }
         }
         for (index, field) in FIELDS.iter().enumerate() {
@@ -72,15 +96,15 @@ impl<'de> Visitor<'de> for UsageVisitor {
         }
         let text = |index: usize| -> Result<Cow<'de, str>, M::Error> {
             let raw: &'de RawValue = seen[index].expect("checked above");
-            let not_a_string = || de::Error::custom(format_args!("field `{}` must be a string", FIELDS[index]));
-            match <&'de str>::deserialize(raw) {
-                Ok(text) => Ok(Cow::Borrowed(text)),
-                // Escapes: the string is unescaped into a copy; one that
-                // does not unescape (a lone surrogate) is not JSON text.
-                Err(_) if raw.get().starts_with('"') => {
-                    String::deserialize(raw).map(Cow::Owned).map_err(|_| de::Error::custom("event is not valid JSON"))
-                }
-                Err(_) => Err(not_a_string()),
+            let written = raw.get();
+            match written.strip_prefix('"').and_then(|rest| rest.strip_suffix('"')) {
+                // Most strings hold no escape: they are the text between
+                // their quotes, read once.
+                Some(plain) if !plain.bytes().any(|b| b == b'\\' || b < 0x20) => Ok(Cow::Borrowed(plain)),
+                // Escapes are unescaped into a copy; a string that does not
+                // unescape (a lone surrogate, a control character) is not JSON.
+                Some(_) => String::deserialize(raw).map(Cow::Owned).map_err(|_| de::Error::custom("event is not valid JSON")),
+                None => Err(de::Error::custom(format_args!("field `{}` must be a string", FIELDS[index]))),
             }
         };
         let customer = text(0)?;

@@ -91,6 +91,7 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
         let index = index as u32;
         // UTF-8 is checked once for the whole record, not string by string.
         let decoded = match std::str::from_utf8(&event.value) {
+            Ok(text) if too_deep(text) => Err("event is not valid JSON".to_string()),
             Ok(text) => serde_json::from_str::<A::Event<'_>>(text).map_err(|err| undecodable_reason(&err)),
             Err(_) => Err("event is not UTF-8".to_string()),
         };
@@ -180,6 +181,45 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
     }
     rejections.sort_by_key(|rejection| rejection.index);
     rejections
+}
+
+/// Most levels of arrays and objects a record may nest. serde_json skips
+/// ignored values of any depth; every SDK refuses deeper records alike, so
+/// the work per record stays bounded in each language.
+pub const MAX_DEPTH: usize = 128;
+
+/// Whether `text` nests arrays and objects more than [`MAX_DEPTH`] levels
+/// deep (strings skipped). A record of fewer than two bytes per level
+/// cannot, so the billing job's records are not scanned at all.
+fn too_deep(text: &str) -> bool {
+    if text.len() <= 2 * MAX_DEPTH {
+        return false;
+    }
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in text.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Why a record does not decode, in words every SDK uses (see
@@ -299,6 +339,16 @@ mod tests {
             host.outputs.iter().map(|(_, event, value)| (*event, String::from_utf8(value.clone()).unwrap())).collect();
         assert!(host.outputs.iter().all(|(output, _, _)| output == "sums"));
         assert_eq!(emitted, vec![(0, "11".into()), (1, "2".into()), (4, "14".into())]);
+    }
+
+    #[test]
+    fn records_nested_deeper_than_the_limit_are_not_json_in_every_sdk() {
+        let mut host = MemoryHost::default();
+        let nested = |levels: usize| format!(r#"{{"who":"a","n":1,"x":{}{}}}"#, "[".repeat(levels), "]".repeat(levels));
+        let events = vec![event(0, &nested(MAX_DEPTH - 1)), event(1, &nested(MAX_DEPTH)), event(2, &format!(r#"{{"who":"a","n":1,"x":"{}"}}"#, "[".repeat(300)))];
+        let rejections = Sum.process(events, &mut host);
+        assert_eq!(rejections.len(), 1, "{rejections:?}");
+        assert_eq!((rejections[0].index, rejections[0].reason.as_str()), (1, "event is not valid JSON"));
     }
 
     #[test]
