@@ -338,7 +338,11 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             job
         }
     };
-    let plugin = PluginRuntime::new()?.load_file(&job.settings.plugin)?;
+    let runtime = PluginRuntime::new()?;
+    let plugin = match compile_cache_dir() {
+        Some(cache) => runtime.load_file_cached(&job.settings.plugin, &cache)?,
+        None => runtime.load_file(&job.settings.plugin)?,
+    };
     let local = match &job.mode {
         Mode::Kafka(kafka) => return run_kafka_job(&job.settings, kafka, &plugin, args.until_caught_up, &stop),
         Mode::Local(local) => local,
@@ -359,6 +363,21 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where `tally run` keeps compiled plugins: `$TALLY_CACHE_DIR`, else the
+/// user's cache directory (`$XDG_CACHE_HOME/tally/compiled`, or
+/// `~/.cache/tally/compiled`); none when `TALLY_CACHE_DIR` is empty.
+fn compile_cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("TALLY_CACHE_DIR") {
+        Some(dir) if dir.is_empty() => None,
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|dir| !dir.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").filter(|home| !home.is_empty()).map(|home| PathBuf::from(home).join(".cache")))
+            .map(|cache| cache.join("tally").join("compiled")),
+    }
 }
 
 /// SIGINT or SIGTERM: finish the current batch, commit, and exit cleanly.

@@ -275,3 +275,29 @@ fn a_local_run_writing_latest_totals_writes_each_keys_running_total_once_per_com
     let sources: BTreeSet<&(String, u64)> = totals.iter().map(|t| &t.source).collect();
     assert_eq!(sources.len(), totals.len(), "no input line writes two totals");
 }
+
+#[test]
+fn a_plugin_is_compiled_once_and_a_damaged_cache_entry_is_compiled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let lines = usage_lines(11, 500, 0);
+    let (inputs, _) = write_partitions(dir.path(), &lines, 2);
+    let run = |round: &str| {
+        let out = dir.path().join(round);
+        std::fs::create_dir_all(&out).unwrap();
+        let job = write_billing_job(&out, USAGE_BILLING, &inputs, "");
+        let run = Command::new(tally_binary()).arg("run").arg(&job).env("TALLY_CACHE_DIR", &cache).output().unwrap();
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        assert_eq!(final_totals(&read_totals(&out.join("out/totals.ndjson"))), expected_totals(&lines), "round {round}");
+        String::from_utf8_lossy(&run.stderr).into_owned()
+    };
+    let entries = || -> Vec<std::path::PathBuf> { std::fs::read_dir(&cache).unwrap().map(|entry| entry.unwrap().path()).collect() };
+    run("first");
+    let cached = entries();
+    assert!(cached.len() == 1 && cached[0].extension().is_some_and(|ext| ext == "cwasm"), "one compiled plugin, no leftovers: {cached:?}");
+    let compiled = std::fs::read(&cached[0]).unwrap();
+    assert!(!run("second").contains("compiling it again"));
+    std::fs::write(&cached[0], b"not compiled code").unwrap();
+    assert!(run("third").contains("cannot be loaded; compiling it again"));
+    assert_eq!(std::fs::read(&cached[0]).unwrap().len(), compiled.len(), "the entry is written again, whole");
+}
