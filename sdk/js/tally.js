@@ -68,10 +68,12 @@ export function aggregate(spec) {
       const accepted = [];
       for (let index = 0; index < events.length; index++) {
         let event;
+        let key;
         let encoded;
         try {
           event = decode(events[index].value);
-          encoded = encodeJsonText(spec.key(event));
+          key = spec.key(event);
+          encoded = encodeJsonText(key);
         } catch (err) {
           if (!(err instanceof Reject)) throw err;
           rejections.push({ index, reason: err.message });
@@ -81,7 +83,7 @@ export function aggregate(spec) {
         if (slot === undefined) {
           slot = slots.length;
           slotOf.set(encoded, slot);
-          slots.push({ encoded, keyBytes: utf8Encode(encoded), key: undefined, state: undefined, dirty: false });
+          slots.push({ keyBytes: utf8Encode(encoded), key, state: undefined, dirty: false });
         }
         accepted.push([index, slot, event]);
       }
@@ -89,7 +91,6 @@ export function aggregate(spec) {
       const stored = getMany(slots.map((slot) => slot.keyBytes));
       for (let i = 0; i < slots.length; i++) {
         const slot = slots[i];
-        slot.key = JSON.parse(slot.encoded);
         slot.state = stored[i] == null ? spec.initial() : decodeJson(stored[i]);
       }
       const records = [];

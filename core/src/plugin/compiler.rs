@@ -126,8 +126,7 @@ impl Compiler {
 
     /// Where the compiled form of `digest` is kept for `runtime`'s engine.
     pub fn cached_path(&self, runtime: &PluginRuntime, digest: &str) -> PathBuf {
-        let hex = digest.split_once(':').map_or(digest, |(_, hex)| hex);
-        self.cache_dir.join(format!("{hex}-{}.cwasm", runtime.compatibility_key()))
+        runtime.cache_entry(&self.cache_dir, digest)
     }
 
     /// `bytes` as a loaded plugin: from the cache when it holds them,
@@ -136,14 +135,8 @@ impl Compiler {
     pub fn load(&self, runtime: &PluginRuntime, tenant: &str, name: &str, bytes: &[u8]) -> Result<LoadedPlugin, CompileError> {
         let digest = digest(bytes);
         let cached = self.cached_path(runtime, &digest);
-        if cached.exists() {
-            match runtime.load_compiled(name, &digest, bytes.len(), &cached) {
-                Ok(plugin) => return Ok(plugin),
-                Err(err) => {
-                    tracing::warn!(path = %cached.display(), error = %err, "a cached compiled plugin cannot be loaded; compiling it again");
-                    let _ = std::fs::remove_file(&cached);
-                }
-            }
+        if let Some(plugin) = runtime.load_cache_entry(name, &digest, bytes.len(), &cached) {
+            return Ok(plugin);
         }
         check::check_imports(name, bytes)?;
         let _turn = self.queue.wait_turn(tenant, self.limits.queue_wait())?;

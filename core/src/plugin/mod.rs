@@ -132,16 +132,9 @@ impl PluginRuntime {
         let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
         let name = file_name(path);
         let digest = digest(&bytes);
-        let hex = digest.split_once(':').map_or(digest.as_str(), |(_, hex)| hex);
-        let cached = cache_dir.join(format!("{hex}-{}.cwasm", self.compatibility_key()));
-        if cached.is_file() {
-            match self.load_compiled(&name, &digest, bytes.len(), &cached) {
-                Ok(plugin) => return Ok(plugin),
-                Err(err) => {
-                    tracing::warn!(path = %cached.display(), error = %err, "a cached compiled plugin cannot be loaded; compiling it again");
-                    let _ = std::fs::remove_file(&cached);
-                }
-            }
+        let cached = self.cache_entry(cache_dir, &digest);
+        if let Some(plugin) = self.load_cache_entry(&name, &digest, bytes.len(), &cached) {
+            return Ok(plugin);
         }
         let compiled = self.precompile(&name, &bytes)?;
         // A temporary file of its own, renamed into place: processes
@@ -183,6 +176,29 @@ impl PluginRuntime {
         let component = unsafe { wasmtime::component::Component::deserialize_file(&self.engine, path) }
             .map_err(|err| PluginError::Invalid { name: name.to_string(), reason: format!("its compiled form `{}` cannot be loaded: {err:#}", path.display()) })?;
         self.prepare(name, digest, size, &component)
+    }
+
+    /// Where a compile cache in `cache_dir` keeps the compiled form of
+    /// `digest` for this engine: by digest and [`PluginRuntime::compatibility_key`].
+    pub fn cache_entry(&self, cache_dir: &Path, digest: &str) -> std::path::PathBuf {
+        let hex = digest.split_once(':').map_or(digest, |(_, hex)| hex);
+        cache_dir.join(format!("{hex}-{}.cwasm", self.compatibility_key()))
+    }
+
+    /// The plugin cached at `entry`, if there is one that loads; an entry
+    /// that does not load is removed (and logged), to be compiled again.
+    pub fn load_cache_entry(&self, name: &str, digest: &str, size: usize, entry: &Path) -> Option<LoadedPlugin> {
+        if !entry.is_file() {
+            return None;
+        }
+        match self.load_compiled(name, digest, size, entry) {
+            Ok(plugin) => Some(plugin),
+            Err(err) => {
+                tracing::warn!(path = %entry.display(), error = %err, "a cached compiled plugin cannot be loaded; compiling it again");
+                let _ = std::fs::remove_file(entry);
+                None
+            }
+        }
     }
 
     /// A hash of what compiled code depends on in this engine (its version

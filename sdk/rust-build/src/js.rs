@@ -29,10 +29,6 @@ pub fn build_js(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError
     let (package, main) = read_manifest(dir)?;
     let tool = componentize_qjs(dir)?;
     let stage = target_dir.join("js").join(&package);
-    let io = |action: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| BuildError::Io { action, path, source }
-    };
     if stage.exists() {
         std::fs::remove_dir_all(&stage).map_err(io("clearing", &stage))?;
     }
@@ -69,6 +65,12 @@ pub fn build_js(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError
     Ok(BuiltPlugin { package, component })
 }
 
+/// A failed `action` on `path`, for `map_err`.
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BuildError {
+    let path = path.to_path_buf();
+    move |source| BuildError::Io { action, path, source }
+}
+
 /// The package's name and entry module, from its `package.json`.
 fn read_manifest(dir: &Path) -> Result<(String, String), BuildError> {
     let path = dir.join("package.json");
@@ -100,10 +102,6 @@ fn read_manifest(dir: &Path) -> Result<(String, String), BuildError> {
 /// not its `node_modules`, `target` or hidden directories, nor `skip` (the
 /// build's own output, which may sit inside the package).
 fn copy_sources(dir: &Path, stage: &Path, skip: Option<&Path>) -> Result<(), BuildError> {
-    let io = |action: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| BuildError::Io { action, path, source }
-    };
     std::fs::create_dir_all(stage).map_err(io("creating", stage))?;
     for entry in std::fs::read_dir(dir).map_err(io("reading", dir))? {
         let entry = entry.map_err(io("reading", dir))?;
