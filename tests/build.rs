@@ -14,8 +14,10 @@ const PLUGINS: &[(&str, &str)] = &[
     ("HOSTILE", "hostile"),
 ];
 
-/// (constant name, directory) of each JavaScript plugin the tests load.
-const JS_PLUGINS: &[(&str, &str)] = &[("USAGE_BILLING_JS", "plugins/usage-billing-js")];
+/// (constant name, directory) of each plugin in another language the tests
+/// load, each built by its own toolchain (scripts/setup installs them).
+const OTHER_PLUGINS: &[(&str, &str)] =
+    &[("USAGE_BILLING_JS", "plugins/usage-billing-js"), ("USAGE_BILLING_PYTHON", "plugins/usage-billing-python")];
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -23,7 +25,17 @@ fn main() {
     // Relative to this package: build-script results are shared by every
     // checkout that uses the same target directory, so absolute paths would
     // watch another checkout's sources.
-    for watched in ["../wit", "../sdk/rust", "../sdk/js/tally.js", "../plugins/usage-billing-js/billing.js", "../plugins", "../Cargo.lock"] {
+    let watched_sources = [
+        "../wit",
+        "../sdk/rust",
+        "../sdk/js/tally.js",
+        "../sdk/python/tally/__init__.py",
+        "../plugins/usage-billing-js/billing.js",
+        "../plugins/usage-billing-python/billing.py",
+        "../plugins",
+        "../Cargo.lock",
+    ];
+    for watched in watched_sources {
         println!("cargo:rerun-if-changed={watched}");
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
@@ -37,10 +49,8 @@ fn main() {
     for ((constant, _), plugin) in PLUGINS.iter().zip(&built) {
         code.push_str(&format!("pub const {constant}: &str = {:?};\n", plugin.component.display().to_string()));
     }
-    // The plugins in other languages, each built by its own toolchain
-    // (scripts/setup installs them).
-    for (constant, dir) in JS_PLUGINS {
-        let plugin = tally_plugin_build::build_js(&workspace.join(dir), &target_dir)
+    for (constant, dir) in OTHER_PLUGINS {
+        let plugin = tally_plugin_build::build(&workspace.join(dir), &target_dir)
             .unwrap_or_else(|err| panic!("building {dir} failed: {err} (scripts/setup installs the toolchains)"));
         code.push_str(&format!("pub const {constant}: &str = {:?};\n", plugin.component.display().to_string()));
     }

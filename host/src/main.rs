@@ -166,7 +166,7 @@ enum PluginCommand {
         #[arg(long, value_enum)]
         lang: scaffold::Lang,
     },
-    /// Build a plugin into a component: a Rust crate (Cargo.toml) or a JavaScript package (package.json).
+    /// Build a plugin into a component: a Rust crate (Cargo.toml), a JavaScript package (package.json) or a Python project (pyproject.toml).
     ///
     /// Example: tally plugin build plugins/usage-billing --out usage_billing.wasm
     Build {

@@ -1,4 +1,4 @@
-//! `tally plugin new <dir> --lang rust|js|ts`: a working plugin to start
+//! `tally plugin new <dir> --lang rust|python|js|ts`: a working plugin to start
 //! from (a per-key counter), with a test in the language's own runner. The
 //! files refer to the SDKs in the Tally source tree this binary was built
 //! from.
@@ -12,6 +12,8 @@ use anyhow::{bail, Context};
 pub enum Lang {
     /// A Rust crate on `tally-sdk`, tested with `cargo test` (tally-testing).
     Rust,
+    /// A Python project on the `tally` package, tested with pytest.
+    Python,
     /// A JavaScript package on the `tally` module, tested with `node --test`.
     Js,
     /// JavaScript with TypeScript types checked in the editor (JSDoc
@@ -36,6 +38,7 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
     let tree = source_tree();
     let files: Vec<(&str, String)> = match lang {
         Lang::Rust => rust_files(&name, &tree),
+        Lang::Python => python_files(&name, &tree),
         Lang::Js | Lang::Ts => js_files(&name, &tree, lang == Lang::Ts),
     };
     for (path, text) in files {
@@ -45,10 +48,12 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
     }
     let next = match lang {
         Lang::Rust => "cargo test",
+        Lang::Python => "python3 -m venv .venv && .venv/bin/pip install -r requirements-dev.txt && .venv/bin/pytest",
         Lang::Js | Lang::Ts => "npm install && npm test",
     };
     let language = match lang {
         Lang::Rust => "Rust",
+        Lang::Python => "Python",
         Lang::Js => "JavaScript",
         Lang::Ts => "JavaScript (with TypeScript types)",
     };
@@ -137,6 +142,75 @@ fn counts_add_up_and_bad_events_are_refused() {
     assert_eq!(plugin.state::<u64>(&"a".to_string()), Some(5));
 }
 "##
+            .to_string(),
+        ),
+    ]
+}
+
+fn python_files(name: &str, tree: &Path) -> Vec<(&'static str, String)> {
+    let sdk = tree.join("sdk/python");
+    vec![
+        (
+            "pyproject.toml",
+            format!(
+                r#"[project]
+name = "{name}"
+version = "0.1.0"
+requires-python = ">=3.11"
+
+# `tally plugin build` makes this module into a component.
+[tool.tally]
+module = "app"
+
+# The SDK, from the Tally source tree (componentize-py builds in its own copy).
+[tool.pytest.ini_options]
+pythonpath = [{sdk:?}]
+"#
+            ),
+        ),
+        ("requirements-dev.txt", "componentize-py==0.25.1\npytest==8.3.5\n".to_string()),
+        (
+            "app.py",
+            r#""""Counts events per `key`, and emits each key's new count to `counts`.
+
+Input: {"key":"a","n":2}
+"""
+
+from tally import Reject, aggregate
+
+
+def key(event: dict) -> str:
+    if not isinstance(event.get("key"), str):
+        raise Reject("key must be a string")
+    return event["key"]
+
+
+def apply(count: int, event: dict) -> int:
+    n = event.get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise Reject("n must be a non-negative integer")
+    return count + n
+
+
+Aggregator = aggregate(output="counts", key=key, initial=lambda: 0, apply=apply, emit=lambda count: count)
+"#
+            .to_string(),
+        ),
+        (
+            "test_app.py",
+            r#""""The plugin under pytest, through Tally's test driver."""
+
+import app
+from tally.testing import DeadLetter, PluginTest
+
+
+def test_counts_add_up_and_bad_events_are_refused():
+    plugin = PluginTest(app.Aggregator, outputs=["counts"])
+    sent = plugin.send(['{"key":"a","n":2}', '{"key":"a","n":3}', "not json"])
+    assert sent.dead_letters == [DeadLetter(2, "event is not valid JSON")]
+    assert [record.value for record in sent.outputs] == ["2", "5"]
+    assert plugin.state("a") == 5
+"#
             .to_string(),
         ),
     ]

@@ -1,7 +1,7 @@
 //! `tally plugin new` writes plugins that build, run and pass their own
-//! tests: the JavaScript one under node's test runner (the SDK linked from
-//! this tree: no network), both built by `tally plugin build` and run in
-//! local mode.
+//! tests: the JavaScript one under node's test runner, the Python one under
+//! pytest (the SDKs from this tree, the tools scripts/setup installed: no
+//! network), each built by `tally plugin build` and run in local mode.
 
 use std::path::Path;
 use std::process::Command;
@@ -15,6 +15,7 @@ fn tally(args: &[&str], dir: &Path) -> String {
         .current_dir(dir)
         // The toolchain scripts/setup installed for the billing plugin.
         .env("TALLY_COMPONENTIZE_QJS", workspace.join("plugins/usage-billing-js/node_modules/.bin/componentize-qjs"))
+        .env("TALLY_COMPONENTIZE_PY", workspace.join("plugins/usage-billing-python/.venv/bin/componentize-py"))
         // Plugin crates resolve their dependencies from the local cache: no network in tests.
         .env("CARGO_NET_OFFLINE", "true")
         .output()
@@ -48,6 +49,18 @@ fn a_new_javascript_plugin_passes_its_test_builds_and_runs() {
         assert!(test.status.success(), "{lang}: {}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
         build_and_run(dir.path(), "counter");
     }
+}
+
+#[test]
+fn a_new_python_plugin_passes_its_test_builds_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    tally(&["plugin", "new", "counter", "--lang", "python"], dir.path());
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let pytest = workspace.join("plugins/usage-billing-python/.venv/bin/pytest");
+    let test = Command::new(pytest).args(["-q", "-p", "no:cacheprovider"]).current_dir(dir.path().join("counter")).output().unwrap();
+    assert!(test.status.success(), "{}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
+    assert!(String::from_utf8_lossy(&test.stdout).contains("1 passed"), "{}", String::from_utf8_lossy(&test.stdout));
+    build_and_run(dir.path(), "counter");
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! Builds plugins into Tally Wasm components: Rust crates, and JavaScript
-//! packages ([`build_js`]); [`build`] tells which a directory holds.
+//! Builds plugins into Tally Wasm components: Rust crates, JavaScript
+//! packages ([`build_js`]) and Python projects ([`build_python`]); [`build`]
+//! tells which a directory holds.
 //!
 //! A plugin crate (a `cdylib` using `tally-sdk`) is compiled for
 //! `wasm32-unknown-unknown`, which gives a component with no WASI imports at
@@ -21,8 +22,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod js;
+mod python;
+mod stage;
 
 pub use js::{build_js, COMPONENTIZE_QJS};
+pub use python::{build_python, COMPONENTIZE_PY};
 
 /// The Rust target plugins are compiled for.
 pub const WASM_TARGET: &str = "wasm32-unknown-unknown";
@@ -53,8 +57,8 @@ pub enum BuildError {
     /// The crate directory has no readable `Cargo.toml` with a package name.
     #[error("`{path}` is not a plugin crate: {reason}")]
     NotACrate { path: PathBuf, reason: String },
-    /// The directory's `package.json` does not describe a plugin.
-    #[error("`{path}` is not a JavaScript plugin package: {reason}")]
+    /// The directory's `package.json` or `pyproject.toml` does not describe a plugin.
+    #[error("`{}` is not a plugin package: {reason}", path.display())]
     NotAPackage {
         /// The directory.
         path: PathBuf,
@@ -79,6 +83,12 @@ pub enum BuildError {
          in the plugin's directory (or `npm install -g {COMPONENTIZE_QJS}`), or set TALLY_COMPONENTIZE_QJS to its path"
     )]
     NoJsToolchain,
+    /// No componentize-py to build a Python plugin with.
+    #[error(
+        "building a Python plugin needs the PyPI package {COMPONENTIZE_PY}: run `python3 -m venv .venv && .venv/bin/pip install {COMPONENTIZE_PY}` \
+         in the plugin's directory (or install it on PATH), or set TALLY_COMPONENTIZE_PY to its path"
+    )]
+    NoPythonToolchain,
     /// A language's build tool ran and failed; its output was printed above.
     #[error("{tool} failed to build `{package}` (its errors are printed above)")]
     Tool {
@@ -88,7 +98,10 @@ pub enum BuildError {
         package: String,
     },
     /// The directory holds no plugin this tool knows how to build.
-    #[error("`{}` holds no plugin to build: a Rust plugin has a Cargo.toml, a JavaScript one a package.json", path.display())]
+    #[error(
+        "`{}` holds no plugin to build: a Rust plugin has a Cargo.toml, a JavaScript one a package.json, a Python one a pyproject.toml",
+        path.display()
+    )]
     UnknownLanguage {
         /// The directory.
         path: PathBuf,
@@ -211,15 +224,20 @@ pub enum Language {
     Rust,
     /// A JavaScript package (`package.json`) using the `tally` module.
     JavaScript,
+    /// A Python project (`pyproject.toml`) using the `tally` package.
+    Python,
 }
 
 impl Language {
-    /// What `dir` holds: a `Cargo.toml` is Rust, a `package.json` JavaScript.
+    /// What `dir` holds: a `Cargo.toml` is Rust, a `package.json`
+    /// JavaScript, a `pyproject.toml` Python.
     pub fn of(dir: &Path) -> Result<Language, BuildError> {
         if dir.join("Cargo.toml").is_file() {
             Ok(Language::Rust)
         } else if dir.join("package.json").is_file() {
             Ok(Language::JavaScript)
+        } else if dir.join("pyproject.toml").is_file() {
+            Ok(Language::Python)
         } else {
             Err(BuildError::UnknownLanguage { path: dir.to_path_buf() })
         }
@@ -232,6 +250,7 @@ pub fn build(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError> {
     match Language::of(dir)? {
         Language::Rust => build_crate(dir, target_dir),
         Language::JavaScript => build_js(dir, target_dir),
+        Language::Python => build_python(dir, target_dir),
     }
 }
 
