@@ -16,8 +16,10 @@ const PLUGINS: &[(&str, &str)] = &[
 
 /// (constant name, directory) of each plugin in another language the tests
 /// load, each built by its own toolchain (scripts/setup installs them).
-const OTHER_PLUGINS: &[(&str, &str)] =
-    &[("USAGE_BILLING_JS", "plugins/usage-billing-js"), ("USAGE_BILLING_PYTHON", "plugins/usage-billing-python")];
+const OTHER_PLUGINS: &[(&str, &str)] = &[
+    ("USAGE_BILLING_JS", "plugins/usage-billing-js"), ("USAGE_BILLING_PYTHON", "plugins/usage-billing-python"),
+    ("USAGE_BILLING_C", "plugins/usage-billing-c"),
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -30,8 +32,10 @@ fn main() {
         "../sdk/rust",
         "../sdk/js/tally.js",
         "../sdk/python/tally/__init__.py",
+        "../sdk/c",
         "../plugins/usage-billing-js/billing.js",
         "../plugins/usage-billing-python/billing.py",
+        "../plugins/usage-billing-c/billing.c",
         "../plugins",
         "../Cargo.lock",
     ];

@@ -15,7 +15,7 @@ const U64_MAX = (1n << 64n) - 1n;
 function decode(bytes) {
   const event = decodeJson(bytes, { numbers: "raw", loneSurrogates: true });
   // A number alone is read as a float, so one out of range is not JSON.
-  if (event instanceof JsonNumber && !Number.isFinite(Number(event.text))) throw new Reject("event is not valid JSON");
+  if (event instanceof JsonNumber && !event.isFinite()) throw new Reject("event is not valid JSON");
   if (event === null || typeof event !== "object" || Array.isArray(event) || event instanceof JsonNumber) {
     throw new Reject("event must be a JSON object");
   }

@@ -61,6 +61,8 @@ export function raw(process: (events: HostEvent[]) => Rejection[]): Aggregator;
 export class JsonNumber {
   readonly text: string;
   isInteger(): boolean;
+  /** Whether it reads as a finite double (`1e400` does not). */
+  isFinite(): boolean;
 }
 
 /** Fields an object decoded by `decodeJson` was given more than once. */

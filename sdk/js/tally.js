@@ -129,10 +129,24 @@ export class JsonNumber {
   isInteger() {
     return /^-?[0-9]+$/.test(this.text);
   }
+  /** Whether it reads as a finite double (`1e400` does not), decided
+   * exactly: the least number that rounds to infinity is 2^1024 - 2^970
+   * (QuickJS's own parsing rounds that tie the other way). */
+  isFinite() {
+    const [, int, fraction = "", exp = "0"] = /^-?([0-9]+)(?:\.([0-9]+))?(?:[eE]([-+]?[0-9]+))?$/.exec(this.text);
+    const digits = (int + fraction).replace(/^0+/, "");
+    if (digits === "") return true;
+    // The power of ten of the first significant digit.
+    const power = BigInt(int.length - ((int + fraction).length - digits.length) - 1) + BigInt(exp);
+    if (power !== 308n) return power < 308n;
+    return digits.padEnd(DOUBLE_OVERFLOW.length, "0") < DOUBLE_OVERFLOW;
+  }
   toString() {
     return this.text;
   }
 }
+
+const DOUBLE_OVERFLOW = "179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792";
 
 /** Most nesting a decoded value may have (as serde_json's limit). */
 export const MAX_DEPTH = 128;

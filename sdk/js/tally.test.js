@@ -41,6 +41,16 @@ test("integers decode exactly, as BigInt or as written", () => {
   assert.equal(encodeJsonText({ total: 2n ** 64n - 1n }), '{"total":18446744073709551615}');
 });
 
+test("a number is finite exactly when it rounds to a finite double", () => {
+  const least = (2n ** 1024n - 2n ** 970n).toString(); // the least that rounds to infinity
+  for (const text of ["0", "-0.0e99999", "1e-400", "1.7976931348623157e308", (2n ** 1024n - 2n ** 970n - 1n).toString(), "0.1e309", `${least.slice(0, 5)}.${least.slice(5)}e-1`]) {
+    assert.ok(new JsonNumber(text).isFinite(), text);
+  }
+  for (const text of ["1e309", "-1e400", least, `0.${least}e309`, "1.7976931348623159e308", "1e99999999999999999999"]) {
+    assert.ok(!new JsonNumber(text).isFinite(), text);
+  }
+});
+
 test("what serde_json refuses is refused", () => {
   const refused = ["", " ", "{", "[1,]", '{"a":1,}', "01", "+1", "1.", ".5", "1e", "NaN", "'a'", '"\\x"', '"\\ud800"', '"\\udc00"', '"a\tb"',
     "[1] 2", "tru", "nul", "1e400", "[".repeat(129) + "]".repeat(129), "// c\n1"];

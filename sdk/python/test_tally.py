@@ -53,6 +53,9 @@ def test_numbers_decode_exactly_or_as_written():
     number = decode_json(b'{"q":1E400}', numbers="raw")["q"]
     assert number == JsonNumber("1E400") and not number.is_integer()
     assert decode_json(b"-12", numbers="raw").is_integer()
+    least = str(2**1024 - 2**970)  # the least number that rounds to infinity
+    assert JsonNumber(str(2**1024 - 2**970 - 1)).is_finite() and JsonNumber("1.7976931348623157e308").is_finite()
+    assert not JsonNumber(least).is_finite() and not JsonNumber(f"0.{least}e309").is_finite()
 
 
 REFUSED = ["", " ", "{", "[1,]", '{"a":1,}', "01", "+1", "1.", ".5", "1e", "NaN", "Infinity", "-Infinity", "'a'", '"\\x"',

@@ -82,6 +82,11 @@ fn edge_records() -> Vec<Vec<u8>> {
         b"\"a string\"".to_vec(),
         b"42".to_vec(),
         b"1e400".to_vec(),
+        // around the least number that rounds to infinity as a double, 2^1024 - 2^970
+        b"1.7976931348623157e308".to_vec(),
+        b"-1.7976931348623159e308".to_vec(),
+        b"179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497791.9e-0".to_vec(),
+        b"0.179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497792000e309".to_vec(),
         b"null".to_vec(),
         b"not json at all".to_vec(),
         br#"{"customer":"a","metric":"m","quantity":1,"ts":"2026-11-03T10:00:00Z",}"#.to_vec(),
@@ -146,7 +151,8 @@ fn run(plugin: &str, dir: &Path, inputs: &[PathBuf], batch_size: usize) -> Outco
 }
 
 /// The billing plugin in each language but Rust, by name.
-const PORTS: &[(&str, &str)] = &[("js", plugins::USAGE_BILLING_JS), ("python", plugins::USAGE_BILLING_PYTHON)];
+const PORTS: &[(&str, &str)] =
+    &[("js", plugins::USAGE_BILLING_JS), ("python", plugins::USAGE_BILLING_PYTHON), ("c", plugins::USAGE_BILLING_C)];
 
 #[test]
 fn every_languages_billing_plugin_computes_the_rust_ones_bytes() {

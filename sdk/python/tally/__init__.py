@@ -175,6 +175,11 @@ class JsonNumber:
         """Whether it is written as an integer (no fraction, no exponent)."""
         return "." not in self.text and "e" not in self.text and "E" not in self.text
 
+    def is_finite(self) -> bool:
+        """Whether it reads as a finite double (`1e400` does not); CPython's
+        `float` rounds correctly, as serde_json's float_roundtrip does."""
+        return math.isfinite(float(self.text))
+
     def __repr__(self) -> str:
         return f"JsonNumber({self.text!r})"
 

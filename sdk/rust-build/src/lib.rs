@@ -1,6 +1,6 @@
 //! Builds plugins into Tally Wasm components: Rust crates, JavaScript
-//! packages ([`build_js`]) and Python projects ([`build_python`]); [`build`]
-//! tells which a directory holds.
+//! packages ([`build_js`]), Python projects ([`build_python`]) and C
+//! sources ([`build_c`]); [`build`] tells which a directory holds.
 //!
 //! A plugin crate (a `cdylib` using `tally-sdk`) is compiled for
 //! `wasm32-unknown-unknown`, which gives a component with no WASI imports at
@@ -21,10 +21,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod c;
 mod js;
 mod python;
 mod stage;
 
+pub use c::{build_c, C_TOOLCHAIN};
 pub use js::{build_js, COMPONENTIZE_QJS};
 pub use python::{build_python, COMPONENTIZE_PY};
 
@@ -89,6 +91,12 @@ pub enum BuildError {
          in the plugin's directory (or install it on PATH), or set TALLY_COMPONENTIZE_PY to its path"
     )]
     NoPythonToolchain,
+    /// No clang to build a C plugin with.
+    #[error(
+        "building a C plugin needs clang with a wasm32 linker and wasi-libc: on Debian `apt-get install {C_TOOLCHAIN}`, \
+         or set TALLY_CLANG to a clang that targets wasm32-wasi"
+    )]
+    NoCToolchain,
     /// A language's build tool ran and failed; its output was printed above.
     #[error("{tool} failed to build `{package}` (its errors are printed above)")]
     Tool {
@@ -99,7 +107,7 @@ pub enum BuildError {
     },
     /// The directory holds no plugin this tool knows how to build.
     #[error(
-        "`{}` holds no plugin to build: a Rust plugin has a Cargo.toml, a JavaScript one a package.json, a Python one a pyproject.toml",
+        "`{}` holds no plugin to build: a Rust plugin has a Cargo.toml, a JavaScript one a package.json, a Python one a pyproject.toml, a C one .c files",
         path.display()
     )]
     UnknownLanguage {
@@ -226,11 +234,14 @@ pub enum Language {
     JavaScript,
     /// A Python project (`pyproject.toml`) using the `tally` package.
     Python,
+    /// C sources (`*.c`) using `tally.h`.
+    C,
 }
 
 impl Language {
     /// What `dir` holds: a `Cargo.toml` is Rust, a `package.json`
-    /// JavaScript, a `pyproject.toml` Python.
+    /// JavaScript, a `pyproject.toml` Python, `.c` files (and none of
+    /// those) C.
     pub fn of(dir: &Path) -> Result<Language, BuildError> {
         if dir.join("Cargo.toml").is_file() {
             Ok(Language::Rust)
@@ -238,6 +249,8 @@ impl Language {
             Ok(Language::JavaScript)
         } else if dir.join("pyproject.toml").is_file() {
             Ok(Language::Python)
+        } else if c::is_c_plugin(dir) {
+            Ok(Language::C)
         } else {
             Err(BuildError::UnknownLanguage { path: dir.to_path_buf() })
         }
@@ -251,6 +264,7 @@ pub fn build(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError> {
         Language::Rust => build_crate(dir, target_dir),
         Language::JavaScript => build_js(dir, target_dir),
         Language::Python => build_python(dir, target_dir),
+        Language::C => build_c(dir, target_dir),
     }
 }
 

@@ -89,9 +89,15 @@ pub(crate) fn find_tool(env_var: &str, dir: &Path, local: &str, name: &str) -> O
     if local.is_file() {
         return Some(local);
     }
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|path| path.join(name))
-        .find(|path| path.is_file())
+    on_path(name)
+}
+
+/// The directories of `PATH`.
+pub(crate) fn path_dirs() -> impl Iterator<Item = PathBuf> {
+    std::env::var_os("PATH").into_iter().flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+}
+
+/// `name` in a directory of `PATH`.
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
+    path_dirs().map(|dir| dir.join(name)).find(|path| path.is_file())
 }
