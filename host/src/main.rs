@@ -158,7 +158,7 @@ struct RunArgs {
 enum PluginCommand {
     /// Write a new plugin (a per-key counter with a test) to start from.
     ///
-    /// Example: tally plugin new my-plugin --lang js
+    /// Example: tally plugin new my-plugin --lang python
     New {
         /// The directory to create (its name is the package name).
         dir: PathBuf,
@@ -166,7 +166,7 @@ enum PluginCommand {
         #[arg(long, value_enum)]
         lang: scaffold::Lang,
     },
-    /// Build a plugin into a component: a Rust crate (Cargo.toml), a JavaScript package (package.json) or a Python project (pyproject.toml).
+    /// Build a plugin into a component: a Rust crate (Cargo.toml), a JavaScript package (package.json), a Python project (pyproject.toml) or C sources (*.c).
     ///
     /// Example: tally plugin build plugins/usage-billing --out usage_billing.wasm
     Build {

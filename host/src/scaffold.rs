@@ -1,4 +1,4 @@
-//! `tally plugin new <dir> --lang rust|python|js|ts`: a working plugin to start
+//! `tally plugin new <dir> --lang rust|python|js|ts|c`: a working plugin to start
 //! from (a per-key counter), with a test in the language's own runner. The
 //! files refer to the SDKs in the Tally source tree this binary was built
 //! from.
@@ -19,6 +19,8 @@ pub enum Lang {
     /// JavaScript with TypeScript types checked in the editor (JSDoc
     /// against `tally.d.ts`); built as JavaScript.
     Ts,
+    /// C on `tally.h`, tested natively with `make test`.
+    C,
 }
 
 /// The Tally source tree this binary was built from.
@@ -40,6 +42,7 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
         Lang::Rust => rust_files(&name, &tree),
         Lang::Python => python_files(&name, &tree),
         Lang::Js | Lang::Ts => js_files(&name, &tree, lang == Lang::Ts),
+        Lang::C => c_files(&tree),
     };
     for (path, text) in files {
         let path = dir.join(path);
@@ -50,12 +53,14 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
         Lang::Rust => "cargo test",
         Lang::Python => "python3 -m venv .venv && .venv/bin/pip install -r requirements-dev.txt && .venv/bin/pytest",
         Lang::Js | Lang::Ts => "npm install && npm test",
+        Lang::C => "make test",
     };
     let language = match lang {
         Lang::Rust => "Rust",
         Lang::Python => "Python",
         Lang::Js => "JavaScript",
         Lang::Ts => "JavaScript (with TypeScript types)",
+        Lang::C => "C",
     };
     println!("new {language} plugin `{name}` in {}: `cd {0} && {next}`, then `tally plugin build {0}`", dir.display());
     Ok(())
@@ -213,6 +218,115 @@ def test_counts_add_up_and_bad_events_are_refused():
 "#
             .to_string(),
         ),
+    ]
+}
+
+fn c_files(tree: &Path) -> Vec<(&'static str, String)> {
+    let sdk = tree.join("sdk/c");
+    vec![
+        (
+            "Makefile",
+            format!(
+                r#"# `make test` runs the plugin's test natively against Tally's in-memory
+# test host; `tally plugin build .` builds the component.
+SDK ?= {}
+CFLAGS ?= -std=c11 -O1 -g -Wall -Wextra -Werror -fsanitize=address,undefined
+SOURCES := $(filter-out test_%.c,$(wildcard *.c))
+
+test: test_counter
+	./test_counter
+
+test_counter: $(SOURCES) test_counter.c
+	$(CC) $(CFLAGS) -I$(SDK) -I$(SDK)/bindings -I$(SDK)/testing -o $@ $(SOURCES) test_counter.c $(SDK)/tally.c $(SDK)/testing/host.c
+
+.PHONY: test
+"#,
+                sdk.display()
+            ),
+        ),
+        (
+            "counter.c",
+            r#"/* Counts events per `key`, and emits each key's new count to `counts`.
+ * Input: {"key":"a","n":2} */
+#include "tally.h"
+
+typedef struct event {
+    const tally_json *key;
+    uint64_t n;
+} event;
+
+static bool decode(const uint8_t *value, size_t len, void *out, tally_text *why) {
+    event *e = out;
+    tally_json json;
+    if (!tally_json_decode(value, len, 0, &json, why)) return false;
+    e->key = tally_json_get(&json, "key");
+    if (!tally_json_is_string(e->key)) return tally_reject(why, "key must be a string");
+    if (!tally_json_u64(tally_json_get(&json, "n"), &e->n)) return tally_reject(why, "n must be a non-negative integer");
+    return true;
+}
+
+static bool key(const void *in, tally_text *key, tally_text *why) {
+    (void)why;
+    const event *e = in;
+    tally_text_json_string(key, e->key->text, e->key->len);
+    return true;
+}
+
+static void initial(void *count) { *(uint64_t *)count = 0; }
+
+static bool read_state(const tally_json *stored, void *count) { return tally_json_u64(stored, count); }
+
+static void write_state(const void *count, tally_text *out) { tally_text_u64(out, *(const uint64_t *)count); }
+
+static bool apply(void *state, const void *in, tally_text *why) {
+    uint64_t *count = state, n = ((const event *)in)->n;
+    if (*count > UINT64_MAX - n) return tally_reject(why, "the count would overflow");
+    *count += n;
+    return true;
+}
+
+static bool emit(const void *count, tally_text *out) {
+    write_state(count, out);
+    return true;
+}
+
+static const tally_aggregate counter = {
+    .output = "counts",
+    .event_size = sizeof(event),
+    .state_size = sizeof(uint64_t),
+    .decode = decode,
+    .key = key,
+    .initial = initial,
+    .read_state = read_state,
+    .write_state = write_state,
+    .apply = apply,
+    .emit = emit,
+};
+
+TALLY_EXPORT(counter)
+"#
+            .to_string(),
+        ),
+        (
+            "test_counter.c",
+            r#"/* The plugin under a plain C test, through Tally's test driver. */
+#include "tally_testing.h"
+
+int main(void) {
+    static const char *const outputs[] = {"counts"};
+    tally_test_start(outputs, 1);
+    tally_sent sent = tally_test_send((const char *[]){"{\"key\":\"a\",\"n\":2}", "{\"key\":\"a\",\"n\":3}", "not json"}, 3);
+    TALLY_CHECK(sent.dead_letter_count == 1 && sent.dead_letters[0].offset == 2);
+    TALLY_CHECK_STR(sent.dead_letters[0].reason, "event is not valid JSON");
+    TALLY_CHECK(sent.output_count == 2);
+    TALLY_CHECK_STR(sent.outputs[1].value, "5");
+    TALLY_CHECK_STR(tally_test_state("\"a\""), "5");
+    return tally_test_failures() ? 1 : 0;
+}
+"#
+            .to_string(),
+        ),
+        (".gitignore", "test_counter\n".to_string()),
     ]
 }
 

@@ -1,5 +1,6 @@
 //! The crash test: `tally run` SIGKILLed at random moments and restarted
-//! until it finishes; afterwards every input line has counted exactly once.
+//! until it finishes; afterwards every input line has counted exactly once,
+//! with the Rust build and with the Python one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -10,7 +11,7 @@ use tally_core::state::StateStore;
 use tally_state_rocks::RocksStore;
 use tally_tests::*;
 
-use crate::plugins::USAGE_BILLING;
+use crate::plugins::{USAGE_BILLING, USAGE_BILLING_PYTHON};
 
 const EVENTS: usize = 200_000;
 const FILES: usize = 4;
@@ -18,6 +19,22 @@ const KILLS: u32 = 12;
 
 #[test]
 fn killed_at_random_moments_a_local_run_still_counts_every_event_exactly_once() {
+    // Small batches and frequent commits make each run slow enough for the
+    // kills to land mid-run, and put many commit boundaries in their way.
+    crash_loop(USAGE_BILLING, EVENTS, "commit_interval_ms = 2\nbatch_size = 16");
+}
+
+#[test]
+fn killed_at_random_moments_a_python_plugin_still_counts_every_event_exactly_once() {
+    // The slowest and largest build (CPython inside): each restart loads
+    // it from the compile cache instead of compiling it for seconds.
+    crash_loop(USAGE_BILLING_PYTHON, 30_000, "commit_interval_ms = 5\nbatch_size = 32");
+}
+
+/// Runs the billing job over `events` generated lines with `plugin`,
+/// SIGKILLing `tally run` at random moments [`KILLS`] times and restarting
+/// it until it finishes; then checks that every line counted exactly once.
+fn crash_loop(plugin: &str, events: usize, settings: &str) {
     let seed = std::env::var("TALLY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
     });
@@ -25,11 +42,9 @@ fn killed_at_random_moments_a_local_run_still_counts_every_event_exactly_once() 
     let mut rng = Rng::new(seed);
 
     let dir = tempfile::tempdir().unwrap();
-    let lines = usage_lines(seed, EVENTS, 10);
+    let lines = usage_lines(seed, events, 10);
     let (inputs, partitions) = write_partitions(dir.path(), &lines, FILES);
-    // Small batches and frequent commits make each run slow enough for the
-    // kills to land mid-run, and put many commit boundaries in their way.
-    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "commit_interval_ms = 2\nbatch_size = 16");
+    let job = write_billing_job(dir.path(), plugin, &inputs, settings);
     let totals_path = dir.path().join("out/totals.ndjson");
 
     let mut kills = 0;
@@ -43,17 +58,18 @@ fn killed_at_random_moments_a_local_run_still_counts_every_event_exactly_once() 
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .env("RUST_LOG", "warn")
+            .env("TALLY_CACHE_DIR", dir.path().join("compiled"))
             .spawn()
             .unwrap();
         if kills < KILLS {
             // Wait until this run is producing output, then kill it a random
             // moment later. The window is short enough that all the kills
             // land before the input runs out even on a fast machine (a run
-            // gets through ~150k events/s with these settings), and each run
+            // gets through ~150k events/s with the Rust build), and each run
             // resumes where the last committed, so the kills spread over the
             // whole input.
             let size_at_start = file_len(&totals_path);
-            let deadline = Instant::now() + Duration::from_secs(30);
+            let deadline = Instant::now() + Duration::from_secs(60);
             // Recovery may first cut the file; wait for it to pass its old size.
             while file_len(&totals_path) <= size_at_start && child.try_wait().unwrap().is_none() {
                 assert!(Instant::now() < deadline, "tally made no progress");

@@ -1,7 +1,9 @@
 //! Kafka jobs under `tally serve`: one takes 20 plugin pushes (and one
 //! broken version) while input keeps arriving, and totals stay exact with
 //! the plugin digest in the output lineage changing only between
-//! transactions; another resumes exactly after its host is SIGKILLed.
+//! transactions; another is swapped between the billing plugin's builds in
+//! four languages under load; another resumes exactly after its host is
+//! SIGKILLed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,29 +94,9 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input record counts exactly once");
     assert_eq!(verdict.totals, expected_totals(&lines));
 
-    // The digest changes only at transaction boundaries: every transaction
-    // writes the next input offset it includes into the changelog, so the
-    // committed transactions split each partition's offsets into ranges,
-    // and each range's outputs must carry one digest.
-    let mut boundaries: BTreeMap<i32, BTreeSet<i64>> = BTreeMap::new();
-    for record in read_topic(&changelog, true) {
-        if record.key.as_deref().is_some_and(|key| key.first() == Some(&b'o')) {
-            let next: i64 = std::str::from_utf8(&record.value).unwrap().parse().unwrap();
-            boundaries.entry(record.partition).or_default().insert(next);
-        }
-    }
-    let mut digest_of_transaction: BTreeMap<(i32, i64), String> = BTreeMap::new();
-    let mut digests_seen = BTreeSet::new();
-    for record in totals.iter().chain(&dead_letters) {
-        let (_, partition, offset) = record.source();
-        let digest = record.header("tally.plugin").to_string();
-        assert_ne!(digest, trap, "nothing the rolled-back version produced was committed");
-        // The transaction holding `offset` ends at the first boundary above it.
-        let end = *boundaries[&partition].range(offset + 1..).next().expect("every committed output lies below a boundary");
-        let seen = digest_of_transaction.entry((partition, end)).or_insert_with(|| digest.clone());
-        assert_eq!(*seen, digest, "partition {partition}: the transaction ending at offset {end} mixes two plugin versions");
-        digests_seen.insert(digest);
-    }
+    let digest_of_transaction = digests_by_transaction(&changelog, totals.iter().chain(&dead_letters));
+    let digests_seen: BTreeSet<&String> = digest_of_transaction.values().collect();
+    assert!(!digests_seen.contains(&trap), "nothing the rolled-back version produced was committed");
     assert_eq!(digests_seen.len(), 2, "both builds produced committed output: {digests_seen:?}");
     let changes: usize = (0..4)
         .map(|partition| {
@@ -138,6 +120,77 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     assert_eq!(statuses.last(), Some(&"active"));
     let metrics = host.client(METRICS).metrics().unwrap();
     assert!(metrics.contains(&format!("tally_plugin_swaps_total{{tenant=\"acme\",job=\"{name}\"}} 20")), "{metrics}");
+    drop(host);
+    delete_topics(&[&changelog]);
+}
+
+/// The plugin digest of each committed transaction with output, by
+/// (partition, the next offset it committed); fails if one mixes two. The
+/// digest changes only at transaction boundaries: every transaction writes
+/// the next input offset it includes into the changelog, so the committed
+/// transactions split each partition's offsets into ranges, and each
+/// range's outputs must carry one digest.
+fn digests_by_transaction<'a>(changelog: &str, outputs: impl Iterator<Item = &'a tally_tests::kafka::OutputRecord>) -> BTreeMap<(i32, i64), String> {
+    let mut boundaries: BTreeMap<i32, BTreeSet<i64>> = BTreeMap::new();
+    for record in read_topic(changelog, true) {
+        if record.key.as_deref().is_some_and(|key| key.first() == Some(&b'o')) {
+            let next: i64 = std::str::from_utf8(&record.value).unwrap().parse().unwrap();
+            boundaries.entry(record.partition).or_default().insert(next);
+        }
+    }
+    let mut digest_of_transaction: BTreeMap<(i32, i64), String> = BTreeMap::new();
+    for record in outputs {
+        let (_, partition, offset) = record.source();
+        let digest = record.header("tally.plugin").to_string();
+        // The transaction holding `offset` ends at the first boundary above it.
+        let end = *boundaries[&partition].range(offset + 1..).next().expect("every committed output lies below a boundary");
+        let seen = digest_of_transaction.entry((partition, end)).or_insert_with(|| digest.clone());
+        assert_eq!(*seen, digest, "partition {partition}: the transaction ending at offset {end} mixes two plugin versions");
+    }
+    digest_of_transaction
+}
+
+#[test]
+fn hot_swaps_between_languages_under_load_keep_totals_exact() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let host = ServeHost::start(dir.path(), 32 << 20);
+    let job = KafkaBillingJob::create("acme.languages", 4);
+    let name = unique("languages");
+    let changelog = format!("tally-acme.{name}-state-changelog");
+    let acme = host.client(ACME);
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+
+    // The same logic in four languages, each taking over the state the
+    // one before it left: Rust -> Python -> C -> JavaScript -> Rust.
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = feed(job.input.clone(), usage_lines(53, 40_000, 3), stop.clone());
+    let builds = [plugins::USAGE_BILLING_PYTHON, plugins::USAGE_BILLING_C, plugins::USAGE_BILLING_JS, plugins::USAGE_BILLING];
+    for path in builds {
+        let digest = digest_of(path);
+        acme.push(&name, &std::fs::read(path).unwrap()).unwrap();
+        wait_for(&format!("{path} to become active"), Duration::from_secs(180), || {
+            let status = acme.status(&name).unwrap();
+            assert_ne!(status["state"], "failed", "{status}\n{}", host.log());
+            status["plugin"] == digest.as_str() && status["pending_plugin"].is_null()
+        });
+        // Let the new build commit some input before the next swap.
+        std::thread::sleep(Duration::from_millis(1_500));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (lines, placed) = feeder.join().unwrap();
+    let group = group_reader(&format!("tally-acme.{name}"));
+    wait_for("the job to commit every record", Duration::from_secs(120), || committed_progress(&group, &job.input, 4) == lines.len() as i64);
+
+    let totals = read_topic(&job.totals, true);
+    let dead_letters = read_topic(&job.dead_letters, true);
+    let verdict = check(&job.input, &lines, &placed, &totals, &dead_letters);
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input record counts exactly once");
+    assert_eq!(verdict.totals, expected_totals(&lines));
+    let digests_seen: BTreeSet<String> = digests_by_transaction(&changelog, totals.iter().chain(&dead_letters)).into_values().collect();
+    let every_build: BTreeSet<String> = builds.iter().map(|path| digest_of(path)).collect();
+    assert_eq!(digests_seen, every_build, "each language's build committed output");
+    assert_eq!(number(&acme.status(&name).unwrap(), "rollbacks"), 0);
     drop(host);
     delete_topics(&[&changelog]);
 }

@@ -74,7 +74,13 @@ fn main() {
     println!("billing plugin per language: local mode, {events} events in 4 files, 100 ms commits, {rounds} rounds; CPU clock of this process");
     println!("{:<8} {:>10} {:>11} {:>11} {:>14}", "plugin", "bytes", "compile ms", "cached ms", "instantiate ms");
     let mut builds = Vec::new();
-    for (name, path) in [("rust", plugins::USAGE_BILLING), ("js", plugins::USAGE_BILLING_JS)] {
+    let ports = [
+        ("rust", plugins::USAGE_BILLING),
+        ("c", plugins::USAGE_BILLING_C),
+        ("js", plugins::USAGE_BILLING_JS),
+        ("python", plugins::USAGE_BILLING_PYTHON),
+    ];
+    for (name, path) in ports {
         let (size, compile, load, instantiate, plugin) = load_times(&runtime, path, dir.path());
         println!("{name:<8} {size:>10} {compile:>11.0} {load:>11.1} {instantiate:>14.2}");
         builds.push((name, Some(plugin)));
