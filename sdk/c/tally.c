@@ -536,12 +536,19 @@ static uint8_t *copy_out(const tally_text *text) {
     return copy;
 }
 
+/* Frees a buffer the host handed over. The canonical ABI allocates nothing
+ * for an empty one: its pointer is not malloc's (cabi_realloc returns the
+ * alignment), so it must not be freed. */
+static void free_received(void *ptr, size_t len) {
+    if (len) free(ptr);
+}
+
 void tally_free_events(exports_tally_plugin_aggregator_list_event_t *events) {
     for (size_t i = 0; i < events->len; i++) {
-        free(events->ptr[i].value.ptr);
-        if (events->ptr[i].key.is_some) free(events->ptr[i].key.val.ptr);
+        free_received(events->ptr[i].value.ptr, events->ptr[i].value.len);
+        if (events->ptr[i].key.is_some) free_received(events->ptr[i].key.val.ptr, events->ptr[i].key.val.len);
     }
-    free(events->ptr);
+    free_received(events->ptr, events->len);
     events->ptr = NULL;
     events->len = 0;
 }
@@ -664,8 +671,8 @@ void tally_process(const tally_aggregate *spec, exports_tally_plugin_aggregator_
     ret->len = rejected;
     /* Stored states were read in place: freed with the batch. */
     for (size_t s = 0; s < stored.len; s++)
-        if (stored.ptr[s].is_some) free(stored.ptr[s].val.ptr);
-    free(stored.ptr);
+        if (stored.ptr[s].is_some) free_received(stored.ptr[s].val.ptr, stored.ptr[s].val.len);
+    free_received(stored.ptr, stored.len);
     free(taken);
     free(slots);
     free(table);

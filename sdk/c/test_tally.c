@@ -158,6 +158,10 @@ static void an_aggregation_keeps_refused_events_out_and_rejects_in_order(void) {
     TALLY_CHECK_STR(sent.outputs[1].value, "5");
     TALLY_CHECK_STR(tally_test_state("\"a\""), "5");
     TALLY_CHECK(tally_test_state("\"b\"") == NULL && tally_test_state_count() == 1);
+    /* An empty record: the host hands it over without an allocation. */
+    sent = tally_test_send((const char *[]){""}, 1);
+    TALLY_CHECK(sent.dead_letter_count == 1);
+    TALLY_CHECK_STR(sent.dead_letters[0].reason, "event is not valid JSON");
     tally_log(TALLY_INFO, "done");
     TALLY_CHECK_STR(tally_test_log(0), "info: done");
 }

@@ -31,6 +31,19 @@ static void *grow(void *ptr, size_t size) {
     return grown;
 }
 
+/* What the canonical ABI hands a plugin for an empty buffer: a pointer
+ * that is not malloc's (the alignment), which the plugin must not free;
+ * the sanitizers catch one that does. */
+#define EMPTY ((uint8_t *)1)
+
+/* A buffer handed to the plugin, as the component model hands it. */
+static uint8_t *handed(const void *bytes, size_t len) {
+    if (len == 0) return EMPTY;
+    uint8_t *out = grow(NULL, len);
+    memcpy(out, bytes, len);
+    return out;
+}
+
 static uint8_t *copy(const void *bytes, size_t len, int terminate) {
     uint8_t *out = grow(NULL, len + (terminate ? 1 : 0));
     if (len) memcpy(out, bytes, len);
@@ -69,13 +82,13 @@ static void delete(const plugin_list_u8_t *key) {
 bool tally_plugin_state_get(plugin_list_u8_t *key, plugin_list_u8_t *ret) {
     entry *existing = find(key->ptr, key->len);
     if (!existing) return false;
-    *ret = (plugin_list_u8_t){copy(existing->value, existing->value_len, 0), existing->value_len};
+    *ret = (plugin_list_u8_t){handed(existing->value, existing->value_len), existing->value_len};
     return true;
 }
 
 void tally_plugin_state_get_many(plugin_list_list_u8_t *keys, plugin_list_option_list_u8_t *ret) {
     ret->len = keys->len;
-    ret->ptr = grow(NULL, keys->len * sizeof *ret->ptr);
+    ret->ptr = keys->len ? grow(NULL, keys->len * sizeof *ret->ptr) : (void *)EMPTY;
     for (size_t i = 0; i < keys->len; i++) ret->ptr[i].is_some = tally_plugin_state_get(&keys->ptr[i], &ret->ptr[i].val);
 }
 
@@ -142,11 +155,11 @@ void tally_test_start(const char *const *outputs, size_t count) {
 tally_sent tally_test_send_bytes(const uint8_t *const *records, const size_t *lengths, size_t count) {
     forget_sent();
     /* The plugin owns the batch, as it does a component's. */
-    exports_tally_plugin_aggregator_list_event_t events = {grow(NULL, count * sizeof *events.ptr), count};
+    exports_tally_plugin_aggregator_list_event_t events = {count ? grow(NULL, count * sizeof *events.ptr) : (void *)EMPTY, count};
     uint64_t first = next_offset;
     for (size_t i = 0; i < count; i++)
         events.ptr[i] = (exports_tally_plugin_aggregator_event_t){
-            0, next_offset++, {false, 0}, {false, {NULL, 0}}, {copy(records[i], lengths[i], 0), lengths[i]}};
+            0, next_offset++, {false, 0}, {false, {NULL, 0}}, {handed(records[i], lengths[i]), lengths[i]}};
     exports_tally_plugin_aggregator_list_rejection_t rejections = {NULL, 0};
     exports_tally_plugin_aggregator_process(&events, &rejections);
     dead = grow(NULL, rejections.len * sizeof *dead);
