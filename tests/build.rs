@@ -18,7 +18,9 @@ const PLUGINS: &[(&str, &str)] = &[
 /// load, each built by its own toolchain (scripts/setup installs them).
 const OTHER_PLUGINS: &[(&str, &str)] = &[
     ("USAGE_BILLING_JS", "plugins/usage-billing-js"), ("USAGE_BILLING_PYTHON", "plugins/usage-billing-python"),
+    ("USAGE_BILLING_GO", "plugins/usage-billing-go"),
     ("USAGE_BILLING_C", "plugins/usage-billing-c"),
+    ("GO_SANDBOX", "plugins/test-plugins/go-sandbox"),
 ];
 
 fn main() {
@@ -33,9 +35,11 @@ fn main() {
         "../sdk/js/tally.js",
         "../sdk/python/tally/__init__.py",
         "../sdk/c",
+        "../sdk/go",
         "../plugins/usage-billing-js/billing.js",
         "../plugins/usage-billing-python/billing.py",
         "../plugins/usage-billing-c/billing.c",
+        "../plugins/usage-billing-go/billing.go",
         "../plugins",
         "../Cargo.lock",
     ];

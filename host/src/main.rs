@@ -166,7 +166,7 @@ enum PluginCommand {
         #[arg(long, value_enum)]
         lang: scaffold::Lang,
     },
-    /// Build a plugin into a component: a Rust crate (Cargo.toml), a JavaScript package (package.json), a Python project (pyproject.toml) or C sources (*.c).
+    /// Build a plugin into a component: a Rust crate (Cargo.toml), a JavaScript package (package.json), a Python project (pyproject.toml), a Go module (go.mod) or C sources (*.c).
     ///
     /// Example: tally plugin build plugins/usage-billing --out usage_billing.wasm
     Build {

@@ -1,4 +1,4 @@
-//! `tally plugin new <dir> --lang rust|python|js|ts|c`: a working plugin to start
+//! `tally plugin new <dir> --lang rust|python|js|ts|go|c`: a working plugin to start
 //! from (a per-key counter), with a test in the language's own runner. The
 //! files refer to the SDKs in the Tally source tree this binary was built
 //! from.
@@ -19,6 +19,8 @@ pub enum Lang {
     /// JavaScript with TypeScript types checked in the editor (JSDoc
     /// against `tally.d.ts`); built as JavaScript.
     Ts,
+    /// A Go module on the `tally` package, tested with `go test`.
+    Go,
     /// C on `tally.h`, tested natively with `make test`.
     C,
 }
@@ -42,6 +44,7 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
         Lang::Rust => rust_files(&name, &tree),
         Lang::Python => python_files(&name, &tree),
         Lang::Js | Lang::Ts => js_files(&name, &tree, lang == Lang::Ts),
+        Lang::Go => go_files(&name, &tree),
         Lang::C => c_files(&tree),
     };
     for (path, text) in files {
@@ -53,6 +56,7 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
         Lang::Rust => "cargo test",
         Lang::Python => "python3 -m venv .venv && .venv/bin/pip install -r requirements-dev.txt && .venv/bin/pytest",
         Lang::Js | Lang::Ts => "npm install && npm test",
+        Lang::Go => "go test",
         Lang::C => "make test",
     };
     let language = match lang {
@@ -60,6 +64,7 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
         Lang::Python => "Python",
         Lang::Js => "JavaScript",
         Lang::Ts => "JavaScript (with TypeScript types)",
+        Lang::Go => "Go",
         Lang::C => "C",
     };
     println!("new {language} plugin `{name}` in {}: `cd {0} && {next}`, then `tally plugin build {0}`", dir.display());
@@ -215,6 +220,91 @@ def test_counts_add_up_and_bad_events_are_refused():
     assert sent.dead_letters == [DeadLetter(2, "event is not valid JSON")]
     assert [record.value for record in sent.outputs] == ["2", "5"]
     assert plugin.state("a") == 5
+"#
+            .to_string(),
+        ),
+    ]
+}
+
+fn go_files(name: &str, tree: &Path) -> Vec<(&'static str, String)> {
+    let sdk = tree.join("sdk/go");
+    vec![
+        (
+            "go.mod",
+            format!(
+                r#"module {name}
+
+go 1.25
+
+require (
+	go.bytecodealliance.org/pkg v0.4.0
+	tally v0.0.0
+)
+
+// The SDK, from the Tally source tree (the build stages its own copy).
+replace (
+	go.bytecodealliance.org/pkg => {pkg}
+	tally => {sdk}
+)
+"#,
+                pkg = sdk.join("third_party/pkg").display(),
+                sdk = sdk.display()
+            ),
+        ),
+        (
+            "counter.go",
+            r#"// Counts events per `key`, and emits each key's new count to `counts`.
+// Input: {"key":"a","n":2}
+package main
+
+import "tally"
+
+// Event is one input event.
+type Event struct {
+	Key string `json:"key"`
+	N   uint64 `json:"n"`
+}
+
+func init() {
+	tally.Export(tally.Aggregate[Event, string, uint64]{
+		Output: "counts",
+		Key:    func(event Event) (string, error) { return event.Key, nil },
+		Apply: func(count uint64, event Event) (uint64, error) {
+			if count > ^uint64(0)-event.N {
+				return 0, tally.Rejectf("the count would overflow adding %d", event.N)
+			}
+			return count + event.N, nil
+		},
+		Emit: func(count uint64) any { return count },
+	})
+}
+"#
+            .to_string(),
+        ),
+        (
+            "counter_test.go",
+            r#"// The plugin under `go test`, through Tally's test driver.
+package main
+
+import (
+	"testing"
+
+	"tally/tallytest"
+)
+
+func TestCountsAddUpAndBadEventsAreRefused(t *testing.T) {
+	plugin := tallytest.New("counts")
+	sent := plugin.Send(`{"key":"a","n":2}`, `{"key":"a","n":3}`, "not json")
+	if len(sent.DeadLetters) != 1 || sent.DeadLetters[0].Offset != 2 || sent.DeadLetters[0].Reason != "event is not valid JSON" {
+		t.Fatalf("dead letters %+v", sent.DeadLetters)
+	}
+	if len(sent.Outputs) != 2 || sent.Outputs[1].Value != "5" {
+		t.Fatalf("outputs %+v", sent.Outputs)
+	}
+	if count, _ := plugin.State("a"); count != "5" {
+		t.Fatalf("state %s", count)
+	}
+}
 "#
             .to_string(),
         ),

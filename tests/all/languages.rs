@@ -152,7 +152,7 @@ fn run(plugin: &str, dir: &Path, inputs: &[PathBuf], batch_size: usize) -> Outco
 
 /// The billing plugin in each language but Rust, by name.
 const PORTS: &[(&str, &str)] =
-    &[("js", plugins::USAGE_BILLING_JS), ("python", plugins::USAGE_BILLING_PYTHON), ("c", plugins::USAGE_BILLING_C)];
+    &[("js", plugins::USAGE_BILLING_JS), ("python", plugins::USAGE_BILLING_PYTHON), ("go", plugins::USAGE_BILLING_GO), ("c", plugins::USAGE_BILLING_C)];
 
 #[test]
 fn every_languages_billing_plugin_computes_the_rust_ones_bytes() {

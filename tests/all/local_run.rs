@@ -141,7 +141,7 @@ fn plugin_build_turns_a_crate_into_a_component_that_runs() {
     let not_a_crate = Command::new(tally_binary()).args(["plugin", "build"]).arg(dir.path()).output().unwrap();
     assert!(!not_a_crate.status.success());
     let stderr = String::from_utf8_lossy(&not_a_crate.stderr);
-    assert!(stderr.contains("holds no plugin to build: a Rust plugin has a Cargo.toml, a JavaScript one a package.json, a Python one a pyproject.toml, a C one .c files"), "{stderr}");
+    assert!(stderr.contains("holds no plugin to build: a Rust plugin has a Cargo.toml, a JavaScript one a package.json, a Python one a pyproject.toml, a Go one a go.mod, a C one .c files"), "{stderr}");
 }
 
 #[test]

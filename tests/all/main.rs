@@ -6,6 +6,7 @@ mod plugins {
     include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
 }
 
+mod closed_wasi;
 mod crash;
 mod hostile;
 mod hostile_api;

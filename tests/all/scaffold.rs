@@ -1,6 +1,6 @@
 //! `tally plugin new` writes plugins that build, run and pass their own
 //! tests: the JavaScript one under node's test runner, the Python one under
-//! pytest, the C one with make (the SDKs from this tree, the tools
+//! pytest, the Go one with `go test`, the C one with make (the SDKs from this tree, the tools
 //! scripts/setup installed: no network), each built by `tally plugin build`
 //! and run in local mode.
 
@@ -61,6 +61,15 @@ fn a_new_python_plugin_passes_its_test_builds_and_runs() {
     let test = Command::new(pytest).args(["-q", "-p", "no:cacheprovider"]).current_dir(dir.path().join("counter")).output().unwrap();
     assert!(test.status.success(), "{}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
     assert!(String::from_utf8_lossy(&test.stdout).contains("1 passed"), "{}", String::from_utf8_lossy(&test.stdout));
+    build_and_run(dir.path(), "counter");
+}
+
+#[test]
+fn a_new_go_plugin_passes_its_test_builds_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    tally(&["plugin", "new", "counter", "--lang", "go"], dir.path());
+    let test = Command::new("go").args(["test", "./..."]).env("GOFLAGS", "-mod=mod").env("GOPROXY", "off").current_dir(dir.path().join("counter")).output().unwrap();
+    assert!(test.status.success(), "{}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
     build_and_run(dir.path(), "counter");
 }
 

@@ -77,6 +77,7 @@ fn main() {
     let ports = [
         ("rust", plugins::USAGE_BILLING),
         ("c", plugins::USAGE_BILLING_C),
+        ("go", plugins::USAGE_BILLING_GO),
         ("js", plugins::USAGE_BILLING_JS),
         ("python", plugins::USAGE_BILLING_PYTHON),
     ];

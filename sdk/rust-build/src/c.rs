@@ -21,7 +21,7 @@ const SDK_FILES: &[(&str, &str)] = &[
     ("plugin.c", include_str!("../../c/bindings/plugin.c")),
 ];
 /// The component type the bindings link in (from `wit-bindgen c`).
-const COMPONENT_TYPE: &[u8] = include_bytes!("../../c/bindings/plugin_component_type.o");
+pub(crate) const COMPONENT_TYPE: &[u8] = include_bytes!("../../c/bindings/plugin_component_type.o");
 /// The Debian packages that build C plugins.
 pub const C_TOOLCHAIN: &str = "clang-22 lld-22 wasi-libc libclang-rt-22-dev-wasm32";
 /// Compiler flags: wasi-libc for malloc and the mem* functions, no start

@@ -1,6 +1,7 @@
 //! Builds plugins into Tally Wasm components: Rust crates, JavaScript
-//! packages ([`build_js`]), Python projects ([`build_python`]) and C
-//! sources ([`build_c`]); [`build`] tells which a directory holds.
+//! packages ([`build_js`]), Python projects ([`build_python`]), Go modules
+//! ([`build_go`]) and C sources ([`build_c`]); [`build`] tells which a
+//! directory holds.
 //!
 //! A plugin crate (a `cdylib` using `tally-sdk`) is compiled for
 //! `wasm32-unknown-unknown`, which gives a component with no WASI imports at
@@ -22,11 +23,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod c;
+mod go;
 mod js;
 mod python;
 mod stage;
 
 pub use c::{build_c, C_TOOLCHAIN};
+pub use go::{build_go, componentize_with_closed_wasi, GO_TOOLCHAIN};
 pub use js::{build_js, COMPONENTIZE_QJS};
 pub use python::{build_python, COMPONENTIZE_PY};
 
@@ -97,6 +100,9 @@ pub enum BuildError {
          or set TALLY_CLANG to a clang that targets wasm32-wasi"
     )]
     NoCToolchain,
+    /// No Go to build a Go plugin with.
+    #[error("building a Go plugin needs {GO_TOOLCHAIN}, or TALLY_GO set to a `go` binary")]
+    NoGoToolchain,
     /// A language's build tool ran and failed; its output was printed above.
     #[error("{tool} failed to build `{package}` (its errors are printed above)")]
     Tool {
@@ -107,7 +113,7 @@ pub enum BuildError {
     },
     /// The directory holds no plugin this tool knows how to build.
     #[error(
-        "`{}` holds no plugin to build: a Rust plugin has a Cargo.toml, a JavaScript one a package.json, a Python one a pyproject.toml, a C one .c files",
+        "`{}` holds no plugin to build: a Rust plugin has a Cargo.toml, a JavaScript one a package.json, a Python one a pyproject.toml, a Go one a go.mod, a C one .c files",
         path.display()
     )]
     UnknownLanguage {
@@ -234,14 +240,16 @@ pub enum Language {
     JavaScript,
     /// A Python project (`pyproject.toml`) using the `tally` package.
     Python,
+    /// A Go module (`go.mod`) using the `tally` package.
+    Go,
     /// C sources (`*.c`) using `tally.h`.
     C,
 }
 
 impl Language {
     /// What `dir` holds: a `Cargo.toml` is Rust, a `package.json`
-    /// JavaScript, a `pyproject.toml` Python, `.c` files (and none of
-    /// those) C.
+    /// JavaScript, a `pyproject.toml` Python, a `go.mod` Go, `.c` files
+    /// (and none of those) C.
     pub fn of(dir: &Path) -> Result<Language, BuildError> {
         if dir.join("Cargo.toml").is_file() {
             Ok(Language::Rust)
@@ -249,6 +257,8 @@ impl Language {
             Ok(Language::JavaScript)
         } else if dir.join("pyproject.toml").is_file() {
             Ok(Language::Python)
+        } else if dir.join("go.mod").is_file() {
+            Ok(Language::Go)
         } else if c::is_c_plugin(dir) {
             Ok(Language::C)
         } else {
@@ -264,6 +274,7 @@ pub fn build(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError> {
         Language::Rust => build_crate(dir, target_dir),
         Language::JavaScript => build_js(dir, target_dir),
         Language::Python => build_python(dir, target_dir),
+        Language::Go => build_go(dir, target_dir),
         Language::C => build_c(dir, target_dir),
     }
 }
