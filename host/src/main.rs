@@ -414,8 +414,15 @@ fn build_plugin(dir: &Path, out: Option<&Path>) -> anyhow::Result<()> {
         }
         None => built.component,
     };
-    let plugin = PluginRuntime::new()?.load_file(&path)?;
+    // Through the compile cache `tally run` reads: the first run of a
+    // Python or JavaScript build then starts without compiling it again.
+    let runtime = PluginRuntime::new()?;
+    let plugin = match compile_cache_dir() {
+        Some(cache) => runtime.load_file_cached(&path, &cache)?,
+        None => runtime.load_file(&path)?,
+    };
     println!("built `{}`: {} ({} bytes, {})", built.package, path.display(), plugin.size(), plugin.digest());
+    println!("imports: {}", plugin.info().imports.join(", "));
     Ok(())
 }
 

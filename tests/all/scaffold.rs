@@ -28,7 +28,9 @@ fn tally(args: &[&str], dir: &Path) -> String {
 
 /// Builds the plugin in `dir/name` and runs it over two events.
 fn build_and_run(dir: &Path, name: &str) {
-    tally(&["plugin", "build", name, "--out", "plugin.wasm"], dir);
+    let built = tally(&["plugin", "build", name, "--out", "plugin.wasm"], dir);
+    let imports = built.lines().find_map(|line| line.strip_prefix("imports: ")).unwrap_or_else(|| panic!("no imports printed: {built}"));
+    assert!(imports.split(", ").all(|import| import.starts_with("tally:plugin/")), "only tally:plugin is imported: {imports}");
     std::fs::write(dir.join("in.ndjson"), "{\"key\":\"a\",\"n\":2}\n{\"key\":\"a\",\"n\":3}\n").unwrap();
     tally(&["run", "--name", name, "--plugin", "plugin.wasm", "--output", "counts", "--input", "in.ndjson", "--output-dir", "out", "--state-dir", "state"], dir);
     let counts = std::fs::read_to_string(dir.join("out/counts.ndjson")).unwrap();
