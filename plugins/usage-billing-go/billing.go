@@ -25,6 +25,13 @@ type Key struct {
 	Period   string `json:"period"`
 }
 
+// AppendJSON writes the key as encoding/json would, without its reflection.
+func (key Key) AppendJSON(out []byte) []byte {
+	out = tally.AppendJSONString(append(out, `{"customer":`...), key.Customer)
+	out = tally.AppendJSONString(append(out, `,"metric":`...), key.Metric)
+	return append(tally.AppendJSONString(append(out, `,"period":`...), key.Period), '}')
+}
+
 var fields = [...]string{"customer", "metric", "quantity", "ts"}
 
 func decode(value []byte) (Usage, error) {

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 
 	"tally/internal/host"
 )
@@ -168,7 +169,7 @@ func (aggregate Aggregate[E, K, S]) process(events []Event) []Rejection {
 			if aggregate.Initial != nil {
 				slots[i].state = aggregate.Initial()
 			}
-		} else if err := json.Unmarshal(stored, &slots[i].state); err != nil {
+		} else if err := decodeState(stored, &slots[i].state); err != nil {
 			panic(fmt.Sprintf("the stored state of key %s cannot be decoded: %v", slots[i].key, err))
 		}
 	}
@@ -210,6 +211,21 @@ func (aggregate Aggregate[E, K, S]) process(events []Event) []Rejection {
 	}
 	sort.SliceStable(rejections, func(a, b int) bool { return rejections[a].Index < rejections[b].Index })
 	return rejections
+}
+
+// decodeState reads a stored state: integers without reflection.
+func decodeState(stored []byte, state any) error {
+	switch state := state.(type) {
+	case *uint64:
+		value, err := strconv.ParseUint(string(stored), 10, 64)
+		*state = value
+		return err
+	case *int64:
+		value, err := strconv.ParseInt(string(stored), 10, 64)
+		*state = value
+		return err
+	}
+	return json.Unmarshal(stored, state)
 }
 
 func (aggregate Aggregate[E, K, S]) decode(value []byte) (E, error) {

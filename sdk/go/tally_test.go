@@ -81,8 +81,10 @@ func TestEncodingMatchesSerdeJSON(t *testing.T) {
 	if err != nil || string(got) != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
-	if got, _ := tally.EncodeJSON("a\"b"); string(got) != `"a\"b"` {
-		t.Errorf("%s", got)
+	for value, want := range map[any]string{"a\"b": `"a\"b"`, uint64(18446744073709551615): "18446744073709551615", int64(-5): "-5", 7: "7"} {
+		if got, _ := tally.EncodeJSON(value); string(got) != want {
+			t.Errorf("%v: %s", value, got)
+		}
 	}
 }
 
