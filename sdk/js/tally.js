@@ -39,6 +39,13 @@ export const log = {
   error: (message) => hostLog("error", String(message)),
 };
 
+// Inside a component (QuickJS: no `process`), `console` writes to the
+// host's log: the build stubs WASI out, so there is no other stdout.
+if (typeof process === "undefined") {
+  const line = (level) => (...args) => hostLog(level, args.map(String).join(" "));
+  globalThis.console = { log: line("info"), info: line("info"), debug: line("debug"), warn: line("warn"), error: line("error") };
+}
+
 /** The raw batch interface: `process(events)` gets the host's events
  * (`{ partition, offset, timestampMs, key, value }`, bytes as Uint8Array)
  * and returns `[{ index, reason }]`. Use `state` and `output` for effects. */

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tally import JsonNumber, Reject, aggregate, decode_json, duplicates, encode_json, log, raw, state
+from tally import JsonNumber, LogStream, Reject, aggregate, decode_json, duplicates, encode_json, log, raw, state
 from tally.testing import DeadLetter, PluginTest
 
 ALPHABET = ["a", "é", "☃", "𝄞", '"', "\\", "\n", "\u0001", "/", "\u2028", "\u007f"]
@@ -135,3 +135,19 @@ def test_raw_and_log_reach_the_host():
     assert sent.dead_letters == [DeadLetter(1, "odd")]
     assert plugin.logs == [("info", "3 events")]
     assert plugin.all_state() == [("x", "1"), ("y", "1"), ("z", "1")]
+
+
+def test_a_log_stream_writes_whole_lines_to_the_host_log():
+    from wit_world.imports.types import Level
+
+    def process(events):
+        stream = LogStream(Level.INFO)
+        print("hello", "world", file=stream)
+        stream.write("part")
+        stream.write("ial\nand the rest")
+        stream.flush()
+        return []
+
+    plugin = PluginTest(raw(process), outputs=[])
+    plugin.send([b"x"])
+    assert plugin.logs == [("info", "hello world"), ("info", "partial"), ("info", "and the rest")]

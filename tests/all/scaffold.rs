@@ -92,3 +92,33 @@ fn a_new_rust_plugin_builds_and_runs() {
     let refused = Command::new(tally_binary()).args(["plugin", "new", "counter", "--lang", "rust"]).current_dir(dir.path()).output().unwrap();
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("is not empty"));
 }
+
+#[test]
+fn print_in_python_and_console_log_in_javascript_reach_the_host_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let edits = [
+        ("python", "app.py", "    return count + n", "    print(\"counting\", n)\n    return count + n"),
+        ("js", "index.js", "    return count + event.n;", "    console.log(\"counting\", event.n);\n    return count + event.n;"),
+    ];
+    std::fs::write(dir.path().join("in.ndjson"), "{\"key\":\"a\",\"n\":2}\n{\"key\":\"a\",\"n\":3}\n").unwrap();
+    for (lang, file, from, to) in edits {
+        let name = format!("printing_{lang}");
+        tally(&["plugin", "new", &name, "--lang", lang], dir.path());
+        let source = dir.path().join(&name).join(file);
+        let text = std::fs::read_to_string(&source).unwrap();
+        assert!(text.contains(from), "{text}");
+        std::fs::write(&source, text.replace(from, to)).unwrap();
+        tally(&["plugin", "build", &name, "--out", &format!("{name}.wasm")], dir.path());
+        let run = Command::new(tally_binary())
+            .args(["run", "--name", &name, "--plugin", &format!("{name}.wasm"), "--output", "counts", "--input", "in.ndjson"])
+            .args(["--output-dir", &format!("out-{lang}"), "--state-dir", &format!("state-{lang}")])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{log}");
+        for n in [2, 3] {
+            assert!(log.lines().any(|line| line.contains(&format!("counting {n}")) && line.contains(&name)), "{lang}: the line reaches the log with the job's name:\n{log}");
+        }
+    }
+}

@@ -26,12 +26,42 @@ from pathlib import Path
 
 try:
     from wit_world.imports import log as _host_log, output as _output, state as _state
+
+    _IN_COMPONENT = True
 except ModuleNotFoundError:
     # Natively (under pytest) there is no component: the bindings checked in
     # beside the SDK stand in, and tally.testing provides their host calls.
     sys.path.append(str(Path(__file__).resolve().parent.parent / "bindings"))
     from wit_world.imports import log as _host_log, output as _output, state as _state
+
+    _IN_COMPONENT = False
 from wit_world.imports.types import Level, OutputRecord, Rejection
+
+
+class LogStream:
+    """A text stream whose lines go to the host's log at `level` (inside a
+    component, `sys.stdout` at info and `sys.stderr` at warn: the build
+    stubs WASI out, so there is no other stdout)."""
+
+    def __init__(self, level: Level):
+        self.level = level
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            _host_log.log(self.level, line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            _host_log.log(self.level, self.pending)
+            self.pending = ""
+
+
+if _IN_COMPONENT:
+    sys.stdout = LogStream(Level.INFO)
+    sys.stderr = LogStream(Level.WARN)
 
 __all__ = [
     "Reject", "log", "aggregate", "raw", "state", "output",
