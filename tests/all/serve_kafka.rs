@@ -74,12 +74,7 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
             wait_for("the broken version to be rolled back", Duration::from_secs(60), || number(&acme.status(&name).unwrap(), "rollbacks") == 1);
         }
         let (path, digest) = &builds[push % 2];
-        acme.push(&name, &std::fs::read(path).unwrap()).unwrap();
-        wait_for(&format!("push {push} to become active"), Duration::from_secs(60), || {
-            let status = acme.status(&name).unwrap();
-            assert_ne!(status["state"], "failed", "{status}\n{}", host.log());
-            status["plugin"] == digest.as_str() && status["pending_plugin"].is_null()
-        });
+        push_until_active(&host, &name, path, digest, Duration::from_secs(60));
     }
     stop.store(true, Ordering::Relaxed);
     let (lines, placed) = feeder.join().unwrap();
@@ -122,6 +117,24 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     assert!(metrics.contains(&format!("tally_plugin_swaps_total{{tenant=\"acme\",job=\"{name}\"}} 20")), "{metrics}");
     drop(host);
     delete_topics(&[&changelog]);
+}
+
+/// Pushes the build at `path` to acme's job `name` and waits until it is
+/// the active version (its trial passed); fails if the job fails, or with
+/// the job's status and the host's log after `timeout`.
+fn push_until_active(host: &ServeHost, name: &str, path: &str, digest: &str, timeout: Duration) {
+    let acme = host.client(ACME);
+    acme.push(name, &std::fs::read(path).unwrap()).unwrap();
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let status = acme.status(name).unwrap();
+        assert_ne!(status["state"], "failed", "{status}\n{}", host.log());
+        if status["plugin"] == digest && status["pending_plugin"].is_null() {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{path} did not become active in {timeout:?}: {status}\n{}", host.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The plugin digest of each committed transaction with output, by
@@ -170,18 +183,7 @@ fn hot_swaps_between_languages_under_load_keep_totals_exact() {
     let builds =
         [plugins::USAGE_BILLING_PYTHON, plugins::USAGE_BILLING_GO, plugins::USAGE_BILLING_C, plugins::USAGE_BILLING_JS, plugins::USAGE_BILLING];
     for path in builds {
-        let digest = digest_of(path);
-        acme.push(&name, &std::fs::read(path).unwrap()).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(180);
-        loop {
-            let status = acme.status(&name).unwrap();
-            assert_ne!(status["state"], "failed", "{status}\n{}", host.log());
-            if status["plugin"] == digest.as_str() && status["pending_plugin"].is_null() {
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "{path} did not become active in 180 s: {status}\n{}", host.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        push_until_active(&host, &name, path, &digest_of(path), Duration::from_secs(180));
         // Let the new build commit some input before the next swap.
         std::thread::sleep(Duration::from_millis(1_500));
     }
