@@ -66,6 +66,58 @@ pub trait StateStore: Send + Sync {
     /// Applies `commit` atomically and durably (synced to disk when the
     /// backend is on disk). On error nothing of it is applied.
     fn commit(&self, commit: StoreCommit) -> Result<(), StateError>;
+    /// Starts a bulk load: many writes, made durable in chunks (a Kafka
+    /// job's restore from its changelog).
+    fn bulk_load(&self) -> Box<dyn BulkLoad + '_>;
+}
+
+/// Writes loaded in bulk (a Kafka job's restore from its changelog):
+/// buffered, then made durable together, with a checkpoint that says how
+/// far they reach, by [`BulkLoad::checkpoint`]. Loaded writes must be safe
+/// to load again (a changelog replayed from its last checkpoint): a crash
+/// loses what was buffered since the last checkpoint, never what a
+/// checkpoint claims. Nothing reads the store while a load is buffered.
+pub trait BulkLoad {
+    /// Buffers a state put (`Some`) or delete (`None`); a later write of a
+    /// key wins over an earlier one.
+    fn state(&mut self, key: &[u8], value: Option<&[u8]>);
+    /// Bytes of keys and values buffered since the last checkpoint.
+    fn buffered_bytes(&self) -> usize;
+    /// Writes what is buffered durably, then `checkpoint` (metadata puts).
+    fn checkpoint(&mut self, checkpoint: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StateError>;
+}
+
+/// A [`BulkLoad`] for backends without a faster path: each checkpoint is
+/// one ordinary (durable, atomic) commit.
+pub struct CommitEachCheckpoint<'s> {
+    store: &'s dyn StateStore,
+    pending: StoreCommit,
+    bytes: usize,
+}
+
+impl<'s> CommitEachCheckpoint<'s> {
+    /// A bulk load into `store`.
+    pub fn new(store: &'s dyn StateStore) -> CommitEachCheckpoint<'s> {
+        CommitEachCheckpoint { store, pending: StoreCommit::default(), bytes: 0 }
+    }
+}
+
+impl BulkLoad for CommitEachCheckpoint<'_> {
+    fn state(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.bytes += key.len() + value.map_or(0, <[u8]>::len);
+        self.pending.state.push((key.to_vec(), value.map(<[u8]>::to_vec)));
+    }
+
+    fn buffered_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn checkpoint(&mut self, checkpoint: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StateError> {
+        let mut pending = std::mem::take(&mut self.pending);
+        self.bytes = 0;
+        pending.meta.extend(checkpoint.iter().cloned());
+        self.store.commit(pending)
+    }
 }
 
 /// An in-memory backend with the same behaviour, minus durability.
@@ -111,6 +163,10 @@ impl StateStore for MemoryStore {
         maps.meta.extend(commit.meta);
         Ok(())
     }
+
+    fn bulk_load(&self) -> Box<dyn BulkLoad + '_> {
+        Box::new(CommitEachCheckpoint::new(self))
+    }
 }
 
 fn clone_entry((key, value): (&Vec<u8>, &Vec<u8>)) -> (Vec<u8>, Vec<u8>) {
@@ -141,6 +197,7 @@ pub mod conformance {
         keeps_state_and_meta_apart(&fresh());
         scans_in_key_order_within_the_prefix(&fresh());
         later_writes_in_one_commit_win(&fresh());
+        bulk_loads_land_at_their_checkpoints(&fresh());
     }
 
     /// Reads see every commit: puts, deletes and metadata.
@@ -172,6 +229,30 @@ pub mod conformance {
         let keys: Vec<Vec<u8>> = ok(store.scan_state(), "scan_state").into_iter().map(|(key, _)| key).collect();
         assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec(), "\u{ff}".as_bytes().to_vec()]);
         assert_eq!(ok(store.get_many(&[b"b", b"b", b"zz"]), "get_many"), vec![Some(b"2".to_vec()), Some(b"2".to_vec()), None], "one result per key asked, repeats included");
+    }
+
+    /// A bulk load's writes land at its checkpoint, later ones winning,
+    /// with the checkpoint; deletes remove what was there.
+    pub fn bulk_loads_land_at_their_checkpoints(store: &dyn StateStore) {
+        ok(store.commit(commit_of(&[("gone", Some("0")), ("kept", Some("0"))], &[])), "commit");
+        let mut load = store.bulk_load();
+        load.state(b"k", Some(b"1"));
+        load.state(b"gone", None);
+        assert_eq!(load.buffered_bytes(), 1 + 1 + 4);
+        ok(load.checkpoint(&[(b"checkpoint/0".to_vec(), b"2".to_vec())]), "bulk checkpoint");
+        assert_eq!(load.buffered_bytes(), 0);
+        assert_eq!(ok(store.get_many(&[b"k", b"gone"]), "get_many"), vec![Some(b"1".to_vec()), None]);
+        load.state(b"k", Some(b"2"));
+        load.state(b"j", Some(b"3"));
+        load.state(b"j", None);
+        load.state(b"k", Some(b"4"));
+        ok(load.checkpoint(&[(b"checkpoint/0".to_vec(), b"6".to_vec())]), "bulk checkpoint");
+        ok(load.checkpoint(&[(b"checkpoint/1".to_vec(), b"1".to_vec())]), "an empty bulk checkpoint");
+        drop(load);
+        let values = ok(store.get_many(&[b"k", b"j", b"gone", b"kept"]), "get_many");
+        assert_eq!(values, vec![Some(b"4".to_vec()), None, None, Some(b"0".to_vec())]);
+        assert_eq!(ok(store.get_meta(b"checkpoint/0"), "get_meta"), Some(b"6".to_vec()));
+        assert_eq!(ok(store.get_meta(b"checkpoint/1"), "get_meta"), Some(b"1".to_vec()));
     }
 
     /// Within one commit, a later write of a key wins over an earlier one.

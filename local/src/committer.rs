@@ -247,6 +247,9 @@ mod tests {
             }
             self.inner.commit(commit)
         }
+        fn bulk_load(&self) -> Box<dyn tally_core::state::BulkLoad + '_> {
+            Box::new(tally_core::state::CommitEachCheckpoint::new(self))
+        }
     }
 
     fn lineage() -> Lineage {

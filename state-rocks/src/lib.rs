@@ -3,9 +3,12 @@
 //! suite, the same one the in-memory store passes.
 #![warn(missing_docs)]
 
-use std::path::Path;
+mod bulk_load;
 
-use tally_core::state::{Entry, StateError, StateStore, StoreCommit};
+use std::path::Path;
+use std::sync::Arc;
+
+use tally_core::state::{BulkLoad, Entry, StateError, StateStore, StoreCommit};
 
 /// Column family of the plugin's state.
 const STATE_CF: &str = "state";
@@ -16,10 +19,16 @@ fn read_error(err: rocksdb::Error) -> StateError {
     StateError::Read(Box::new(err))
 }
 
+fn commit_error(err: rocksdb::Error) -> StateError {
+    StateError::Commit(Box::new(err))
+}
+
 /// The RocksDB backend: one column family per namespace, every commit one
-/// synced `WriteBatch`.
+/// synced `WriteBatch`; bulk loads write around the write-ahead log and
+/// flush (see [`bulk_load`]).
 pub struct RocksStore {
-    db: rocksdb::DB,
+    /// Shared with a bulk load's writer thread.
+    db: Arc<rocksdb::DB>,
 }
 
 impl RocksStore {
@@ -30,17 +39,13 @@ impl RocksStore {
         options.create_missing_column_families(true);
         let db = rocksdb::DB::open_cf(&options, path, [STATE_CF, META_CF])
             .map_err(|err| StateError::Open { path: path.to_path_buf(), source: Box::new(err) })?;
-        Ok(RocksStore { db })
-    }
-
-    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(name).expect("column families are created on open")
+        Ok(RocksStore { db: Arc::new(db) })
     }
 
     fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
         let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
         let mut entries = Vec::new();
-        for item in self.db.iterator_cf(self.cf(cf), mode) {
+        for item in self.db.iterator_cf(cf_of(&self.db, cf), mode) {
             let (key, value) = item.map_err(read_error)?;
             if !key.starts_with(prefix) {
                 break;
@@ -51,9 +56,30 @@ impl RocksStore {
     }
 }
 
+/// Column family `name` of `db`.
+fn cf_of<'d>(db: &'d rocksdb::DB, name: &str) -> &'d rocksdb::ColumnFamily {
+    db.cf_handle(name).expect("column families are created on open")
+}
+
+/// Writes `meta` in one synced write.
+fn commit_meta(db: &rocksdb::DB, meta: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StateError> {
+    let mut batch = rocksdb::WriteBatch::default();
+    let cf = cf_of(db, META_CF);
+    for (key, value) in meta {
+        batch.put_cf(cf, key, value);
+    }
+    db.write_opt(batch, &synced()).map_err(commit_error)
+}
+
+fn synced() -> rocksdb::WriteOptions {
+    let mut options = rocksdb::WriteOptions::default();
+    options.set_sync(true);
+    options
+}
+
 impl StateStore for RocksStore {
     fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
-        let cf = self.cf(STATE_CF);
+        let cf = cf_of(&self.db, STATE_CF);
         self.db
             .batched_multi_get_cf(cf, keys.iter(), false)
             .into_iter()
@@ -62,7 +88,7 @@ impl StateStore for RocksStore {
     }
 
     fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-        self.db.get_cf(self.cf(META_CF), key).map_err(read_error)
+        self.db.get_cf(cf_of(&self.db, META_CF), key).map_err(read_error)
     }
 
     fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
@@ -75,7 +101,7 @@ impl StateStore for RocksStore {
 
     fn commit(&self, commit: StoreCommit) -> Result<(), StateError> {
         let mut batch = rocksdb::WriteBatch::default();
-        let (state, meta) = (self.cf(STATE_CF), self.cf(META_CF));
+        let (state, meta) = (cf_of(&self.db, STATE_CF), cf_of(&self.db, META_CF));
         for (key, value) in &commit.state {
             match value {
                 Some(value) => batch.put_cf(state, key, value),
@@ -85,9 +111,11 @@ impl StateStore for RocksStore {
         for (key, value) in &commit.meta {
             batch.put_cf(meta, key, value);
         }
-        let mut options = rocksdb::WriteOptions::default();
-        options.set_sync(true);
-        self.db.write_opt(batch, &options).map_err(|err| StateError::Commit(Box::new(err)))
+        self.db.write_opt(batch, &synced()).map_err(commit_error)
+    }
+
+    fn bulk_load(&self) -> Box<dyn BulkLoad + '_> {
+        Box::new(bulk_load::RocksBulkLoad::start(self.db.clone()))
     }
 }
 
@@ -124,5 +152,30 @@ mod tests {
         std::fs::write(&file, "x").unwrap();
         let err = RocksStore::open(&file).err().expect("a file is no store directory").to_string();
         assert!(err.contains("not-a-directory"), "{err}");
+    }
+
+    /// Copies the files of an open store: what a crash would leave.
+    fn crash_image(from: &Path, to: &Path) {
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+        std::fs::remove_file(to.join("LOCK")).unwrap();
+    }
+
+    #[test]
+    fn a_bulk_load_is_on_disk_once_checkpointed_though_it_bypasses_the_write_ahead_log() {
+        let (dir, image) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let store = RocksStore::open(dir.path()).unwrap();
+        let mut load = store.bulk_load();
+        for n in 0..25_000u32 {
+            load.state(format!("k{n}").as_bytes(), Some(&n.to_be_bytes()));
+        }
+        load.checkpoint(&[(b"checkpoint".to_vec(), b"25000".to_vec())]).unwrap();
+        crash_image(dir.path(), image.path());
+        let crashed = RocksStore::open(image.path()).unwrap();
+        assert_eq!(crashed.get_meta(b"checkpoint").unwrap(), Some(b"25000".to_vec()));
+        assert_eq!(crashed.get_many(&[b"k0", b"k24999"]).unwrap(), vec![Some(0u32.to_be_bytes().to_vec()), Some(24_999u32.to_be_bytes().to_vec())]);
+        assert_eq!(crashed.scan_state().unwrap().len(), 25_000, "every write before the checkpoint is on disk");
     }
 }
