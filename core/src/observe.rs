@@ -2,7 +2,10 @@
 //! batches) to whoever listens (the host's status, metrics and plugin
 //! history), and the counts of a run.
 
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::gauge::Gauge;
 
 use crate::batch::BatchOutcome;
 use crate::hot_swap::SwapEvent;
@@ -98,3 +101,90 @@ impl RunSummary {
     }
 }
 
+
+/// A job's state restore as it goes (Kafka mode: rebuilding RocksDB from
+/// the changelog). The restorer updates it; the host's status, metrics and
+/// log read it. It counts into prometheus gauges, so a served job's
+/// metrics carry the same figures its status shows.
+#[derive(Debug, Default)]
+pub struct RestoreProgress {
+    /// 1 while a restore runs.
+    active: Gauge,
+    /// Records applied by the restore running (or the last one).
+    done: Gauge,
+    /// Changelog offsets left to read, an upper bound on the records left
+    /// (compaction and transaction markers leave gaps).
+    remaining: Gauge,
+    /// Records applied per second of the restore so far.
+    rate: Gauge<f64, AtomicU64>,
+    started: std::sync::Mutex<Option<Instant>>,
+}
+
+/// What a [`RestoreProgress`] shows while a restore runs.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RestoreSnapshot {
+    /// Changelog records applied so far.
+    pub records_done: u64,
+    /// Changelog offsets left to read (an upper bound on the records left).
+    pub records_to_go: u64,
+    /// Records applied per second, since the restore started.
+    pub records_per_second: f64,
+    /// Estimated seconds until the restore ends, once a rate is known.
+    pub seconds_left: Option<f64>,
+}
+
+impl RestoreProgress {
+    /// Progress counting into the given gauges (a served job's metrics).
+    pub fn counting_into(active: Gauge, done: Gauge, remaining: Gauge, rate: Gauge<f64, AtomicU64>) -> RestoreProgress {
+        RestoreProgress { active, done, remaining, rate, started: std::sync::Mutex::default() }
+    }
+
+    /// A restore of at most `to_go` records starts.
+    pub fn start(&self, to_go: u64) {
+        *crate::sync::lock(&self.started) = Some(Instant::now());
+        self.done.set(0);
+        self.remaining.set(clamp(to_go));
+        self.rate.set(0.0);
+        self.active.set(1);
+    }
+
+    /// The restore has applied `done` records and has `to_go` offsets left.
+    pub fn advance(&self, done: u64, to_go: u64) {
+        let Some(started) = *crate::sync::lock(&self.started) else { return };
+        self.done.set(clamp(done));
+        self.remaining.set(clamp(to_go));
+        self.rate.set(done as f64 / started.elapsed().as_secs_f64().max(1e-3));
+    }
+
+    /// The restore ended (done or failed).
+    pub fn finish(&self) {
+        crate::sync::lock(&self.started).take();
+        self.remaining.set(0);
+        self.active.set(0);
+    }
+
+    /// The figures now, while a restore runs.
+    pub fn snapshot(&self) -> Option<RestoreSnapshot> {
+        crate::sync::lock(&self.started).as_ref()?;
+        let records_done = self.done.get().max(0) as u64;
+        let records_to_go = self.remaining.get().max(0) as u64;
+        let records_per_second = self.rate.get();
+        let seconds_left = (records_per_second > 0.0).then(|| records_to_go as f64 / records_per_second);
+        Some(RestoreSnapshot { records_done, records_to_go, records_per_second, seconds_left })
+    }
+}
+
+impl std::fmt::Display for RestoreSnapshot {
+    /// `1200000 records restored, at most 800000 to go, 950000 records/s, about 0.8 s left`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} records restored, at most {} to go, {:.0} records/s", self.records_done, self.records_to_go, self.records_per_second)?;
+        match self.seconds_left {
+            Some(seconds) => write!(f, ", about {seconds:.1} s left"),
+            None => write!(f, ", time left not known yet"),
+        }
+    }
+}
+
+fn clamp(count: u64) -> i64 {
+    count.min(i64::MAX as u64) as i64
+}

@@ -136,10 +136,11 @@ fn print_status(status: &JobStatus, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(status);
     }
-    let fields: [(&str, Option<String>); 18] = [
+    let fields: [(&str, Option<String>); 19] = [
         ("name", Some(status.name.clone())),
         ("mode", Some(wire_name(&status.mode))),
         ("state", Some(wire_name(&status.state))),
+        ("restore", status.restore.map(|restore| restore.to_string())),
         ("plugin", Some(status.plugin.clone())),
         ("pending_plugin", status.pending_plugin.clone()),
         ("on_trial", status.on_trial.clone()),

@@ -3,7 +3,7 @@
 //! aborted (and redone) is counted once, when its redo commits.
 
 use tally_core::sync::lock;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use tally_core::hot_swap::SwapEvent;
-use tally_core::observe::CommitReport;
+use tally_core::observe::{CommitReport, RestoreProgress};
 use tally_core::batch::BatchOutcome;
 use tally_core::plugin::context::PluginMeters;
 
@@ -62,6 +62,10 @@ pub struct HostMetrics {
     rollbacks: Counters,
     running: Gauges,
     plugin_info: Family<PluginLabels, Gauge>,
+    restoring: Gauges,
+    restore_records_done: Gauges,
+    restore_records_to_go: Gauges,
+    restore_records_per_second: Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for HostMetrics {
@@ -92,6 +96,10 @@ impl HostMetrics {
             rollbacks: Counters::default(),
             running: Gauges::default(),
             plugin_info: Family::default(),
+            restoring: Gauges::default(),
+            restore_records_done: Gauges::default(),
+            restore_records_to_go: Gauges::default(),
+            restore_records_per_second: Family::default(),
             registry: Registry::default(),
         };
         registry.register("records_in", "Input records in committed transactions (dead-lettered ones included)", metrics.records_in.clone());
@@ -111,6 +119,10 @@ impl HostMetrics {
         registry.register("plugin_rollbacks", "Plugin versions rolled back after failing their first transaction", metrics.rollbacks.clone());
         registry.register("job_running", "1 while the job is processing, 0 when paused, failed or stopped", metrics.running.clone());
         registry.register("plugin_info", "The plugin version a job runs (value 1)", metrics.plugin_info.clone());
+        registry.register("restoring", "Kafka jobs: 1 while the job rebuilds its state from the changelog", metrics.restoring.clone());
+        registry.register("restore_records_done", "Kafka jobs: changelog records applied by the restore running (or the last one)", metrics.restore_records_done.clone());
+        registry.register("restore_records_to_go", "Kafka jobs: changelog offsets the restore running has left to read (an upper bound on its records)", metrics.restore_records_to_go.clone());
+        registry.register("restore_records_per_second", "Kafka jobs: records the restore running (or the last one) applied per second", metrics.restore_records_per_second.clone());
         HostMetrics { registry, ..metrics }
     }
 
@@ -142,6 +154,12 @@ impl HostMetrics {
             rollbacks: self.rollbacks.get_or_create(&labels).clone(),
             running: self.running.get_or_create(&labels).clone(),
             plugin_info: self.plugin_info.clone(),
+            restore: Arc::new(RestoreProgress::counting_into(
+                self.restoring.get_or_create(&labels).clone(),
+                self.restore_records_done.get_or_create(&labels).clone(),
+                self.restore_records_to_go.get_or_create(&labels).clone(),
+                self.restore_records_per_second.get_or_create(&labels).clone(),
+            )),
             labels,
             pending: Mutex::default(),
         }
@@ -163,11 +181,12 @@ impl HostMetrics {
         ] {
             family.remove(labels);
         }
-        for family in [&self.consumer_lag, &self.input_lag_bytes, &self.plugin_memory, &self.running] {
+        for family in [&self.consumer_lag, &self.input_lag_bytes, &self.plugin_memory, &self.running, &self.restoring, &self.restore_records_done, &self.restore_records_to_go] {
             family.remove(labels);
         }
         self.commit_seconds.remove(labels);
         self.plugin_cpu_seconds.remove(labels);
+        self.restore_records_per_second.remove(labels);
         self.plugin_info.remove(&plugin_labels(labels, digest));
     }
 }
@@ -197,6 +216,8 @@ pub struct JobMetrics {
     rollbacks: Counter,
     running: Gauge,
     plugin_info: Family<PluginLabels, Gauge>,
+    /// The job's restore progress, counting into its restore gauges.
+    pub restore: Arc<RestoreProgress>,
     /// Counts of the open transaction.
     pending: Mutex<Pending>,
 }

@@ -64,6 +64,16 @@ pub struct KafkaConfig {
     /// Kafka transaction timeout, in milliseconds.
     #[serde(default = "default_transaction_timeout_ms")]
     pub transaction_timeout_ms: u64,
+    /// How long a state restore may go without a changelog record or a
+    /// partition's end arriving before it fails (and the session retries),
+    /// in milliseconds. A restore that makes progress never fails.
+    #[serde(default = "default_restore_stall_ms")]
+    pub restore_stall_ms: u64,
+    /// Bytes of changelog keys and values a restore buffers (in memory)
+    /// before it writes them as one SST file with a checkpoint: at most
+    /// this much is read again when a restore is interrupted.
+    #[serde(default = "default_restore_checkpoint_bytes")]
+    pub restore_checkpoint_bytes: u64,
     /// Extra librdkafka properties for every client of the job (for example
     /// `"session.timeout.ms" = "6000"`); a `producer.` or `consumer.` prefix
     /// gives one to the producer or to the consumers only.
@@ -80,6 +90,30 @@ fn default_create_partitions() -> u32 {
 }
 fn default_transaction_timeout_ms() -> u64 {
     DEFAULT_TRANSACTION_TIMEOUT_MS
+}
+
+/// How long a restore may stall when the job does not say.
+pub const DEFAULT_RESTORE_STALL_MS: u64 = 30_000;
+
+/// Bounds of `kafka.restore_stall_ms`: one second to one hour.
+pub const RESTORE_STALL_MS_RANGE: std::ops::RangeInclusive<u64> = 1_000..=3_600_000;
+
+/// The default of `kafka.restore_stall_ms`.
+pub fn default_restore_stall_ms() -> u64 {
+    DEFAULT_RESTORE_STALL_MS
+}
+
+/// Bytes restored between checkpoints when the job does not say: the
+/// size of a RocksDB memtable, so a restore holds no more in memory than
+/// a job's writes would.
+pub const DEFAULT_RESTORE_CHECKPOINT_BYTES: u64 = 64 << 20;
+
+/// Bounds of `kafka.restore_checkpoint_bytes`: 64 KiB to 256 MiB.
+pub const RESTORE_CHECKPOINT_BYTES_RANGE: std::ops::RangeInclusive<u64> = (64 << 10)..=(256 << 20);
+
+/// The default of `kafka.restore_checkpoint_bytes`.
+pub fn default_restore_checkpoint_bytes() -> u64 {
+    DEFAULT_RESTORE_CHECKPOINT_BYTES
 }
 
 impl KafkaConfig {
@@ -133,6 +167,22 @@ impl KafkaConfig {
                  transaction.max.timeout.ms), and at least twice commit_interval_ms"
                     .into(),
             );
+        }
+        if !RESTORE_STALL_MS_RANGE.contains(&kafka.restore_stall_ms) {
+            return invalid(format!(
+                "kafka.restore_stall_ms is {}; it must be between {} (one second) and {} (one hour)",
+                kafka.restore_stall_ms,
+                RESTORE_STALL_MS_RANGE.start(),
+                RESTORE_STALL_MS_RANGE.end()
+            ));
+        }
+        if !RESTORE_CHECKPOINT_BYTES_RANGE.contains(&kafka.restore_checkpoint_bytes) {
+            return invalid(format!(
+                "kafka.restore_checkpoint_bytes is {}; it must be between {} (64 KiB) and {} (256 MiB)",
+                kafka.restore_checkpoint_bytes,
+                RESTORE_CHECKPOINT_BYTES_RANGE.start(),
+                RESTORE_CHECKPOINT_BYTES_RANGE.end()
+            ));
         }
         use super::topics::{property_name as property, OWNED_PROPERTIES};
         if let Some(key) = kafka.client.keys().find(|key| OWNED_PROPERTIES.contains(&property(key))) {

@@ -36,8 +36,11 @@ pub mod keys;
 mod producer;
 mod topics;
 
-pub use config::{Guarantee, KafkaConfig, DEFAULT_CREATE_PARTITIONS, DEFAULT_TRANSACTION_TIMEOUT_MS};
-pub use topics::{prepare as prepare_topics, TopicLayout};
+pub use config::{
+    default_restore_stall_ms, Guarantee, KafkaConfig, DEFAULT_CREATE_PARTITIONS, DEFAULT_RESTORE_CHECKPOINT_BYTES, DEFAULT_RESTORE_STALL_MS,
+    DEFAULT_TRANSACTION_TIMEOUT_MS,
+};
+pub use topics::{prepare as prepare_topics, TopicLayout, RESTORE_DEFAULTS};
 pub use changelog::RestoreError;
 pub use job::{InstanceIdError, KafkaJob, KafkaRunOptions};
 

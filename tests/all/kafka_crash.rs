@@ -127,3 +127,108 @@ fn killed_at_random_moments_a_job_writing_latest_totals_still_counts_every_event
     assert_eq!((dead.len(), distinct.len()), (lines.len() - applied, lines.len() - applied));
     println!("{} kills over {runs} runs; {} committed totals for {applied} applied events", KILLS / 4, totals.len());
 }
+
+/// Whether `log` (a `tally run` log file) holds `text` yet.
+fn log_has(log: &std::path::Path, text: &str) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|log| log.contains(text))
+}
+
+/// The offsets left when each restore in `log` began (its start line's `to_go`).
+fn restore_starts(log: &std::path::Path) -> Vec<u64> {
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    log.lines()
+        .filter(|line| line.contains("restoring state from the changelog: (partition, from, end)"))
+        .filter_map(|line| line.split("to_go=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn killed_while_restoring_a_kafka_job_resumes_from_its_last_checkpoint_and_counts_exactly_once() {
+    const KEYS: usize = 300_000;
+    const KILLS_WHILE_RESTORING: u32 = 3;
+    let _serial = serial();
+    let seed = seed();
+    let mut rng = Rng::new(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("restore-crash", PARTITIONS);
+    let state = dir.path().join("state");
+    // Checkpoints every 256 KiB (about 3,500 records) instead of 64 MiB:
+    // many of them within a restore short enough for a test.
+    let job_file = job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &state, "", "restore_checkpoint_bytes = 262144", "");
+    // Its RocksDB (the state directory keeps its instance id, so the next
+    // run is the same group member and takes its partitions back at once).
+    let db = state.join("db");
+    let run = |log: &std::path::Path| {
+        Command::new(tally_binary())
+            .args(["run", "--until-caught-up"])
+            .arg(&job_file)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .env("RUST_LOG", "info")
+            .spawn()
+            .unwrap()
+    };
+
+    // One event per key: a changelog of KEYS state records.
+    let mut lines = distinct_key_lines(KEYS, 1);
+    let mut placed = produce_usage(&job.input, &lines, job.partitions);
+    let first = dir.path().join("run-0.log");
+    assert!(run(&first).wait().unwrap().success(), "the first run failed: {}", log_tail(dir.path(), 0));
+
+    // A wiped disk: the local state is gone and is rebuilt from the
+    // changelog before any of the new events counts.
+    std::fs::remove_dir_all(&db).unwrap();
+    let again = distinct_key_lines(KEYS / 10, 2);
+    placed.extend(produce_usage(&job.input, &again, job.partitions));
+    lines.extend(again);
+
+    let mut killed_while_restoring = 0;
+    let mut runs = 0;
+    let mut starts = Vec::new();
+    loop {
+        runs += 1;
+        assert!(runs < 20, "the job never finished");
+        let log = dir.path().join(format!("run-{runs}.log"));
+        let mut child = run(&log);
+        if killed_while_restoring < KILLS_WHILE_RESTORING {
+            // Kill it a random moment after a checkpoint landed, while it
+            // still restores.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !log_has(&log, "restore checkpoint") && !log_has(&log, "restored state from the changelog") && child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "the restore made no checkpoint: {}", log_tail(dir.path(), runs));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            std::thread::sleep(Duration::from_millis(rng.below(20)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                starts.extend(restore_starts(&log));
+                if !log_has(&log, "restored state from the changelog") {
+                    killed_while_restoring += 1;
+                    continue;
+                }
+                // The restore ended first: wipe the state and try again.
+                std::fs::remove_dir_all(&db).unwrap();
+                continue;
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(status.success(), "the final run failed: {status}: {}", log_tail(dir.path(), runs));
+        starts.extend(restore_starts(&log));
+        break;
+    }
+    assert_eq!(killed_while_restoring, KILLS_WHILE_RESTORING, "the kills should land while the job restores");
+    // Each run after a kill began where the last checkpoint left off.
+    assert!(starts.len() > KILLS_WHILE_RESTORING as usize, "every run restores: {starts:?}");
+    let resumed = starts.windows(2).filter(|pair| pair[1] < pair[0]).count();
+    assert!(resumed >= KILLS_WHILE_RESTORING as usize, "runs after a kill mid-restore resume from a checkpoint: offsets to go {starts:?}");
+
+    let totals = read_topic(&job.totals, true);
+    let dead = read_topic(&job.dead_letters, true);
+    // Every total adds exactly its own event to what its key had: a key
+    // the restore lost or doubled would break it.
+    let verdict = check(&job.input, &lines, &placed, &totals, &dead);
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input offset must contribute exactly once");
+    assert_eq!(verdict.totals, expected_totals(&lines));
+    println!("{killed_while_restoring} kills while restoring over {runs} runs; restores began with offsets to go {starts:?}");
+}

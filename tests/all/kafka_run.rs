@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::process::Command;
+use std::time::Duration;
 
 use tally_tests::kafka::*;
 use tally_tests::*;
@@ -247,4 +248,56 @@ fn kafka_records_over_the_record_limit_are_dead_lettered_and_the_rest_count_once
     let (_, dead) = run_until_caught_up_exactly_once(&job, &job_file, &lines, &placed);
     assert_eq!(dead.len(), 80);
     assert!(dead.iter().all(|record| record.header("tally.reason").contains("over the job's limit of 200 bytes (limits.max_record_bytes)")), "{:?}", dead[0].header("tally.reason"));
+}
+
+#[test]
+fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_session_and_logs_its_progress() {
+    const KEYS: usize = 300_000;
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("slow-restore", 4);
+    let mut lines = distinct_key_lines(KEYS, 1);
+    let mut placed = produce_usage(&job.input, &lines, job.partitions);
+    // Small fetches (one record batch of the changelog, about 1 MB, per
+    // response), so a slow broker hands the restore its records a bit at a
+    // time; a stall limit of two seconds.
+    let client = "\"consumer.max.partition.fetch.bytes\" = \"65536\"\n\"consumer.fetch.max.bytes\" = \"1000000\"";
+    let state = dir.path().join("state");
+    let job_file = job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &state, "", "restore_stall_ms = 2000", client);
+    let run = || {
+        let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).env("RUST_LOG", "info").output().unwrap();
+        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{log}");
+        log
+    };
+    run();
+
+    // The state is lost, and the broker is overloaded: it stalls for 0.5 s
+    // at a time, shorter than the stall limit, so the restore of about
+    // 20 MB takes seconds, each step well within the limit.
+    std::fs::remove_dir_all(state.join("db")).unwrap();
+    let again = distinct_key_lines(1_000, 2);
+    placed.extend(produce_usage(&job.input, &again, job.partitions));
+    lines.extend(again);
+    let stutter = BrokerStutter::start(Duration::from_millis(500), Duration::from_millis(25));
+    let log = run();
+    drop(stutter);
+
+    let restored: Vec<&str> = log.lines().filter(|line| line.contains("restored state from the changelog")).collect();
+    assert_eq!(restored.len(), 1, "one restore, in one session:\n{log}");
+    assert!(!log.contains("Kafka session failed"), "the restore must not fail:\n{log}");
+    let field = |line: &str, name: &str| -> u64 {
+        line.split_whitespace().find_map(|word| word.strip_prefix(&format!("{name}=")).and_then(|value| value.parse().ok())).unwrap()
+    };
+    assert!(field(restored[0], "records") >= KEYS as u64, "{}", restored[0]);
+    assert!(field(restored[0], "took_ms") > 2_000, "the restore outlasts its 2 s stall limit: {}", restored[0]);
+    let progress: Vec<&str> = log.lines().filter(|line| line.contains("records restored, at most")).collect();
+    assert!(!progress.is_empty(), "a restore of seconds logs its progress:\n{log}");
+    assert!(progress.iter().all(|line| line.contains("to go") && line.contains("records/s")), "{progress:?}");
+    assert!(progress.iter().any(|line| line.contains("s left")), "once a rate is known, the time left is estimated: {progress:?}");
+
+    // The restored state is what the new events added to.
+    let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
+    assert_eq!(verdict.totals, expected_totals(&lines));
 }

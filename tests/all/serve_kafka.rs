@@ -262,3 +262,63 @@ fn a_kafka_job_whose_plugin_loops_is_paused_and_deleted_mid_call() {
     acme.delete("spinner").unwrap_or_else(|err| panic!("the delete of a looping Kafka job answers: {err}\n{}", host.log()));
     assert!(acme.list().unwrap().as_array().unwrap().is_empty());
 }
+
+#[test]
+fn a_served_kafka_job_rebuilding_its_state_says_restoring_with_its_progress_in_status_and_metrics() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = ServeHost::start(dir.path(), 32 << 20);
+    let job = KafkaBillingJob::create("acme.restoring", 4);
+    let name = unique("restoring");
+    let changelog = format!("tally-acme.{name}-state-changelog");
+    let acme = host.client(ACME);
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    let lines = tally_tests::distinct_key_lines(300_000, 1);
+    let placed = produce_usage(&job.input, &lines, 4);
+    let group = group_reader(&format!("tally-acme.{name}"));
+    wait_for("the job to commit its input", Duration::from_secs(120), || committed_progress(&group, &job.input, 4) == lines.len() as i64);
+    assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
+
+    // The job's RocksDB is lost, and the broker is overloaded (it stalls
+    // for 0.6 s at a time), so rebuilding about 20 MB of state, a few MB
+    // per fetch, takes seconds.
+    std::fs::remove_dir_all(dir.path().join("data/jobs/acme").join(&name).join("state/db")).unwrap();
+    let stutter = tally_tests::kafka::BrokerStutter::start(Duration::from_millis(600), Duration::from_millis(40));
+    host.launch();
+    let restore = |status: &serde_json::Value| status["restore"].clone();
+    let mut first = serde_json::Value::Null;
+    wait_for("the job to report its restore", Duration::from_secs(60), || {
+        let status = acme.status(&name).unwrap();
+        first = restore(&status);
+        status["state"] == "restoring" && number(&first, "records_done") > 0
+    });
+    assert!(number(&first, "records_to_go") > 0, "{first}");
+    assert!(first["records_per_second"].as_f64().unwrap() > 0.0, "{first}");
+    assert!(first["seconds_left"].as_f64().unwrap() > 0.0, "{first}");
+    let metrics = host.client(METRICS).metrics().unwrap();
+    let gauge = |family: &str| -> f64 {
+        let line = metrics.lines().find(|line| line.starts_with(family) && line.contains(&name)).unwrap_or_else(|| panic!("no {family} for the job:\n{metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(gauge("tally_restoring{"), 1.0);
+    assert!(gauge("tally_restore_records_done{") > 0.0 && gauge("tally_restore_records_to_go{") > 0.0);
+    let mut later = serde_json::Value::Null;
+    wait_for("the restore to go on", Duration::from_secs(60), || {
+        later = restore(&acme.status(&name).unwrap());
+        later.is_null() || number(&later, "records_done") > number(&first, "records_done")
+    });
+    if !later.is_null() {
+        assert!(number(&later, "records_to_go") < number(&first, "records_to_go"), "{first} then {later}");
+    }
+    drop(stutter);
+    wait_for("the job to run again", Duration::from_secs(60), || {
+        let status = acme.status(&name).unwrap();
+        status["state"] == "running" && status["restore"].is_null()
+    });
+    assert!(host.log().contains("restored state from the changelog"), "{}", host.log());
+    // Nothing was counted again: the restored state holds every total.
+    let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
+    assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
+    delete_topics(&[&changelog]);
+}

@@ -473,3 +473,49 @@ impl InputFeed {
         self.thread.join().unwrap()
     }
 }
+
+/// A broker that keeps stopping, as an overloaded one does: its process
+/// is paused (SIGSTOP) for `paused`, then runs for `running`, over and
+/// over, until this is dropped (it runs on after). A slow cluster, made on
+/// purpose.
+pub struct BrokerStutter {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BrokerStutter {
+    /// Starts pausing the broker `scripts/kafka` runs.
+    pub fn start(paused: Duration, running: Duration) -> BrokerStutter {
+        let (ok, said) = kafka_script(&["status"]);
+        assert!(ok, "the broker is not running: {said}");
+        let pid: libc::pid_t = said
+            .split("(pid ")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no pid in `scripts/kafka status`: {said}"));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: signals a process; no memory is involved.
+                    unsafe { libc::kill(pid, libc::SIGSTOP) };
+                    std::thread::sleep(paused);
+                    // SAFETY: as above.
+                    unsafe { libc::kill(pid, libc::SIGCONT) };
+                    std::thread::sleep(running);
+                }
+            }
+        });
+        BrokerStutter { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for BrokerStutter {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join(); // its last step lets the broker run
+        }
+    }
+}

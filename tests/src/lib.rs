@@ -47,6 +47,19 @@ pub struct UsageLine {
     pub effect: Option<(BillingKey, u64)>,
 }
 
+/// `count` valid usage lines, one per billing key: customers `c0000000`,
+/// `c0000001`, …, each adding `quantity` to `api_calls` in 2026-11. The
+/// input of restore tests and benchmarks: one changelog record per line.
+pub fn distinct_key_lines(count: usize, quantity: u64) -> Vec<UsageLine> {
+    (0..count)
+        .map(|index| {
+            let customer = format!("c{index:07}");
+            let line = format!(r#"{{"customer":"{customer}","metric":"api_calls","quantity":{quantity},"ts":"2026-11-15T12:00:00Z"}}"#);
+            UsageLine { line, effect: Some(((customer, "api_calls".to_string(), "2026-11".to_string()), quantity)) }
+        })
+        .collect()
+}
+
 /// Generates `count` usage lines. About `bad_per_mille`/1000 of them are bad
 /// in one of the ways the plugin must reject. Timestamps straddle the
 /// October/November and November/December month ends, some with UTC

@@ -28,6 +28,8 @@ pub struct JobContext {
     pub log: Arc<PluginLog>,
     /// What the job's plugin calls use, as they run.
     pub meters: Arc<PluginMeters>,
+    /// The job's state restore, while one runs (Kafka mode).
+    pub restore: Arc<crate::observe::RestoreProgress>,
 }
 
 impl JobContext {
@@ -38,7 +40,7 @@ impl JobContext {
 
     /// A context of the given parts.
     pub fn with(stop: StopSignal, seat: Option<Arc<CpuSeat>>, log: PluginLog, meters: PluginMeters) -> JobContext {
-        JobContext { stop, seat, log: Arc::new(log), meters: Arc::new(meters) }
+        JobContext { stop, seat, log: Arc::new(log), meters: Arc::new(meters), restore: Arc::default() }
     }
 
     /// Whether the job was asked to stop.

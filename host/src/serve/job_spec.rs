@@ -119,6 +119,10 @@ pub struct ServedKafka {
     /// Kafka transaction timeout, in milliseconds.
     #[serde(default = "default_transaction_timeout_ms")]
     pub transaction_timeout_ms: u64,
+    /// How long a state restore may go without progress before it is
+    /// retried, in milliseconds.
+    #[serde(default = "tally_kafka::default_restore_stall_ms")]
+    pub restore_stall_ms: u64,
 }
 
 /// Why a tenant's job file was refused; each says what to change. Nothing
@@ -289,6 +293,8 @@ impl ServedJob {
                     create_topics: kafka.create_topics,
                     create_partitions: kafka.create_partitions,
                     transaction_timeout_ms: kafka.transaction_timeout_ms,
+                    restore_stall_ms: kafka.restore_stall_ms,
+                    restore_checkpoint_bytes: tally_kafka::DEFAULT_RESTORE_CHECKPOINT_BYTES,
                     client: BTreeMap::new(),
                 })
             }

@@ -55,6 +55,7 @@ impl JobStatus {
             log_lines_dropped: 0,
             last_plugin_failure: None,
             demoted: false,
+            restore: None,
         }
     }
 }
@@ -160,7 +161,8 @@ impl JobRuntime {
     ) -> Arc<JobRuntime> {
         let paused = record.paused;
         let log = PluginLog::new(Some(tenant), name, log_limits).count_drops_in(metrics.log_lines_dropped());
-        let context = JobContext::with(Arc::new(AtomicBool::new(paused)), Some(seat), log, metrics.plugin_meters());
+        let mut context = JobContext::with(Arc::new(AtomicBool::new(paused)), Some(seat), log, metrics.plugin_meters());
+        context.restore = metrics.restore.clone();
         let mut redactions = vec![(dir.path().display().to_string(), format!("<job {name}>"))];
         if let Some(input_dir) = config.local().ok().and_then(|local| local.confine_to.as_ref()) {
             redactions.push((input_dir.display().to_string(), "<input_dir>".to_string()));
@@ -217,10 +219,14 @@ impl JobRuntime {
         let pending_plugin = lock(&self.record).pending().map(|version| version.digest.clone());
         let meters = &self.context.meters;
         let status = lock(&self.status);
+        let restore = self.context.restore.snapshot();
         JobStatus {
             name: self.name.clone(),
             mode: if self.is_kafka() { JobMode::Kafka } else { JobMode::Local },
-            state: status.state,
+            state: match status.state {
+                JobState::Running | JobState::Starting if restore.is_some() => JobState::Restoring,
+                state => state,
+            },
             plugin: status.plugin.clone(),
             pending_plugin,
             on_trial: status.on_trial.clone(),
@@ -242,6 +248,7 @@ impl JobRuntime {
             log_lines_dropped: meters.log_lines_dropped.get(),
             last_plugin_failure: meters.last_failure().map(|(ago, reason)| format!("{reason} ({}s ago)", ago.as_secs())),
             demoted: self.context.seat.as_ref().is_some_and(|seat| seat.is_demoted()),
+            restore,
         }
     }
 

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use super::registry::{PluginVersion, VersionStatus};
+pub use tally_core::observe::RestoreSnapshot;
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,6 +15,9 @@ pub enum JobState {
     Starting,
     /// Processing (or waiting for input).
     Running,
+    /// Rebuilding its state from the changelog (Kafka mode) before it
+    /// processes anything; `restore` says how far it is.
+    Restoring,
     /// Paused by its tenant; everything processed is committed.
     Paused,
     /// Failed; the host retries with backoff (see `last_error`).
@@ -71,6 +75,10 @@ pub struct JobStatus {
     /// Whether the job is demoted now: its plugin calls mostly fail, so it
     /// runs only a tenth of the time while other tenants' jobs work.
     pub demoted: bool,
+    /// While the job restores its state: records done, records to go, the
+    /// rate and an estimate of the time left.
+    #[serde(default)]
+    pub restore: Option<RestoreSnapshot>,
 }
 
 /// How a job reads and writes.

@@ -87,7 +87,9 @@ impl Rebalancer {
     fn restore_and_check(&self, assigned: &[(String, i32)]) -> Result<Checked, SessionError> {
         let partitions: Vec<i32> = assigned.iter().map(|(_, partition)| *partition).collect::<BTreeSet<_>>().into_iter().collect();
         self.check_changelog_kept(&partitions)?;
-        let deadline = Instant::now() + self.settle;
+        // Measured from the first restore's end: a long restore does not
+        // shorten the wait for a previous owner's transaction to settle.
+        let mut deadline = None;
         loop {
             self.restorer.restore(&partitions).map_err(|err| match err {
                 RestoreError::Foreign { .. } => {
@@ -96,6 +98,7 @@ impl Rebalancer {
                 RestoreError::State(state) => SessionError::fatal(state),
                 other => Restart::Restore(other).into(),
             })?;
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.settle);
             let mut wanted = TopicPartitionList::new();
             for (topic, partition) in assigned {
                 wanted.add_partition(topic, *partition);

@@ -18,7 +18,7 @@ use super::rebalance::Rebalancer;
 use super::{KafkaJob, KafkaRunOptions, Restart, SessionEnd, SessionError, CONNECT_BUDGET, IDLE_FETCH_WAIT, KAFKA_TIMEOUT, MAX_EVENTS_PER_TURN};
 use crate::config::{Guarantee, KafkaConfig};
 use tally_core::settings::JobSettings;
-use crate::changelog::Restorer;
+use crate::changelog::{RestoreLimits, Restorer};
 use crate::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
 use crate::fetch::{FetchQueue, Fetched, FetchedRecord, Router};
 use crate::keys::{namespace, source_id, split_source_id};
@@ -42,7 +42,9 @@ impl KafkaJob {
             None => {
                 let consumer: BaseConsumer<QuietEof> =
                     topics::restore_config(config, kafka).create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
-                let restorer = Arc::new(Restorer::new(consumer, self.store.clone(), self.layout.changelog.clone(), settle));
+                let limits = RestoreLimits { stall: Duration::from_millis(kafka.restore_stall_ms), checkpoint_bytes: kafka.restore_checkpoint_bytes };
+                let progress = self.task.context().restore.clone();
+                let restorer = Arc::new(Restorer::new(consumer, self.store.clone(), self.layout.changelog.clone(), limits, progress));
                 (self.restorer.insert(restorer).clone(), true)
             }
         };
