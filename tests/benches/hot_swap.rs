@@ -109,6 +109,8 @@ fn main() {
         create_topics: false,
         create_partitions: 4,
         transaction_timeout_ms: 10_000,
+        restore_stall_ms: tally_kafka::DEFAULT_RESTORE_STALL_MS,
+        restore_checkpoint_bytes: tally_kafka::DEFAULT_RESTORE_CHECKPOINT_BYTES,
         client: Default::default(),
     };
     config.name = topics.name.clone();
