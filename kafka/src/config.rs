@@ -69,9 +69,9 @@ pub struct KafkaConfig {
     /// in milliseconds. A restore that makes progress never fails.
     #[serde(default = "default_restore_stall_ms")]
     pub restore_stall_ms: u64,
-    /// Bytes of changelog keys and values a restore buffers (in memory)
-    /// before it writes them as one SST file with a checkpoint: at most
-    /// this much is read again when a restore is interrupted.
+    /// Bytes of changelog keys and values a restore writes between two
+    /// checkpoints (each flushes RocksDB, then records how far it got): at
+    /// most this much is read again when a restore is interrupted.
     #[serde(default = "default_restore_checkpoint_bytes")]
     pub restore_checkpoint_bytes: u64,
     /// Extra librdkafka properties for every client of the job (for example
@@ -168,21 +168,19 @@ impl KafkaConfig {
                     .into(),
             );
         }
-        if !RESTORE_STALL_MS_RANGE.contains(&kafka.restore_stall_ms) {
-            return invalid(format!(
-                "kafka.restore_stall_ms is {}; it must be between {} (one second) and {} (one hour)",
-                kafka.restore_stall_ms,
-                RESTORE_STALL_MS_RANGE.start(),
-                RESTORE_STALL_MS_RANGE.end()
-            ));
-        }
-        if !RESTORE_CHECKPOINT_BYTES_RANGE.contains(&kafka.restore_checkpoint_bytes) {
-            return invalid(format!(
-                "kafka.restore_checkpoint_bytes is {}; it must be between {} (64 KiB) and {} (256 MiB)",
-                kafka.restore_checkpoint_bytes,
-                RESTORE_CHECKPOINT_BYTES_RANGE.start(),
-                RESTORE_CHECKPOINT_BYTES_RANGE.end()
-            ));
+        for (name, value, range, words) in [
+            ("restore_stall_ms", kafka.restore_stall_ms, RESTORE_STALL_MS_RANGE, ("one second", "one hour")),
+            ("restore_checkpoint_bytes", kafka.restore_checkpoint_bytes, RESTORE_CHECKPOINT_BYTES_RANGE, ("64 KiB", "256 MiB")),
+        ] {
+            if !range.contains(&value) {
+                return invalid(format!(
+                    "kafka.{name} is {value}; it must be between {} ({}) and {} ({})",
+                    range.start(),
+                    words.0,
+                    range.end(),
+                    words.1
+                ));
+            }
         }
         use super::topics::{property_name as property, OWNED_PROPERTIES};
         if let Some(key) = kafka.client.keys().find(|key| OWNED_PROPERTIES.contains(&property(key))) {
@@ -227,6 +225,18 @@ mod tests {
             kafka: KafkaConfig,
         }
         toml::from_str::<File>(text).unwrap().kafka
+    }
+
+    #[test]
+    fn restore_limits_out_of_their_range_are_refused_naming_the_range() {
+        let job = JobSettings::new("billing", "billing.wasm".into(), vec!["totals".into()]);
+        let refusal = |line: &str| section(&format!("{KAFKA_JOB}\n{line}\n")).validate(&job).err().map(|err| err.to_string());
+        assert_eq!(refusal("restore_stall_ms = 1000"), None);
+        assert_eq!(refusal("restore_checkpoint_bytes = 268435456"), None);
+        let stall = refusal("restore_stall_ms = 999").expect("under a second is refused");
+        assert!(stall.contains("kafka.restore_stall_ms is 999; it must be between 1000 (one second) and 3600000 (one hour)"), "{stall}");
+        let bytes = refusal("restore_checkpoint_bytes = 268435457").expect("over 256 MiB is refused");
+        assert!(bytes.contains("kafka.restore_checkpoint_bytes is 268435457; it must be between 65536 (64 KiB) and 268435456 (256 MiB)"), "{bytes}");
     }
 
     #[test]
