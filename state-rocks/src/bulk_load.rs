@@ -1,6 +1,6 @@
 //! A bulk load into RocksDB (a Kafka job's restore from its changelog),
 //! as Kafka Streams restores: the writes go into `WriteBatch`es of 10,000
-//! (each allocated once at the size of the last) that a writer thread
+//! writes or 4 MiB (each allocated once at the size of the last) that a writer thread
 //! writes with the write-ahead log off, so reading the changelog and
 //! inserting into the memtable overlap; a checkpoint writes
 //! what is left, flushes the state column family (its memtable becomes an
@@ -20,6 +20,10 @@ use super::{cf_of, commit_error, commit_meta, STATE_CF};
 
 /// Writes per batch handed to the writer thread.
 const BATCH_WRITES: usize = 10_000;
+/// Bytes a batch may reach before it is handed over however few writes it
+/// holds: state values may be up to a megabyte each, and 10,000 of them
+/// must not be held in memory at once.
+const BATCH_BYTES: usize = 4 << 20;
 /// Batches queued for the writer thread before the loader waits for it.
 const QUEUED_BATCHES: usize = 2;
 
@@ -81,7 +85,7 @@ impl BulkLoad for RocksBulkLoad {
             None => self.batch.delete_cf(state, key),
         }
         // A failed hand-over means the writer is gone: the checkpoint says so.
-        if self.batch.len() >= BATCH_WRITES {
+        if self.batch.len() >= BATCH_WRITES || self.batch.size_in_bytes() >= BATCH_BYTES {
             let _ = self.hand_over_batch();
         }
     }
