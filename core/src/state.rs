@@ -73,18 +73,27 @@ pub trait StateStore: Send + Sync {
 
 /// Writes loaded in bulk (a Kafka job's restore from its changelog):
 /// buffered, then made durable together, with a checkpoint that says how
-/// far they reach, by [`BulkLoad::checkpoint`]. Loaded writes must be safe
-/// to load again (a changelog replayed from its last checkpoint): a crash
-/// loses what was buffered since the last checkpoint, never what a
-/// checkpoint claims. Nothing reads the store while a load is buffered.
+/// far they reach, by [`BulkLoad::checkpoint`]; [`BulkLoad::finish`] waits
+/// until every checkpoint is durable. Loaded writes must be safe to load
+/// again (a changelog replayed from its last checkpoint): a crash loses
+/// what was loaded since the last durable checkpoint, never what such a
+/// checkpoint claims. Nothing reads the store until the load is finished.
 pub trait BulkLoad {
     /// Buffers a state put (`Some`) or delete (`None`); a later write of a
     /// key wins over an earlier one.
     fn state(&mut self, key: &[u8], value: Option<&[u8]>);
     /// Bytes of keys and values buffered since the last checkpoint.
     fn buffered_bytes(&self) -> usize;
-    /// Writes what is buffered durably, then `checkpoint` (metadata puts).
+    /// Makes what is buffered durable, then `checkpoint` (metadata puts),
+    /// in that order. It may return before they are durable (a backend
+    /// that writes in the background); an error is the failure of an
+    /// earlier checkpoint.
     fn checkpoint(&mut self, checkpoint: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StateError>;
+    /// How many of the checkpoints handed over are durable so far.
+    fn durable_checkpoints(&self) -> u64;
+    /// Waits until every checkpoint handed over is durable, or says why one
+    /// is not.
+    fn finish(&mut self) -> Result<(), StateError>;
 }
 
 /// A [`BulkLoad`] for backends without a faster path: each checkpoint is
@@ -93,12 +102,13 @@ pub struct CommitEachCheckpoint<'s> {
     store: &'s dyn StateStore,
     pending: StoreCommit,
     bytes: usize,
+    committed: u64,
 }
 
 impl<'s> CommitEachCheckpoint<'s> {
     /// A bulk load into `store`.
     pub fn new(store: &'s dyn StateStore) -> CommitEachCheckpoint<'s> {
-        CommitEachCheckpoint { store, pending: StoreCommit::default(), bytes: 0 }
+        CommitEachCheckpoint { store, pending: StoreCommit::default(), bytes: 0, committed: 0 }
     }
 }
 
@@ -116,7 +126,17 @@ impl BulkLoad for CommitEachCheckpoint<'_> {
         let mut pending = std::mem::take(&mut self.pending);
         self.bytes = 0;
         pending.meta.extend(checkpoint.iter().cloned());
-        self.store.commit(pending)
+        self.store.commit(pending)?;
+        self.committed += 1;
+        Ok(())
+    }
+
+    fn durable_checkpoints(&self) -> u64 {
+        self.committed
+    }
+
+    fn finish(&mut self) -> Result<(), StateError> {
+        Ok(()) // each checkpoint was one durable commit
     }
 }
 
@@ -241,6 +261,7 @@ pub mod conformance {
         assert_eq!(load.buffered_bytes(), 1 + 1 + 4);
         ok(load.checkpoint(&[(b"checkpoint/0".to_vec(), b"2".to_vec())]), "bulk checkpoint");
         assert_eq!(load.buffered_bytes(), 0);
+        ok(load.finish(), "bulk finish");
         assert_eq!(ok(store.get_many(&[b"k", b"gone"]), "get_many"), vec![Some(b"1".to_vec()), None]);
         load.state(b"k", Some(b"2"));
         load.state(b"j", Some(b"3"));
@@ -248,6 +269,8 @@ pub mod conformance {
         load.state(b"k", Some(b"4"));
         ok(load.checkpoint(&[(b"checkpoint/0".to_vec(), b"6".to_vec())]), "bulk checkpoint");
         ok(load.checkpoint(&[(b"checkpoint/1".to_vec(), b"1".to_vec())]), "an empty bulk checkpoint");
+        ok(load.finish(), "bulk finish");
+        assert_eq!(load.durable_checkpoints(), 3, "every checkpoint is durable once the load is finished");
         drop(load);
         let values = ok(store.get_many(&[b"k", b"j", b"gone", b"kept"]), "get_many");
         assert_eq!(values, vec![Some(b"4".to_vec()), None, None, Some(b"0".to_vec())]);

@@ -245,6 +245,7 @@ impl Restorer {
         let mut last_publish = Instant::now();
         let mut failure: Option<RestoreError> = None;
         let mut current = 0usize;
+        let mut durable = 0;
         while restoring.iter().any(|partition| !partition.finished) {
             let read = fetch.read(READ_WAIT, READ_BATCH, |item| {
                 if failure.is_some() {
@@ -303,7 +304,10 @@ impl Restorer {
             }
             if load.buffered_bytes() as u64 >= self.limits.checkpoint_bytes {
                 checkpoint(&mut *load, restoring)?;
-                tracing::info!(topic = %self.topic, records = report.records, "restore checkpoint: what is restored so far survives a crash");
+            }
+            if load.durable_checkpoints() > durable {
+                durable = load.durable_checkpoints();
+                tracing::info!(topic = %self.topic, checkpoints = durable, "restore checkpoint: what is restored up to it survives a crash");
             }
             if last_publish.elapsed() >= PUBLISH_EVERY {
                 self.progress.advance(report.records, to_go(restoring));
@@ -319,6 +323,7 @@ impl Restorer {
             }
         }
         checkpoint(&mut *load, restoring)?;
+        load.finish()?;
         report.elapsed = started.elapsed();
         Ok(report)
     }
@@ -396,6 +401,7 @@ mod tests {
         slot.touched = true;
         let mut slots = [slot];
         checkpoint(&mut *load, &mut slots).unwrap();
+        load.finish().unwrap();
         drop(load);
         assert_eq!(store.get_many(&[&namespaced(2, b"acme"), &namespaced(2, b"gone")]).unwrap(), vec![Some(b"7".to_vec()), None]);
         assert_eq!(store.get_meta(&included_key("usage", 2)).unwrap(), Some(b"42".to_vec()));

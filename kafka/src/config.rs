@@ -70,8 +70,9 @@ pub struct KafkaConfig {
     #[serde(default = "default_restore_stall_ms")]
     pub restore_stall_ms: u64,
     /// Bytes of changelog keys and values a restore writes between two
-    /// checkpoints (each flushes RocksDB, then records how far it got): at
-    /// most this much is read again when a restore is interrupted.
+    /// checkpoints (each records how far it got, once what it claims is
+    /// in RocksDB's files): about this much is read again when a restore
+    /// is interrupted.
     #[serde(default = "default_restore_checkpoint_bytes")]
     pub restore_checkpoint_bytes: u64,
     /// Extra librdkafka properties for every client of the job (for example
@@ -103,9 +104,8 @@ pub fn default_restore_stall_ms() -> u64 {
     DEFAULT_RESTORE_STALL_MS
 }
 
-/// Bytes restored between checkpoints when the job does not say: the
-/// size of a RocksDB memtable, so a restore holds no more in memory than
-/// a job's writes would.
+/// Bytes restored between checkpoints when the job does not say (a
+/// restore's memory is bounded by its chunks, not by this).
 pub const DEFAULT_RESTORE_CHECKPOINT_BYTES: u64 = 64 << 20;
 
 /// Bounds of `kafka.restore_checkpoint_bytes`: 64 KiB to 256 MiB.

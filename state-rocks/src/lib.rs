@@ -24,8 +24,7 @@ fn commit_error(err: rocksdb::Error) -> StateError {
 }
 
 /// The RocksDB backend: one column family per namespace, every commit one
-/// synced `WriteBatch`; bulk loads write around the write-ahead log and
-/// flush (see [`bulk_load`]).
+/// synced `WriteBatch`; bulk loads ingest SST files (see [`bulk_load`]).
 pub struct RocksStore {
     /// Shared with a bulk load's writer thread.
     db: Arc<rocksdb::DB>,
@@ -115,7 +114,7 @@ impl StateStore for RocksStore {
     }
 
     fn bulk_load(&self) -> Box<dyn BulkLoad + '_> {
-        Box::new(bulk_load::RocksBulkLoad::start(self.db.clone()))
+        Box::new(bulk_load::RocksBulkLoad::start(self.db.clone(), bulk_load::ChunkLimits::DEFAULT))
     }
 }
 
@@ -158,13 +157,15 @@ mod tests {
     fn crash_image(from: &Path, to: &Path) {
         for entry in std::fs::read_dir(from).unwrap() {
             let entry = entry.unwrap();
-            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+            }
         }
         std::fs::remove_file(to.join("LOCK")).unwrap();
     }
 
     #[test]
-    fn a_bulk_load_is_on_disk_once_checkpointed_though_it_bypasses_the_write_ahead_log() {
+    fn a_bulk_load_is_on_disk_once_finished_though_it_bypasses_the_memtable_and_the_write_ahead_log() {
         let (dir, image) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let store = RocksStore::open(dir.path()).unwrap();
         let mut load = store.bulk_load();
@@ -172,10 +173,74 @@ mod tests {
             load.state(format!("k{n}").as_bytes(), Some(&n.to_be_bytes()));
         }
         load.checkpoint(&[(b"checkpoint".to_vec(), b"25000".to_vec())]).unwrap();
+        load.finish().unwrap();
         crash_image(dir.path(), image.path());
         let crashed = RocksStore::open(image.path()).unwrap();
         assert_eq!(crashed.get_meta(b"checkpoint").unwrap(), Some(b"25000".to_vec()));
         assert_eq!(crashed.get_many(&[b"k0", b"k24999"]).unwrap(), vec![Some(0u32.to_be_bytes().to_vec()), Some(24_999u32.to_be_bytes().to_vec())]);
         assert_eq!(crashed.scan_state().unwrap().len(), 25_000, "every write before the checkpoint is on disk");
+    }
+
+    fn put(n: u32) -> (Vec<u8>, Option<Vec<u8>>) {
+        (format!("k{:05}", n % 997).into_bytes(), Some(n.to_be_bytes().to_vec()))
+    }
+
+    #[test]
+    fn a_bulk_load_of_many_chunks_keeps_the_last_write_of_each_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        store.commit(StoreCommit { state: vec![(b"old".to_vec(), Some(b"0".to_vec())), (b"k00001".to_vec(), Some(b"0".to_vec()))], meta: vec![] }).unwrap();
+        // Chunks of at most 64 bytes or 7 writes: a key's writes span many files.
+        let mut load = bulk_load::RocksBulkLoad::start(store.db.clone(), bulk_load::ChunkLimits { bytes: 64, writes: 7 });
+        let mut expected = std::collections::BTreeMap::new();
+        for n in 0..1_500u32 {
+            let (key, mut value) = put(n);
+            if n % 5 == 0 {
+                value = None; // deletes too, of keys in earlier files
+            }
+            load.state(&key, value.as_deref());
+            expected.insert(key, value);
+            if n % 300 == 299 {
+                load.checkpoint(&[(b"checkpoint".to_vec(), (n + 1).to_string().into_bytes())]).unwrap();
+            }
+        }
+        load.state(b"old", None);
+        expected.insert(b"old".to_vec(), None);
+        load.checkpoint(&[(b"checkpoint".to_vec(), b"end".to_vec())]).unwrap();
+        load.finish().unwrap();
+        drop(load);
+        let kept: Vec<(Vec<u8>, Vec<u8>)> = expected.into_iter().filter_map(|(key, value)| Some((key, value?))).collect();
+        assert_eq!(store.scan_state().unwrap(), kept);
+        assert_eq!(store.get_meta(b"checkpoint").unwrap(), Some(b"end".to_vec()));
+        assert_eq!(std::fs::read_dir(dir.path().join("bulk-load")).unwrap().count(), 0, "every file was moved into the store");
+    }
+
+    #[test]
+    fn a_bulk_load_clears_what_a_crashed_one_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        std::fs::create_dir_all(dir.path().join("bulk-load")).unwrap();
+        std::fs::write(dir.path().join("bulk-load/chunk-1.sst"), b"half a file").unwrap();
+        let mut load = store.bulk_load();
+        load.state(b"k", Some(b"v"));
+        load.checkpoint(&[]).unwrap();
+        load.finish().unwrap();
+        assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"v".to_vec())]);
+    }
+
+    #[test]
+    fn a_failed_ingest_fails_the_load_and_commits_no_later_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        let mut load = store.bulk_load();
+        std::fs::remove_dir_all(dir.path().join("bulk-load")).unwrap(); // nowhere to write the file
+        load.state(b"k", Some(b"v"));
+        load.checkpoint(&[(b"checkpoint".to_vec(), b"1".to_vec())]).unwrap();
+        let err = load.finish().expect_err("the chunk could not be written").to_string();
+        assert!(err.contains("bulk-load"), "{err}");
+        assert!(load.checkpoint(&[(b"checkpoint".to_vec(), b"2".to_vec())]).is_err(), "a failed load stays failed");
+        drop(load);
+        assert_eq!(store.get_meta(b"checkpoint").unwrap(), None);
+        assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![None]);
     }
 }

@@ -17,7 +17,11 @@
 //!    doing nothing with the records;
 //! 4. `bare write`: this process writing the same records (read into
 //!    memory first) into a fresh RocksDB, one write batch of 10,000 per
-//!    write with the write-ahead log off, then one flush.
+//!    write with the write-ahead log off, then one flush (RocksDB's
+//!    memtable path, the one Kafka Streams restores through);
+//! 5. `bare load`: the same records from memory through Tally's own bulk
+//!    load (`tally_state_rocks`: chunks sorted into SST files and ingested)
+//!    into a fresh store, to its finish: the ceiling of Tally's write path.
 //!
 //! Wall time is the monotonic clock; CPU is each process's own (every
 //! thread). Medians of the rounds; ratios per size at the end.
@@ -273,6 +277,30 @@ fn bare_write(records: &Records, dir: &Path) -> Sample {
     sample
 }
 
+/// Loads `records` into a fresh store in `dir` by Tally's bulk load, one
+/// checkpoint at the end, to its finish.
+fn bare_load(records: &Records, dir: &Path) -> Sample {
+    use tally_core::state::StateStore;
+    let _ = std::fs::remove_dir_all(dir);
+    let store = tally_state_rocks::RocksStore::open(dir).unwrap();
+    let (started, cpu) = (Instant::now(), own_cpu_seconds());
+    let mut load = store.bulk_load();
+    let mut at = 0;
+    for &(key_len, value_len) in &records.lengths {
+        let key = &records.data[at..at + key_len as usize];
+        at += key_len as usize;
+        let value = value_len.map(|len| &records.data[at..at + len as usize]);
+        at += value_len.unwrap_or(0) as usize;
+        load.state(key, value);
+    }
+    load.checkpoint(&[(b"bench".to_vec(), b"end".to_vec())]).unwrap();
+    load.finish().unwrap();
+    let mut sample = Sample { records: records.lengths.len() as u64, bytes: records.data.len() as u64, ..Sample::default() };
+    sample.seconds = started.elapsed().as_secs_f64();
+    sample.cpu_seconds = own_cpu_seconds() - cpu;
+    sample
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let middle = values.len() / 2;
@@ -339,14 +367,15 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
         producing.elapsed() - tally_built - peer_built
     );
 
-    let names = ["tally", "kafka streams", "bare read", "bare write"];
-    let mut samples: [Vec<Sample>; 4] = Default::default();
+    let names = ["tally", "kafka streams", "bare read", "bare write", "bare load"];
+    let mut samples: [Vec<Sample>; 5] = Default::default();
     for round in 1..=rounds {
         let round_samples = [
             tally_restore(&job_file, &state, &dir.join("tally-restore.log")),
             peer.restore(),
             bare_read(&changelog, None),
             bare_write(&records, &dir.join("bare-rocksdb")),
+            bare_load(&records, &dir.join("bare-load")),
         ];
         let line: Vec<String> =
             names.iter().zip(&round_samples).map(|(name, s)| format!("{name} {:.3} s ({:.0} k/s)", s.seconds, s.records as f64 / s.seconds / 1e3)).collect();
@@ -369,12 +398,13 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
             f.cpu_seconds / f.records.max(1) as f64 * 1e6
         );
     }
-    let (tally, streams, read, write) = (&figures[0], &figures[1], &figures[2], &figures[3]);
+    let (tally, streams, read, write, load) = (&figures[0], &figures[1], &figures[2], &figures[3], &figures[4]);
     println!(
-        "  ratios (records/s): tally / kafka streams {:.2}x, tally / bare read {:.2}, tally / bare write {:.2}",
+        "  ratios (records/s): tally / kafka streams {:.2}x, tally / bare read {:.2}, tally / bare write {:.2}, tally / bare load {:.2}",
         tally.rate() / streams.rate(),
         tally.rate() / read.rate(),
-        tally.rate() / write.rate()
+        tally.rate() / write.rate(),
+        tally.rate() / load.rate()
     );
     delete_topics_starting_with(&peer.app_id);
     delete_topics(&[&peer.output]);
