@@ -190,16 +190,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RocksStore::open(dir.path()).unwrap();
         store.commit(StoreCommit { state: vec![(b"old".to_vec(), Some(b"0".to_vec())), (b"k00001".to_vec(), Some(b"0".to_vec()))], meta: vec![] }).unwrap();
-        // Chunks of at most 64 bytes or 7 writes: a key's writes span many files.
-        let mut load = bulk_load::RocksBulkLoad::start(store.db.clone(), bulk_load::ChunkLimits { bytes: 64, writes: 7 });
+        // Chunks of at most 64 bytes or 7 writes, three to a file: a key's
+        // writes span many chunks and files.
+        let limits = bulk_load::ChunkLimits { bytes: 64, writes: 7, chunks_per_file: 3 };
+        let mut load = bulk_load::RocksBulkLoad::start(store.db.clone(), limits);
         let mut expected = std::collections::BTreeMap::new();
         for n in 0..1_500u32 {
             let (key, mut value) = put(n);
             if n % 5 == 0 {
                 value = None; // deletes too, of keys in earlier files
             }
+            if n % 50 == 0 {
+                load.state(&key, Some(b"overwritten")); // in the same chunk
+            }
             load.state(&key, value.as_deref());
             expected.insert(key, value);
+            if n % 10 == 4 {
+                // A key of the chunk before, most often in the same file.
+                let (key, _) = put(n - 4);
+                let value = (n + 100_000).to_be_bytes().to_vec();
+                load.state(&key, Some(&value));
+                expected.insert(key, Some(value));
+            }
             if n % 300 == 299 {
                 load.checkpoint(&[(b"checkpoint".to_vec(), (n + 1).to_string().into_bytes())]).unwrap();
             }
@@ -220,7 +232,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RocksStore::open(dir.path()).unwrap();
         std::fs::create_dir_all(dir.path().join("bulk-load")).unwrap();
-        std::fs::write(dir.path().join("bulk-load/chunk-1.sst"), b"half a file").unwrap();
+        std::fs::write(dir.path().join("bulk-load/restore-1.sst"), b"half a file").unwrap();
         let mut load = store.bulk_load();
         load.state(b"k", Some(b"v"));
         load.checkpoint(&[]).unwrap();
