@@ -77,7 +77,8 @@ pub trait StateStore: Send + Sync {
 /// until every checkpoint is durable. Loaded writes must be safe to load
 /// again (a changelog replayed from its last checkpoint): a crash loses
 /// what was loaded since the last durable checkpoint, never what such a
-/// checkpoint claims. Nothing reads the store until the load is finished.
+/// checkpoint claims. Nothing reads the store until the load is finished,
+/// and a store has one load at a time.
 pub trait BulkLoad {
     /// Buffers a state put (`Some`) or delete (`None`); a later write of a
     /// key wins over an earlier one.

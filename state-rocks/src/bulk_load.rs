@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 
 use tally_core::state::{BulkLoad, StateError};
 
-use super::{cf_of, commit_meta, STATE_CF};
+use super::{cf_of, commit_meta, state_options, STATE_CF};
 
 /// When a chunk is full, and how many make a file.
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +51,8 @@ impl ChunkLimits {
     /// RocksDB compacts them together once four are in its level 0:
     /// large files keep that rare (with files of 32 MiB, a 3 M-key restore
     /// used 2.8–3.8 CPU s against 2.4 with 64 MiB ones). At most seven
-    /// chunks are held: about 150 MiB with their indexes.
+    /// chunks are held (the one filling, the one queued, five sorted):
+    /// about 170 MiB with their indexes.
     pub(super) const DEFAULT: ChunkLimits = ChunkLimits { bytes: 16 << 20, writes: 256 << 10, chunks_per_file: 5 };
 }
 
@@ -129,6 +130,10 @@ struct Chunk {
 impl Chunk {
     fn with_limits(limits: ChunkLimits) -> Chunk {
         Chunk { data: Vec::with_capacity(limits.bytes), writes: Vec::with_capacity(limits.writes) }
+    }
+
+    fn unallocated() -> Chunk {
+        Chunk { data: Vec::new(), writes: Vec::new() }
     }
 
     /// Whether a write of `len` bytes must go into the next chunk.
@@ -238,9 +243,11 @@ impl RocksBulkLoad {
         if self.chunk.writes.is_empty() {
             return;
         }
-        let next = self.emptied.try_recv().unwrap_or_else(|_| Chunk::with_limits(self.limits));
-        let full = std::mem::replace(&mut self.chunk, next);
+        // The next chunk is taken after the hand-over, which may wait for
+        // the writer to give one back: no more chunks than the limits say.
+        let full = std::mem::replace(&mut self.chunk, Chunk::unallocated());
         self.send(Work::Ingest(full));
+        self.chunk = self.emptied.try_recv().unwrap_or_else(|_| Chunk::with_limits(self.limits));
     }
 
     fn failed(&self) -> Result<(), StateError> {
@@ -319,15 +326,13 @@ fn write_until_closed(
     failure: &Failure,
     committed: &Committed,
 ) {
-    let mut files = Files { db, dir, options: rocksdb::Options::default(), ingest: rocksdb::IngestExternalFileOptions::default(), written: 0 };
+    let mut files = Files { db, dir, options: state_options(), ingest: rocksdb::IngestExternalFileOptions::default(), written: 0 };
     files.ingest.set_move_files(true);
     let mut sorted: Vec<Chunk> = Vec::with_capacity(limits.chunks_per_file);
     let ok = || failure.lock().expect("failure lock").is_none();
     let mut write_file = |sorted: &mut Vec<Chunk>| {
-        if ok() && !sorted.is_empty() {
-            if let Err(why) = files.write(sorted) {
-                fail(failure, why);
-            }
+        if ok() && !sorted.is_empty() && let Err(why) = files.write(sorted) {
+            fail(failure, why);
         }
         for mut chunk in sorted.drain(..) {
             chunk.clear();
@@ -337,7 +342,9 @@ fn write_until_closed(
     while let Ok(work) = queue.recv() {
         match work {
             Work::Ingest(mut chunk) => {
-                chunk.sort();
+                if ok() {
+                    chunk.sort(); // after a failure, chunks are only given back
+                }
                 sorted.push(chunk);
                 if sorted.len() >= limits.chunks_per_file {
                     write_file(&mut sorted);

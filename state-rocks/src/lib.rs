@@ -36,7 +36,8 @@ impl RocksStore {
         let mut options = rocksdb::Options::default();
         options.create_if_missing(true);
         options.create_missing_column_families(true);
-        let db = rocksdb::DB::open_cf(&options, path, [STATE_CF, META_CF])
+        let families = [(STATE_CF, state_options()), (META_CF, rocksdb::Options::default())];
+        let db = rocksdb::DB::open_cf_with_opts(&options, path, families)
             .map_err(|err| StateError::Open { path: path.to_path_buf(), source: Box::new(err) })?;
         Ok(RocksStore { db: Arc::new(db) })
     }
@@ -53,6 +54,12 @@ impl RocksStore {
         }
         Ok(entries)
     }
+}
+
+/// Options of the state column family; a bulk load's SST files are
+/// written with the same (their comparator and table format must match).
+fn state_options() -> rocksdb::Options {
+    rocksdb::Options::default()
 }
 
 /// Column family `name` of `db`.
