@@ -74,6 +74,17 @@ struct Write {
 }
 
 impl Write {
+    /// Its key, in its chunk's `data`.
+    fn key<'d>(&self, data: &'d [u8]) -> &'d [u8] {
+        &data[self.at as usize..][..self.key_len as usize]
+    }
+
+    /// Its value (`None`: a delete), in its chunk's `data`.
+    fn value<'d>(&self, data: &'d [u8]) -> Option<&'d [u8]> {
+        let start = self.at as usize + self.key_len as usize;
+        self.value_len.map(|len| &data[start..][..len as usize])
+    }
+
     fn load_word(&mut self, key: &[u8], depth: usize) {
         let rest = key.get(depth..).unwrap_or_default();
         let len = rest.len().min(8);
@@ -95,16 +106,15 @@ const WORD_SORTED_BYTES: usize = 256;
 /// eight after (keys that share long prefixes, like a job's namespaced
 /// state keys, are not compared byte by byte again and again).
 fn sort_writes(data: &[u8], writes: &mut [Write], depth: usize) {
-    let key = |write: &Write| &data[write.at as usize..][..write.key_len as usize];
     if writes.len() < 2 {
         return;
     }
     if depth >= WORD_SORTED_BYTES {
-        writes.sort_unstable_by(|a, b| key(a).cmp(key(b)).then(a.at.cmp(&b.at)));
+        writes.sort_unstable_by(|a, b| a.key(data).cmp(b.key(data)).then(a.at.cmp(&b.at)));
         return;
     }
     for write in writes.iter_mut() {
-        write.load_word(key(write), depth);
+        write.load_word(write.key(data), depth);
     }
     writes.sort_unstable_by_key(|write| (write.word, write.word_len));
     let mut start = 0;
@@ -154,12 +164,11 @@ impl Chunk {
     }
 
     fn key_of(&self, write: &Write) -> &[u8] {
-        &self.data[write.at as usize..][..write.key_len as usize]
+        write.key(&self.data)
     }
 
     fn value_of(&self, write: &Write) -> Option<&[u8]> {
-        let start = write.at as usize + write.key_len as usize;
-        write.value_len.map(|len| &self.data[start..][..len as usize])
+        write.value(&self.data)
     }
 
     /// Orders the writes by key, a later write of a key after an earlier one.
@@ -181,6 +190,9 @@ enum Work {
     /// Answer once everything before is done.
     Finish(mpsc::SyncSender<()>),
 }
+
+/// Why a load fails when its writer thread is gone (it panicked).
+const WRITER_GONE: &str = "the restore's writer thread stopped (a bug: see the log)";
 
 /// The first failure of a load: every later checkpoint reports it.
 type Failure = Arc<Mutex<Option<String>>>;
@@ -235,7 +247,7 @@ impl RocksBulkLoad {
     fn send(&self, work: Work) {
         let sent = self.work.as_ref().is_some_and(|queue| queue.send(work).is_ok());
         if !sent {
-            fail(&self.failure, "the restore's writer thread stopped (a bug: see the log)".into());
+            fail(&self.failure, WRITER_GONE.into());
         }
     }
 
@@ -288,7 +300,7 @@ impl BulkLoad for RocksBulkLoad {
         let (done, answer) = mpsc::sync_channel(1);
         self.send(Work::Finish(done));
         if answer.recv().is_err() {
-            fail(&self.failure, "the restore's writer thread stopped (a bug: see the log)".into());
+            fail(&self.failure, WRITER_GONE.into());
         }
         self.failed()
     }

@@ -163,6 +163,20 @@ struct Records {
     lengths: Vec<(u32, Option<u32>)>,
 }
 
+impl Records {
+    /// Each record's key and value (`None`: a tombstone), in order.
+    fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> + '_ {
+        let mut at = 0;
+        self.lengths.iter().map(move |&(key_len, value_len)| {
+            let key = &self.data[at..at + key_len as usize];
+            at += key_len as usize;
+            let value = value_len.map(|len| &self.data[at..at + len as usize]);
+            at += value_len.unwrap_or(0) as usize;
+            (key, value)
+        })
+    }
+}
+
 /// A consumer of `topic` as Tally's restore consumer is: `read_committed`,
 /// the restore fetch settings, an event at each end; connected.
 fn changelog_reader(topic: &str) -> BaseConsumer {
@@ -253,23 +267,19 @@ fn bare_write(records: &Records, dir: &Path) -> Sample {
     let mut unlogged = rocksdb::WriteOptions::default();
     unlogged.disable_wal(true);
     let mut sample = Sample::default();
-    let mut at = 0;
-    for chunk in records.lengths.chunks(BATCH) {
-        let mut batch = rocksdb::WriteBatch::default();
-        for &(key_len, value_len) in chunk {
-            let key = &records.data[at..at + key_len as usize];
-            at += key_len as usize;
-            match value_len {
-                Some(len) => {
-                    batch.put(key, &records.data[at..at + len as usize]);
-                    at += len as usize;
-                }
-                None => batch.delete(key),
-            }
+    let mut batch = rocksdb::WriteBatch::default();
+    for (key, value) in records.iter() {
+        match value {
+            Some(value) => batch.put(key, value),
+            None => batch.delete(key),
         }
-        db.write_opt(batch, &unlogged).unwrap();
-        sample.records += chunk.len() as u64;
+        if batch.len() == BATCH {
+            sample.records += batch.len() as u64;
+            db.write_opt(std::mem::take(&mut batch), &unlogged).unwrap();
+        }
     }
+    sample.records += batch.len() as u64;
+    db.write_opt(batch, &unlogged).unwrap();
     db.flush().unwrap();
     sample.bytes = records.data.len() as u64;
     sample.seconds = started.elapsed().as_secs_f64();
@@ -285,12 +295,7 @@ fn bare_load(records: &Records, dir: &Path) -> Sample {
     let store = tally_state_rocks::RocksStore::open(dir).unwrap();
     let (started, cpu) = (Instant::now(), own_cpu_seconds());
     let mut load = store.bulk_load();
-    let mut at = 0;
-    for &(key_len, value_len) in &records.lengths {
-        let key = &records.data[at..at + key_len as usize];
-        at += key_len as usize;
-        let value = value_len.map(|len| &records.data[at..at + len as usize]);
-        at += value_len.unwrap_or(0) as usize;
+    for (key, value) in records.iter() {
         load.state(key, value);
     }
     load.checkpoint(&[(b"bench".to_vec(), b"end".to_vec())]).unwrap();
