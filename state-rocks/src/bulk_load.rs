@@ -17,7 +17,7 @@
 //! the next restore, to the same result (a file ingested later wins over
 //! one ingested earlier).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +38,10 @@ pub(super) struct ChunkLimits {
     pub writes: usize,
     /// Sorted chunks merged into one SST file (fewer at a checkpoint).
     pub chunks_per_file: usize,
+    /// Writes from which a file is built as two, of two key ranges, on
+    /// two threads (the last file of a restore is built after the last
+    /// read, while nothing else runs).
+    pub split_writes: usize,
 }
 
 impl ChunkLimits {
@@ -52,8 +56,9 @@ impl ChunkLimits {
     /// large files keep that rare (with files of 32 MiB, a 3 M-key restore
     /// used 2.8–3.8 CPU s against 2.4 with 64 MiB ones). At most seven
     /// chunks are held (the one filling, the one queued, five sorted):
-    /// about 170 MiB with their indexes.
-    pub(super) const DEFAULT: ChunkLimits = ChunkLimits { bytes: 16 << 20, writes: 256 << 10, chunks_per_file: 5 };
+    /// about 170 MiB with their indexes. Files of 64 Ki writes or more
+    /// are built in two halves at once.
+    pub(super) const DEFAULT: ChunkLimits = ChunkLimits { bytes: 16 << 20, writes: 256 << 10, chunks_per_file: 5, split_writes: 64 << 10 };
 }
 
 /// Full chunks queued for the writer before the loader waits for it.
@@ -161,14 +166,6 @@ impl Chunk {
             value.len() as u32
         });
         self.writes.push(Write { at, key_len: key.len() as u32, value_len, word: 0, word_len: 0 });
-    }
-
-    fn key_of(&self, write: &Write) -> &[u8] {
-        write.key(&self.data)
-    }
-
-    fn value_of(&self, write: &Write) -> Option<&[u8]> {
-        write.value(&self.data)
     }
 
     /// Orders the writes by key, a later write of a key after an earlier one.
@@ -338,7 +335,7 @@ fn write_until_closed(
     failure: &Failure,
     committed: &Committed,
 ) {
-    let mut files = Files { db, dir, options: state_options(), ingest: rocksdb::IngestExternalFileOptions::default(), written: 0 };
+    let mut files = Files { db, dir, options: state_options(), ingest: rocksdb::IngestExternalFileOptions::default(), split_writes: limits.split_writes, written: 0 };
     files.ingest.set_move_files(true);
     let mut sorted: Vec<Chunk> = Vec::with_capacity(limits.chunks_per_file);
     let ok = || failure.lock().expect("failure lock").is_none();
@@ -385,38 +382,102 @@ struct Files<'d> {
     /// The state column family's.
     options: rocksdb::Options,
     ingest: rocksdb::IngestExternalFileOptions,
+    split_writes: usize,
     written: u64,
 }
 
 impl Files<'_> {
-    /// Merges `sorted` chunks into one file and ingests it.
+    /// Merges `sorted` chunks into one file, or two of two key ranges at
+    /// once, and ingests them (in one step: they do not overlap).
     fn write(&mut self, sorted: &[Chunk]) -> Result<(), String> {
-        self.written += 1;
-        let path = self.dir.join(format!("restore-{}.sst", self.written));
-        let result = (|| {
-            let mut file = rocksdb::SstFileWriter::create(&self.options);
-            file.open(&path)?;
-            merge_into(sorted, &mut file)?;
-            file.finish()?;
-            self.db.ingest_external_file_cf_opts(cf_of(self.db, STATE_CF), &self.ingest, vec![&path])
-        })();
-        let _ = std::fs::remove_file(&path); // moved into the store, unless ingesting failed
-        result.map_err(|err| format!("writing restored state into `{}` failed: {err}", path.display()))
+        let runs: Vec<Run<'_>> = sorted.iter().map(Run::of).collect();
+        let ranges = split_in_two(&runs, self.split_writes);
+        let paths: Vec<PathBuf> = ranges
+            .iter()
+            .map(|_| {
+                self.written += 1;
+                self.dir.join(format!("restore-{}.sst", self.written))
+            })
+            .collect();
+        let options = &self.options;
+        let built = std::thread::scope(|scope| {
+            let others: Vec<_> = ranges[1..].iter().zip(&paths[1..]).map(|(runs, path)| scope.spawn(move || build_file(options, runs, path))).collect();
+            let first = build_file(options, &ranges[0], &paths[0]);
+            others.into_iter().fold(first, |built, other| built.and(other.join().unwrap_or_else(|_| Err(SPLIT_BUILDER_GONE.into()))))
+        });
+        let result = built.and_then(|()| {
+            let ingest = self.db.ingest_external_file_cf_opts(cf_of(self.db, STATE_CF), &self.ingest, paths.iter().collect());
+            ingest.map_err(|err| format!("ingesting restored state from `{}` failed: {err}", self.dir.display()))
+        });
+        for path in &paths {
+            let _ = std::fs::remove_file(path); // moved into the store, unless ingesting failed
+        }
+        result
     }
 }
 
-/// Writes the last write of each key of `chunks` (each sorted; a later
-/// chunk's writes came after an earlier one's) into `file`, in key order.
-fn merge_into(chunks: &[Chunk], file: &mut rocksdb::SstFileWriter<'_>) -> Result<(), rocksdb::Error> {
-    let mut heads = vec![0usize; chunks.len()];
-    // The chunks whose next write is of the least key.
-    let mut holders = Vec::with_capacity(chunks.len());
+/// Why a file fails when the thread building its upper key range is gone.
+const SPLIT_BUILDER_GONE: &str = "the thread building half of a restore's file stopped (a bug: see the log)";
+
+/// Merges `runs` into a new SST file at `path`.
+fn build_file(options: &rocksdb::Options, runs: &[Run<'_>], path: &Path) -> Result<(), String> {
+    let mut file = rocksdb::SstFileWriter::create(options);
+    let built = file.open(path).and_then(|()| merge_into(runs, &mut file)).and_then(|()| file.finish());
+    built.map_err(|err| format!("writing restored state into `{}` failed: {err}", path.display()))
+}
+
+/// Some sorted writes of one chunk.
+#[derive(Clone, Copy)]
+struct Run<'c> {
+    data: &'c [u8],
+    writes: &'c [Write],
+}
+
+impl<'c> Run<'c> {
+    fn of(chunk: &'c Chunk) -> Run<'c> {
+        Run { data: &chunk.data, writes: &chunk.writes }
+    }
+
+    fn key(&self, n: usize) -> Option<&'c [u8]> {
+        self.writes.get(n).map(|write| write.key(self.data))
+    }
+
+    /// This run's writes of keys below `key`, and the rest.
+    fn split_at_key(&self, key: &[u8]) -> (Run<'c>, Run<'c>) {
+        let at = self.writes.partition_point(|write| write.key(self.data) < key);
+        let (low, high) = self.writes.split_at(at);
+        (Run { writes: low, ..*self }, Run { writes: high, ..*self })
+    }
+}
+
+/// `runs` as one key range, or as two (every write of a key in the same
+/// one) when they hold `split_writes` writes or more: split at the middle
+/// key of the longest run.
+fn split_in_two<'c>(runs: &[Run<'c>], split_writes: usize) -> Vec<Vec<Run<'c>>> {
+    let whole = vec![runs.to_vec()];
+    if runs.iter().map(|run| run.writes.len()).sum::<usize>() < split_writes {
+        return whole;
+    }
+    let Some(longest) = runs.iter().max_by_key(|run| run.writes.len()) else { return whole };
+    let Some(middle) = longest.key(longest.writes.len() / 2) else { return whole };
+    let (low, high): (Vec<Run<'c>>, Vec<Run<'c>>) = runs.iter().map(|run| run.split_at_key(middle)).unzip();
+    if low.iter().all(|run| run.writes.is_empty()) {
+        return whole; // every key is the middle one or above it
+    }
+    vec![low, high]
+}
+
+/// Writes the last write of each key of `runs` (each sorted; a later
+/// run's writes came after an earlier one's) into `file`, in key order.
+fn merge_into(runs: &[Run<'_>], file: &mut rocksdb::SstFileWriter<'_>) -> Result<(), rocksdb::Error> {
+    let mut heads = vec![0usize; runs.len()];
+    // The runs whose next write is of the least key.
+    let mut holders = Vec::with_capacity(runs.len());
     loop {
         let mut least: Option<&[u8]> = None;
         holders.clear();
-        for (n, chunk) in chunks.iter().enumerate() {
-            let Some(write) = chunk.writes.get(heads[n]) else { continue };
-            let key = chunk.key_of(write);
+        for (n, run) in runs.iter().enumerate() {
+            let Some(key) = run.key(heads[n]) else { continue };
             match least.map(|least| key.cmp(least)) {
                 None | Some(std::cmp::Ordering::Less) => {
                     least = Some(key);
@@ -429,16 +490,15 @@ fn merge_into(chunks: &[Chunk], file: &mut rocksdb::SstFileWriter<'_>) -> Result
         }
         let Some(key) = least else { return Ok(()) };
         for &n in &holders {
-            let chunk = &chunks[n];
             heads[n] += 1;
-            while chunk.writes.get(heads[n]).is_some_and(|write| chunk.key_of(write) == key) {
+            while runs[n].key(heads[n]) == Some(key) {
                 heads[n] += 1;
             }
         }
-        // The latest write of the key: the last one in the latest chunk holding it.
+        // The latest write of the key: the last one in the latest run holding it.
         let latest = *holders.last().expect("the least key has a holder");
-        let write = chunks[latest].writes[heads[latest] - 1];
-        match chunks[latest].value_of(&write) {
+        let write = runs[latest].writes[heads[latest] - 1];
+        match write.value(runs[latest].data) {
             Some(value) => file.put(key, value)?,
             None => file.delete(key)?,
         }
@@ -470,14 +530,53 @@ mod tests {
     }
 
     #[test]
+    fn a_file_splits_into_two_key_ranges_that_share_no_key() {
+        let limits = ChunkLimits { bytes: 1 << 20, writes: 1 << 20, chunks_per_file: 3, split_writes: 100 };
+        let keys = awkward_keys();
+        // The key a split of the longest chunk's would be at: in every chunk.
+        let middle = {
+            let mut sorted = keys.clone();
+            sorted.sort();
+            sorted[keys.len() / 2].clone()
+        };
+        // Three sorted chunks of different lengths, sharing many keys.
+        let chunks: Vec<Chunk> = [(0, 6_000), (1_000, 2_500), (3_000, 3_300)]
+            .into_iter()
+            .map(|(from, to)| {
+                let mut chunk = Chunk::with_limits(limits);
+                for key in &keys[from..to] {
+                    chunk.push(key, None);
+                }
+                if from > 0 {
+                    chunk.push(&middle, None);
+                }
+                chunk.sort();
+                chunk
+            })
+            .collect();
+        let runs: Vec<Run<'_>> = chunks.iter().map(Run::of).collect();
+        let keys_of = |runs: &[Run<'_>]| -> Vec<Vec<u8>> {
+            let mut keys: Vec<Vec<u8>> = runs.iter().flat_map(|run| run.writes.iter().map(|write| write.key(run.data).to_vec())).collect();
+            keys.sort();
+            keys
+        };
+        let ranges = split_in_two(&runs, limits.split_writes);
+        assert_eq!(ranges.len(), 2, "6,000 writes or more make two files");
+        let (low, high) = (keys_of(&ranges[0]), keys_of(&ranges[1]));
+        assert!(low.last() < high.first(), "every key of the lower range is below every key of the upper one");
+        assert_eq!([low, high].concat(), keys_of(&runs), "no write is lost or doubled");
+        assert_eq!(split_in_two(&runs[2..], 302).len(), 1, "fewer writes than `split_writes` make one file");
+    }
+
+    #[test]
     fn sorting_by_words_orders_writes_as_their_key_bytes_then_their_order() {
-        let limits = ChunkLimits { bytes: 1 << 20, writes: 1 << 20, chunks_per_file: 1 };
+        let limits = ChunkLimits { bytes: 1 << 20, writes: 1 << 20, chunks_per_file: 1, split_writes: usize::MAX };
         let mut chunk = Chunk::with_limits(limits);
         for key in awkward_keys() {
             chunk.push(&key, Some(b"v"));
         }
         let mut expected = chunk.writes.clone();
-        expected.sort_by(|a, b| chunk.key_of(a).cmp(chunk.key_of(b)).then(a.at.cmp(&b.at)));
+        expected.sort_by(|a, b| a.key(&chunk.data).cmp(b.key(&chunk.data)).then(a.at.cmp(&b.at)));
         chunk.sort();
         let order = |writes: &[Write]| writes.iter().map(|write| write.at).collect::<Vec<_>>();
         assert_eq!(order(&chunk.writes), order(&expected));

@@ -199,7 +199,7 @@ mod tests {
         store.commit(StoreCommit { state: vec![(b"old".to_vec(), Some(b"0".to_vec())), (b"k00001".to_vec(), Some(b"0".to_vec()))], meta: vec![] }).unwrap();
         // Chunks of at most 64 bytes or 7 writes, three to a file: a key's
         // writes span many chunks and files.
-        let limits = bulk_load::ChunkLimits { bytes: 64, writes: 7, chunks_per_file: 3 };
+        let limits = bulk_load::ChunkLimits { bytes: 64, writes: 7, chunks_per_file: 3, split_writes: 8 };
         let mut load = bulk_load::RocksBulkLoad::start(store.db.clone(), limits);
         let mut expected = std::collections::BTreeMap::new();
         for n in 0..1_500u32 {
