@@ -19,8 +19,12 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
+use kafka_protocol::messages::fetch_response::PartitionData;
+
 use super::fetch::{ConsumerQueue, FetchQueue, Fetched, Router};
 use super::keys::{checkpoint_key, included_key, namespace, ChangelogKey};
+use super::leader_fetch::{FetchSettings, LeaderConnection, LeaderError};
+use super::record_batch::{self, BatchError, Batches, ReadCommitted};
 use super::QuietEof;
 use tally_core::observe::RestoreProgress;
 use tally_core::state::{BulkLoad, StateError, StateStore};
@@ -89,6 +93,19 @@ pub enum RestoreError {
         /// The offset.
         offset: i64,
     },
+    /// The broker handed over changelog bytes that do not add up (their
+    /// CRC or lengths): its copy of the changelog is damaged, or was
+    /// damaged on the way (retry later; if it persists, the changelog
+    /// partition must be repaired from a replica).
+    #[error("changelog `{topic}` partition {partition}: {source}")]
+    Corrupt {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// What does not add up.
+        source: BatchError,
+    },
     /// Writing the restored state failed.
     #[error(transparent)]
     State(#[from] StateError),
@@ -126,6 +143,9 @@ pub struct Restorer {
     store: Arc<dyn StateStore>,
     topic: String,
     limits: RestoreLimits,
+    /// How to fetch from the partitions' leaders; `None`: the consumer
+    /// reads everything.
+    leader_fetch: Option<FetchSettings>,
     progress: Arc<RestoreProgress>,
 }
 
@@ -155,13 +175,40 @@ struct Restoring {
     included: Vec<(String, i64)>,
 }
 
+impl Restoring {
+    /// Moves past what was read up to `next` (records, transaction
+    /// markers, aborted batches alike): the checkpoint may skip it.
+    fn advance_to(&mut self, next: i64) {
+        if next > self.next {
+            self.next = next;
+            self.touched = true;
+        }
+    }
+
+    /// The partition was read to its end: every offset before the end
+    /// taken up front was read (or was a transaction marker, or aborted).
+    fn finish(&mut self) {
+        self.finished = true;
+        self.advance_to(self.end);
+    }
+}
+
 impl Restorer {
     /// A restorer reading `topic` with `consumer` (a `read_committed`
     /// consumer with partition EOF events, see
     /// [`super::topics::restore_config`]) into `store`, reporting to
-    /// `progress`, within `limits`.
-    pub fn new(consumer: BaseConsumer<QuietEof>, store: Arc<dyn StateStore>, topic: String, limits: RestoreLimits, progress: Arc<RestoreProgress>) -> Restorer {
-        Restorer { queue: ConsumerQueue::of(&consumer), consumer, store, topic, limits, progress }
+    /// `progress`, within `limits`; with `leader_fetch`, it fetches from
+    /// the partitions' leaders itself and uses the consumer only for what
+    /// that cannot read (see [`crate::leader_fetch`]).
+    pub fn new(
+        consumer: BaseConsumer<QuietEof>,
+        store: Arc<dyn StateStore>,
+        topic: String,
+        limits: RestoreLimits,
+        leader_fetch: Option<FetchSettings>,
+        progress: Arc<RestoreProgress>,
+    ) -> Restorer {
+        Restorer { queue: ConsumerQueue::of(&consumer), consumer, store, topic, limits, leader_fetch, progress }
     }
 
     /// The consumer, for reading the group's committed offsets.
@@ -194,22 +241,12 @@ impl Restorer {
             return Ok(RestoreReport { elapsed: started.elapsed(), ..RestoreReport::default() });
         }
         self.drop_stale_events();
-        let router = Arc::new(Router::default());
-        let mut fetch = FetchQueue::open(&self.consumer, router.clone(), READ_BATCH);
-        let mut assignment = TopicPartitionList::new();
-        for partition in &restoring {
-            router.route(&self.consumer, &self.topic, partition.partition);
-            assignment.add_partition_offset(&self.topic, partition.partition, Offset::Offset(partition.next)).map_err(kafka)?;
-        }
-        self.consumer.assign(&assignment).map_err(kafka)?;
         let offsets = to_go(&restoring);
         tracing::info!(topic = %self.topic, partitions = ?restoring.iter().map(|slot| (slot.partition, slot.next, slot.end)).collect::<Vec<_>>(),
             to_go = offsets, "restoring state from the changelog: (partition, from, end) offsets");
         self.progress.start(offsets);
-        let result = self.apply_until_end(&mut fetch, &mut restoring, started);
+        let result = self.read_to_end(&mut restoring, started);
         self.progress.finish();
-        let _ = self.consumer.unassign();
-        drop(fetch);
         let mut report = result?;
         report.cpu = process_cpu_time().saturating_sub(cpu_at_start);
         let seconds = report.elapsed.as_secs_f64().max(1e-3);
@@ -218,6 +255,22 @@ impl Restorer {
             cpu_ms = report.cpu.as_millis() as u64, records_per_second = (report.records as f64 / seconds).round(), "restored state from the changelog"
         );
         Ok(report)
+    }
+
+    /// Reads every partition of `restoring` to its end into a bulk load
+    /// of the store: from the leaders where it can, the rest through the
+    /// consumer.
+    fn read_to_end(&self, restoring: &mut [Restoring], started: Instant) -> Result<RestoreReport, RestoreError> {
+        let mut run = Run::new(self);
+        if let Some(settings) = &self.leader_fetch
+            && let Some(why) = self.read_from_leaders(&mut run, restoring, settings)?
+        {
+            tracing::warn!(topic = %self.topic, "restore: reading the rest of the changelog through librdkafka's consumer (slower): {why}");
+        }
+        if restoring.iter().any(|partition| !partition.finished) {
+            self.read_from_consumer(&mut run, restoring)?;
+        }
+        run.finish(restoring, started)
     }
 
     /// Serves what the consumer queued while no restore ran (the restorer
@@ -234,18 +287,27 @@ impl Restorer {
         }
     }
 
-    /// Reads the assigned partitions to their ends into a bulk load of the
-    /// store, checkpointing every `checkpoint_bytes` and at the end.
-    fn apply_until_end(&self, fetch: &mut FetchQueue<'_>, restoring: &mut [Restoring], started: Instant) -> Result<RestoreReport, RestoreError> {
-        let mut load = self.store.bulk_load();
-        let mut report = RestoreReport::default();
-        let mut key = Vec::new();
-        let mut last_arrival = Instant::now();
-        let mut last_log = Instant::now();
-        let mut last_publish = Instant::now();
+    /// Reads the unfinished partitions of `restoring` to their ends through
+    /// the consumer, from each one's next offset.
+    fn read_from_consumer(&self, run: &mut Run<'_>, restoring: &mut [Restoring]) -> Result<(), RestoreError> {
+        let kafka = |source| RestoreError::Kafka { topic: self.topic.clone(), source };
+        let router = Arc::new(Router::default());
+        let mut fetch = FetchQueue::open(&self.consumer, router.clone(), READ_BATCH);
+        let mut assignment = TopicPartitionList::new();
+        for partition in restoring.iter().filter(|partition| !partition.finished) {
+            router.route(&self.consumer, &self.topic, partition.partition);
+            assignment.add_partition_offset(&self.topic, partition.partition, Offset::Offset(partition.next)).map_err(kafka)?;
+        }
+        self.consumer.assign(&assignment).map_err(kafka)?;
+        let result = self.consume_until_end(run, &mut fetch, restoring);
+        let _ = self.consumer.unassign();
+        drop(fetch);
+        result
+    }
+
+    fn consume_until_end(&self, run: &mut Run<'_>, fetch: &mut FetchQueue<'_>, restoring: &mut [Restoring]) -> Result<(), RestoreError> {
         let mut failure: Option<RestoreError> = None;
         let mut current = 0usize;
-        let mut durable = 0;
         while restoring.iter().any(|partition| !partition.finished) {
             let read = fetch.read(READ_WAIT, READ_BATCH, |item| {
                 if failure.is_some() {
@@ -267,24 +329,10 @@ impl Restorer {
                 }
                 let slot = &mut restoring[current];
                 match item {
-                    // Every offset before the end taken up front is read
-                    // (or was a transaction marker, or aborted): the
-                    // checkpoint may skip them all.
-                    Fetched::End(..) => {
-                        slot.finished = true;
-                        slot.touched |= slot.next < slot.end;
-                        slot.next = slot.next.max(slot.end);
-                    }
+                    Fetched::End(..) => slot.finish(),
                     Fetched::Record(record) => {
-                        let offset = record.offset();
-                        match apply(&mut *load, &mut key, slot, record.key(), record.payload()) {
-                            Some(bytes) => {
-                                report.records += 1;
-                                report.bytes += bytes as u64;
-                                slot.next = offset + 1;
-                                slot.touched = true;
-                            }
-                            None => failure = Some(RestoreError::Foreign { topic: self.topic.clone(), partition, offset }),
+                        if let Err(err) = run.record(slot, record.offset(), record.key(), record.payload()) {
+                            failure = Some(err);
                         }
                     }
                     Fetched::Error(..) => {}
@@ -293,39 +341,328 @@ impl Restorer {
             if let Some(failure) = failure {
                 return Err(failure);
             }
-            if read > 0 {
-                last_arrival = Instant::now();
-            } else if last_arrival.elapsed() >= self.limits.stall {
-                return Err(RestoreError::Stuck {
-                    topic: self.topic.clone(),
-                    partitions: restoring.iter().filter(|partition| !partition.finished).map(|partition| partition.partition).collect(),
-                    seconds: self.limits.stall.as_secs(),
-                });
+            run.step(restoring, read > 0)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the unfinished partitions of `restoring` from their leaders
+    /// until each is read to its end. Returns why it stopped early if the
+    /// rest must be read through the consumer.
+    fn read_from_leaders(&self, run: &mut Run<'_>, restoring: &mut [Restoring], settings: &FetchSettings) -> Result<Option<String>, RestoreError> {
+        let mut leaders: Vec<Leader> = Vec::new();
+        let mut turn = 0usize;
+        // Failures are logged once per LOG_EVERY: a broker being restarted
+        // fails every connection for seconds.
+        let mut last_warning: Option<Instant> = None;
+        let mut warn = |what: &str, why: &str| {
+            if last_warning.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+                tracing::warn!(topic = %self.topic, "restore: {what}: {why}");
+                last_warning = Some(Instant::now());
             }
-            if load.buffered_bytes() as u64 >= self.limits.checkpoint_bytes {
-                checkpoint(&mut *load, restoring)?;
-            }
-            if load.durable_checkpoints() > durable {
-                durable = load.durable_checkpoints();
-                tracing::info!(topic = %self.topic, checkpoints = durable, "restore checkpoint: what is restored up to it survives a crash");
-            }
-            if last_publish.elapsed() >= PUBLISH_EVERY {
-                self.progress.advance(report.records, to_go(restoring));
-                last_publish = Instant::now();
-            }
-            if last_log.elapsed() >= LOG_EVERY {
-                if let Some(snapshot) = self.progress.snapshot() {
-                    tracing::info!(topic = %self.topic, records = report.records, to_go = snapshot.records_to_go,
-                        records_per_second = snapshot.records_per_second.round(), seconds_left = snapshot.seconds_left.map(|s| (s * 10.0).round() / 10.0),
-                        "restoring state from the changelog: {snapshot}");
+        };
+        while restoring.iter().any(|partition| !partition.finished) {
+            let step = if leaders.is_empty() {
+                self.connect_leaders(restoring, settings).map(|connected| {
+                    leaders = connected;
+                    false
+                })
+            } else {
+                turn = turn.wrapping_add(1);
+                self.fetch_from_leaders(run, restoring, &mut leaders, settings, turn)
+            };
+            match step {
+                Ok(arrived) => run.step(restoring, arrived)?,
+                Err(Interrupted::Retry(why)) => {
+                    let what = if leaders.is_empty() { "connecting to the changelog's leaders failed, retrying" } else { "fetching from the changelog's leaders failed, connecting again" };
+                    warn(what, &why);
+                    leaders.clear();
+                    std::thread::sleep(RECONNECT_BACKOFF);
+                    run.step(restoring, false)?;
                 }
-                last_log = Instant::now();
+                Err(Interrupted::Fallback(why)) => return Ok(Some(why)),
+                Err(Interrupted::Failed(err)) => return Err(err),
             }
         }
-        checkpoint(&mut *load, restoring)?;
-        load.finish()?;
-        report.elapsed = started.elapsed();
-        Ok(report)
+        Ok(None)
+    }
+
+    /// Connects to the leader of each unfinished partition (the cluster's
+    /// metadata, from the consumer, says who leads).
+    fn connect_leaders(&self, restoring: &[Restoring], settings: &FetchSettings) -> Result<Vec<Leader>, Interrupted> {
+        let metadata = self
+            .consumer
+            .fetch_metadata(Some(&self.topic), super::topics::ADMIN_TIMEOUT)
+            .map_err(|err| Interrupted::Retry(format!("asking the cluster's metadata failed: {err}")))?;
+        let topic = metadata.topics().iter().find(|topic| topic.name() == self.topic);
+        let mut leaders: Vec<Leader> = Vec::new();
+        for (slot, partition) in restoring.iter().enumerate().filter(|(_, partition)| !partition.finished) {
+            let leader = topic.and_then(|topic| topic.partitions().iter().find(|found| found.id() == partition.partition)).map(|found| found.leader());
+            let broker = leader.and_then(|leader| metadata.brokers().iter().find(|broker| broker.id() == leader));
+            let Some(broker) = broker else {
+                return Err(Interrupted::Retry(format!("partition {} has no leader the metadata names", partition.partition)));
+            };
+            match leaders.iter_mut().find(|known| known.id == broker.id()) {
+                Some(known) => known.slots.push(slot),
+                None => {
+                    let address = format!("{}:{}", broker.host(), broker.port());
+                    let connection = LeaderConnection::connect(&address, settings, CONNECT_TIMEOUT).map_err(Interrupted::from_leader)?;
+                    leaders.push(Leader { id: broker.id(), connection, slots: vec![slot] });
+                }
+            }
+        }
+        Ok(leaders)
+    }
+
+    /// One step of reading from the leaders: a fetch sent to each leader
+    /// with none in flight, and one answer, if it comes soon, applied; the
+    /// leader's next fetch is sent before the answer is applied, so the
+    /// broker reads while this thread writes (a broker throttling a quota
+    /// holds the next request until the throttle ends, KIP-219). Returns
+    /// whether anything arrived (records, markers, an end).
+    fn fetch_from_leaders(
+        &self,
+        run: &mut Run<'_>,
+        restoring: &mut [Restoring],
+        leaders: &mut [Leader],
+        settings: &FetchSettings,
+        turn: usize,
+    ) -> Result<bool, Interrupted> {
+        for leader in leaders.iter_mut().filter(|leader| !leader.connection.is_fetching()) {
+            let wanted = leader.fetch_list(restoring, &[], turn);
+            if !wanted.is_empty() {
+                leader.connection.send_fetch(&self.topic, &wanted, settings).map_err(Interrupted::from_leader)?;
+            }
+        }
+        let fetching: Vec<usize> = (0..leaders.len()).filter(|&n| leaders[n].connection.is_fetching()).collect();
+        let Some(&chosen) = fetching.get(turn % fetching.len().max(1)) else { return Ok(false) };
+        let leader = &mut leaders[chosen];
+        let Some(response) = leader.connection.receive_fetch(LEADER_WAIT).map_err(Interrupted::from_leader)? else { return Ok(false) };
+        if response.error_code != 0 {
+            return Err(Interrupted::Retry(format!("broker {} answered a fetch with error code {}", leader.connection.broker(), response.error_code)));
+        }
+        // Where each partition stands after this answer, from its batch
+        // headers alone.
+        let mut answers: Vec<Answer<'_>> = Vec::new();
+        for topic in response.responses.iter().filter(|topic| topic.topic.0.as_str() == self.topic) {
+            for data in &topic.partitions {
+                let Some(slot) = leader.slots.iter().copied().find(|&slot| restoring[slot].partition == data.partition_index) else { continue };
+                match data.error_code {
+                    0 => {}
+                    code if RETRIABLE_PARTITION_ERRORS.contains(&code) => {
+                        return Err(Interrupted::Retry(format!("partition {} answered with error code {code}", data.partition_index)));
+                    }
+                    code => return Err(Interrupted::Fallback(format!("partition {} answered with error code {code}", data.partition_index))),
+                }
+                let partition = &restoring[slot];
+                let records = data.records.as_deref().unwrap_or_default();
+                let next = record_batch::next_offset_after(records).map_or(partition.next, |next| next.max(partition.next));
+                // Nothing came, and nothing committed lies at `next` or past it: the end.
+                let nothing_past = next == partition.next && (0..=next).contains(&data.last_stable_offset);
+                answers.push(Answer { slot, data, next, finished: next >= partition.end || nothing_past });
+            }
+        }
+        let next_fetch = leader.fetch_list(restoring, &answers, turn);
+        if !next_fetch.is_empty() {
+            leader.connection.send_fetch(&self.topic, &next_fetch, settings).map_err(Interrupted::from_leader)?;
+        }
+        let mut arrived = false;
+        for answer in &answers {
+            let slot = &mut restoring[answer.slot];
+            arrived |= self.apply_answer(run, slot, answer.data)?;
+            slot.advance_to(answer.next);
+            if answer.finished {
+                slot.finish();
+                arrived = true;
+            }
+        }
+        Ok(arrived)
+    }
+
+    /// Applies one partition's part of a fetch answer: the records a
+    /// `read_committed` consumer would be handed. Returns whether it held
+    /// a whole batch.
+    fn apply_answer(&self, run: &mut Run<'_>, slot: &mut Restoring, data: &PartitionData) -> Result<bool, Interrupted> {
+        let Some(records) = data.records.as_deref() else { return Ok(false) };
+        let aborted = data.aborted_transactions.iter().flatten().map(|aborted| (aborted.producer_id.0, aborted.first_offset));
+        let mut filter = ReadCommitted::new(aborted);
+        let mut arrived = false;
+        let partition = slot.partition;
+        let batch_error = |err: BatchError| match err {
+            BatchError::Unsupported { .. } => Interrupted::Fallback(format!("changelog partition {partition}: {err}")),
+            BatchError::Corrupt { .. } => Interrupted::Failed(RestoreError::Corrupt { topic: self.topic.clone(), partition, source: err }),
+        };
+        for batch in Batches::new(records) {
+            let batch = batch.map_err(batch_error)?;
+            arrived = true;
+            if filter.keeps(&batch).map_err(batch_error)? {
+                for record in batch.records().map_err(batch_error)? {
+                    let record = record.map_err(batch_error)?;
+                    if record.offset >= slot.next {
+                        run.record(slot, record.offset, record.key, record.value).map_err(Interrupted::Failed)?;
+                    }
+                }
+            }
+            slot.advance_to(batch.last_offset().saturating_add(1));
+        }
+        Ok(arrived)
+    }
+}
+
+/// How long one wait for a leader's answer lasts before the restore looks
+/// at its clock (progress, stall limit).
+const LEADER_WAIT: Duration = Duration::from_millis(100);
+/// How long connecting to a leader (and asking its API versions) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause before connecting to the leaders again after a failure.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
+/// Partition errors after which the leaders are looked up again: the
+/// leader moved or is not ready (Kafka's error codes 3, 5, 6, 9, 56, 74,
+/// 75, 78). Any other makes the consumer read the rest, as it always did.
+const RETRIABLE_PARTITION_ERRORS: &[i16] = &[3, 5, 6, 9, 56, 74, 75, 78];
+
+/// Why reading from the leaders stopped.
+enum Interrupted {
+    /// Connect again (after a pause); the stall limit still applies.
+    Retry(String),
+    /// Read the rest through the consumer.
+    Fallback(String),
+    /// The restore fails.
+    Failed(RestoreError),
+}
+
+impl Interrupted {
+    fn from_leader(err: LeaderError) -> Interrupted {
+        if err.is_retriable() { Interrupted::Retry(err.to_string()) } else { Interrupted::Fallback(err.to_string()) }
+    }
+}
+
+/// A connection to a leader, and the partitions it leads.
+struct Leader {
+    id: i32,
+    connection: LeaderConnection,
+    /// Indexes into the restore's partitions.
+    slots: Vec<usize>,
+}
+
+impl Leader {
+    /// The partitions it leads that are left to read once `answers` are
+    /// applied, each with its next offset, in an order rotated by `turn`.
+    fn fetch_list(&self, restoring: &[Restoring], answers: &[Answer<'_>], turn: usize) -> Vec<(i32, i64)> {
+        let mut list: Vec<(i32, i64)> = Vec::with_capacity(self.slots.len());
+        for &slot in &self.slots {
+            let partition = &restoring[slot];
+            match answers.iter().find(|answer| answer.slot == slot) {
+                _ if partition.finished => {}
+                Some(answer) if answer.finished => {}
+                Some(answer) => list.push((partition.partition, answer.next)),
+                None => list.push((partition.partition, partition.next)),
+            }
+        }
+        if !list.is_empty() {
+            let by = turn % list.len();
+            list.rotate_left(by);
+        }
+        list
+    }
+}
+
+/// One partition's part of a fetch answer, and where it leaves the partition.
+struct Answer<'r> {
+    /// Index into the restore's partitions.
+    slot: usize,
+    data: &'r PartitionData,
+    /// The offset after the answer's last whole batch.
+    next: i64,
+    /// Whether the partition is read to its end with it.
+    finished: bool,
+}
+
+/// One restore's writes and bookkeeping, whichever way it reads.
+struct Run<'r> {
+    restorer: &'r Restorer,
+    load: Box<dyn BulkLoad + 'r>,
+    report: RestoreReport,
+    /// The state key being built (reused).
+    key: Vec<u8>,
+    last_arrival: Instant,
+    last_log: Instant,
+    last_publish: Instant,
+    durable: u64,
+}
+
+impl<'r> Run<'r> {
+    fn new(restorer: &'r Restorer) -> Run<'r> {
+        let now = Instant::now();
+        Run {
+            restorer,
+            load: restorer.store.bulk_load(),
+            report: RestoreReport::default(),
+            key: Vec::new(),
+            last_arrival: now,
+            last_log: now,
+            last_publish: now,
+            durable: 0,
+        }
+    }
+
+    /// Loads one changelog record of `slot`'s partition.
+    fn record(&mut self, slot: &mut Restoring, offset: i64, key: Option<&[u8]>, value: Option<&[u8]>) -> Result<(), RestoreError> {
+        match apply(&mut *self.load, &mut self.key, slot, key, value) {
+            Some(bytes) => {
+                self.report.records += 1;
+                self.report.bytes += bytes as u64;
+                slot.next = offset + 1;
+                slot.touched = true;
+                Ok(())
+            }
+            None => Err(RestoreError::Foreign { topic: self.restorer.topic.clone(), partition: slot.partition, offset }),
+        }
+    }
+
+    /// After each read (`arrived`: it brought something): fails a stalled
+    /// restore, checkpoints every `checkpoint_bytes`, publishes and logs
+    /// progress.
+    fn step(&mut self, restoring: &mut [Restoring], arrived: bool) -> Result<(), RestoreError> {
+        let (topic, limits, progress) = (&self.restorer.topic, &self.restorer.limits, &self.restorer.progress);
+        if arrived {
+            self.last_arrival = Instant::now();
+        } else if self.last_arrival.elapsed() >= limits.stall {
+            return Err(RestoreError::Stuck {
+                topic: topic.clone(),
+                partitions: restoring.iter().filter(|partition| !partition.finished).map(|partition| partition.partition).collect(),
+                seconds: limits.stall.as_secs(),
+            });
+        }
+        if self.load.buffered_bytes() as u64 >= limits.checkpoint_bytes {
+            checkpoint(&mut *self.load, restoring)?;
+        }
+        if self.load.durable_checkpoints() > self.durable {
+            self.durable = self.load.durable_checkpoints();
+            tracing::info!(%topic, checkpoints = self.durable, "restore checkpoint: what is restored up to it survives a crash");
+        }
+        if self.last_publish.elapsed() >= PUBLISH_EVERY {
+            progress.advance(self.report.records, to_go(restoring));
+            self.last_publish = Instant::now();
+        }
+        if self.last_log.elapsed() >= LOG_EVERY {
+            if let Some(snapshot) = progress.snapshot() {
+                tracing::info!(%topic, records = self.report.records, to_go = snapshot.records_to_go,
+                    records_per_second = snapshot.records_per_second.round(), seconds_left = snapshot.seconds_left.map(|s| (s * 10.0).round() / 10.0),
+                    "restoring state from the changelog: {snapshot}");
+            }
+            self.last_log = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// The last checkpoint, once every partition is read to its end; waits
+    /// until the load is durable.
+    fn finish(mut self, restoring: &mut [Restoring], started: Instant) -> Result<RestoreReport, RestoreError> {
+        checkpoint(&mut *self.load, restoring)?;
+        self.load.finish()?;
+        self.report.elapsed = started.elapsed();
+        Ok(self.report)
     }
 }
 

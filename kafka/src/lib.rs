@@ -21,6 +21,8 @@
 //! - [`collector`]: sending outputs and dead letters with their lineage.
 //! - [`committer`]: the transaction: changelog, offsets, commit, state.
 //! - [`fetch`]: reading the input's records in batches.
+//! - [`leader_fetch`], [`record_batch`]: restores fetching the changelog
+//!   from its partitions' leaders and reading its batches in place.
 //! - [`job`]: the job loop, rebalances, and recovery from Kafka failures.
 //! - [`keys`]: the layout of source ids, state, metadata and changelog keys.
 
@@ -33,11 +35,13 @@ mod config;
 mod fetch;
 mod job;
 pub mod keys;
+mod leader_fetch;
 mod producer;
+mod record_batch;
 mod topics;
 
 pub use config::{
-    default_restore_stall_ms, Guarantee, KafkaConfig, DEFAULT_CREATE_PARTITIONS, DEFAULT_RESTORE_CHECKPOINT_BYTES, DEFAULT_RESTORE_STALL_MS,
+    default_restore_stall_ms, Guarantee, KafkaConfig, RestoreFetch, DEFAULT_CREATE_PARTITIONS, DEFAULT_RESTORE_CHECKPOINT_BYTES, DEFAULT_RESTORE_STALL_MS,
     DEFAULT_TRANSACTION_TIMEOUT_MS,
 };
 pub use topics::{prepare as prepare_topics, TopicLayout, RESTORE_DEFAULTS};

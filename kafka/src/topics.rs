@@ -10,7 +10,8 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext, Offset};
 
 use crate::{KafkaJobError, SetupError};
-use crate::config::{Guarantee, KafkaConfig};
+use crate::config::{Guarantee, KafkaConfig, RestoreFetch};
+use crate::leader_fetch::FetchSettings;
 use tally_core::settings::JobSettings;
 
 /// How long metadata and admin requests may take.
@@ -178,6 +179,25 @@ pub const RESTORE_DEFAULTS: &[(&str, &str)] = &[
     ("fetch.max.bytes", "67108864"),
     ("fetch.wait.max.ms", "10"),
 ];
+
+/// How a restore with the consumer's settings `restore` fetches from the
+/// partitions' leaders itself: the same fetch sizes and wait; `None` when
+/// the job reads through the consumer only, or its brokers' listeners
+/// need TLS or SASL (which only librdkafka speaks here).
+pub fn leader_fetch_settings(kafka: &KafkaConfig, restore: &ClientConfig) -> Option<FetchSettings> {
+    let plaintext = restore.get("security.protocol").is_none_or(|protocol| protocol.eq_ignore_ascii_case("plaintext"));
+    if kafka.restore_fetch != RestoreFetch::Leaders || !plaintext {
+        return None;
+    }
+    // librdkafka's own defaults where neither Tally nor the job sets one.
+    let number = |key: &str, default: i32| restore.get(key).and_then(|value| value.trim().parse().ok()).filter(|&value: &i32| value > 0).unwrap_or(default);
+    Some(FetchSettings {
+        max_wait: Duration::from_millis(number("fetch.wait.max.ms", 500) as u64),
+        max_bytes: number("fetch.max.bytes", 52_428_800),
+        partition_max_bytes: number("max.partition.fetch.bytes", 1_048_576),
+        client_id: restore.get("client.id").unwrap_or("tally-restore").to_string(),
+    })
+}
 
 /// The producer: transactional under `exactly_once` (one transactional id
 /// per process, kept in its state directory), idempotent otherwise.

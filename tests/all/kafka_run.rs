@@ -272,19 +272,21 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     };
     run();
 
-    // The state is lost, and the broker is overloaded: it stalls for 0.5 s
-    // at a time, shorter than the stall limit, so the restore of about
-    // 20 MB takes seconds, each step well within the limit.
+    // The state is lost, and the broker is overloaded: it stalls for 0.7 s
+    // at a time, shorter than the stall limit, and runs 10 ms between, so
+    // the restore of about 20 MB takes seconds, each step well within the
+    // limit.
     std::fs::remove_dir_all(state.join("db")).unwrap();
     let again = distinct_key_lines(1_000, 2);
     placed.extend(produce_usage(&job.input, &again, job.partitions));
     lines.extend(again);
-    let stutter = BrokerStutter::start(Duration::from_millis(500), Duration::from_millis(25));
+    let stutter = BrokerStutter::start(Duration::from_millis(700), Duration::from_millis(10));
     let log = run();
     drop(stutter);
 
     let restored: Vec<&str> = log.lines().filter(|line| line.contains("restored state from the changelog")).collect();
     assert_eq!(restored.len(), 1, "one restore, in one session:\n{log}");
+    println!("{}", restored[0]);
     assert!(!log.contains("Kafka session failed"), "the restore must not fail:\n{log}");
     let field = |line: &str, name: &str| -> u64 {
         line.split_whitespace().find_map(|word| word.strip_prefix(&format!("{name}=")).and_then(|value| value.parse().ok())).unwrap()

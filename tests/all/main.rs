@@ -13,6 +13,7 @@ mod hostile_api;
 mod hostile_uploads;
 mod kafka_crash;
 mod kafka_group;
+mod kafka_restore;
 mod kafka_run;
 mod languages;
 mod layering;

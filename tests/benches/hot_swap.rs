@@ -111,6 +111,7 @@ fn main() {
         transaction_timeout_ms: 10_000,
         restore_stall_ms: tally_kafka::DEFAULT_RESTORE_STALL_MS,
         restore_checkpoint_bytes: tally_kafka::DEFAULT_RESTORE_CHECKPOINT_BYTES,
+        restore_fetch: Default::default(),
         client: Default::default(),
     };
     config.name = topics.name.clone();

@@ -295,6 +295,7 @@ impl ServedJob {
                     transaction_timeout_ms: kafka.transaction_timeout_ms,
                     restore_stall_ms: kafka.restore_stall_ms,
                     restore_checkpoint_bytes: tally_kafka::DEFAULT_RESTORE_CHECKPOINT_BYTES,
+                    restore_fetch: tally_kafka::RestoreFetch::default(),
                     client: BTreeMap::new(),
                 })
             }

@@ -40,11 +40,13 @@ impl KafkaJob {
         let (restorer, new_restorer) = match &self.restorer {
             Some(restorer) => (restorer.clone(), false),
             None => {
-                let consumer: BaseConsumer<QuietEof> =
-                    topics::restore_config(config, kafka).create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
+                let restore_config = topics::restore_config(config, kafka);
+                let leader_fetch = topics::leader_fetch_settings(kafka, &restore_config);
+                let consumer: BaseConsumer<QuietEof> = restore_config.create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
                 let limits = RestoreLimits { stall: Duration::from_millis(kafka.restore_stall_ms), checkpoint_bytes: kafka.restore_checkpoint_bytes };
                 let progress = self.task.context().restore.clone();
-                let restorer = Arc::new(Restorer::new(consumer, self.store.clone(), self.layout.changelog.clone(), limits, progress));
+                let changelog = self.layout.changelog.clone();
+                let restorer = Arc::new(Restorer::new(consumer, self.store.clone(), changelog, limits, leader_fetch, progress));
                 (self.restorer.insert(restorer).clone(), true)
             }
         };

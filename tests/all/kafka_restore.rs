@@ -1,0 +1,239 @@
+//! Restores against the real broker, on changelogs made hard on purpose:
+//! aborted transactions interleaved with committed ones and with plain
+//! records, a compressed changelog, a broker restart in the middle. Each
+//! ends with the independent checker: every total adds exactly its own
+//! event to what the restored state held.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::ClientConfig;
+use tally_tests::kafka::*;
+use tally_tests::*;
+
+use crate::plugins::USAGE_BILLING;
+
+const PARTITIONS: i32 = 4;
+
+/// One event per customer, quantities 1 to 7 (neighbours differ).
+fn varied_lines(count: usize) -> Vec<UsageLine> {
+    (0..count)
+        .map(|index| {
+            let customer = format!("c{index:07}");
+            let quantity = index as u64 % 7 + 1;
+            let line = format!(r#"{{"customer":"{customer}","metric":"api_calls","quantity":{quantity},"ts":"2026-11-15T12:00:00Z"}}"#);
+            UsageLine { line, effect: Some(((customer, "api_calls".to_string(), "2026-11".to_string()), quantity)) }
+        })
+        .collect()
+}
+
+/// Checks the job's outputs: every event counted once, each total adding
+/// exactly its event to what its key held (a restore that lost or changed
+/// a key shows here).
+fn assert_counted_once(job: &KafkaBillingJob, lines: &[UsageLine], placed: &[Placed]) {
+    let verdict = check(&job.input, lines, placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
+    assert_eq!(verdict.totals, expected_totals(lines));
+}
+
+/// Runs `tally run --until-caught-up` on `job_file`; returns its log.
+fn run(job_file: &std::path::Path) -> String {
+    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(job_file).env("RUST_LOG", "info").output().unwrap();
+    let log = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "tally failed: {}", &log[log.len().saturating_sub(4000)..]);
+    log
+}
+
+/// The records and bytes a run's restores applied, from their log lines.
+fn restored(log: &str) -> (u64, u64) {
+    let field = |line: &str, name: &str| -> u64 {
+        line.split_whitespace().find_map(|word| word.strip_prefix(&format!("{name}=")).and_then(|value| value.parse().ok())).unwrap()
+    };
+    let lines: Vec<&str> = log.lines().filter(|line| line.contains("restored state from the changelog")).collect();
+    assert!(!lines.is_empty(), "the run restored nothing:\n{log}");
+    lines.iter().fold((0, 0), |(records, bytes), line| (records + field(line, "records"), bytes + field(line, "bytes")))
+}
+
+/// A producer with transactional id `id`, its transactions initialised.
+fn transactional(id: &str) -> BaseProducer {
+    let producer: BaseProducer =
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).set("transactional.id", unique(id)).set("linger.ms", "5").create().unwrap();
+    producer.init_transactions(Duration::from_secs(30)).unwrap();
+    producer
+}
+
+/// Sends `records` (partition, key, value) and waits for them to land.
+fn send_all(producer: &BaseProducer, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
+    for (partition, key, value) in records {
+        let mut record = BaseRecord::<[u8], [u8]>::to(topic).partition(*partition).key(&key[..]).payload(&value[..]);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+#[test]
+fn a_restore_applies_only_committed_changelog_records_whether_it_fetches_from_the_leaders_or_through_the_consumer() {
+    const KEYS: usize = 3_000;
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("restore-aborts", PARTITIONS);
+    let state = dir.path().join("state");
+    // Two job files over one state directory: one instance of the group,
+    // whichever way it restores.
+    let files = |name: &str, kafka: &str| {
+        let files = dir.path().join(name);
+        std::fs::create_dir_all(&files).unwrap();
+        job.write_job_file_with_kafka(&files, USAGE_BILLING, &state, "", kafka, "")
+    };
+    let (leaders, consumer) = (files("leaders", ""), files("consumer", "restore_fetch = \"consumer\""));
+    let mut lines = varied_lines(KEYS);
+    let mut placed = produce_usage(&job.input, &lines, PARTITIONS);
+    run(&leaders);
+
+    // Write into the changelog what a zombie would, and abort it: each
+    // state key with another key's total, and an included offset far
+    // ahead. Around it, other producers' committed transactions and plain
+    // records repeat committed records as they are (harmless if applied
+    // again), so aborted batches, markers and committed batches interleave.
+    let changelog = format!("tally-{}-state-changelog", job.name);
+    let committed: Vec<(i32, Vec<u8>, Vec<u8>)> =
+        read_topic(&changelog, true).into_iter().map(|record| (record.partition, record.key.unwrap_or_default(), record.value)).collect();
+    let states = |partition: i32| committed.iter().filter(move |(p, key, _)| *p == partition && key.first() == Some(&b's'));
+    let mut bogus = Vec::new();
+    for partition in 0..PARTITIONS {
+        let records: Vec<&(i32, Vec<u8>, Vec<u8>)> = states(partition).collect();
+        for (n, (_, key, value)) in records.iter().enumerate() {
+            let other = records.iter().cycle().skip(n + 1).take(records.len()).map(|(_, _, value)| value).find(|other| *other != value);
+            bogus.push((partition, key.clone(), other.expect("another total").clone()));
+        }
+        let offset_key = committed.iter().find(|(p, key, _)| *p == partition && key.first() == Some(&b'o')).expect("an included offset");
+        bogus.push((partition, offset_key.1.clone(), b"99999999".to_vec()));
+    }
+    let repeats: Vec<(i32, Vec<u8>, Vec<u8>)> = (0..PARTITIONS).flat_map(|partition| states(partition).take(50).cloned()).collect();
+    let zombie = transactional("tally-test-zombie");
+    let other = transactional("tally-test-other");
+    let plain: BaseProducer = ClientConfig::new().set("bootstrap.servers", bootstrap()).set("enable.idempotence", "true").create().unwrap();
+    zombie.begin_transaction().unwrap();
+    send_all(&zombie, &changelog, &bogus);
+    other.begin_transaction().unwrap();
+    send_all(&other, &changelog, &repeats);
+    other.commit_transaction(Duration::from_secs(30)).unwrap();
+    send_all(&zombie, &changelog, &bogus[..bogus.len() / 2]);
+    zombie.abort_transaction(Duration::from_secs(30)).unwrap();
+    send_all(&plain, &changelog, &repeats);
+    zombie.begin_transaction().unwrap();
+    send_all(&zombie, &changelog, &bogus[bogus.len() / 2..]);
+    zombie.abort_transaction(Duration::from_secs(30)).unwrap();
+
+    // Both ways apply the same records from the same changelog.
+    std::fs::remove_dir_all(state.join("db")).unwrap();
+    let from_leaders = run(&leaders);
+    std::fs::remove_dir_all(state.join("db")).unwrap();
+    let through_consumer = run(&consumer);
+    assert!(!from_leaders.contains("through librdkafka's consumer"), "the leaders' fetch read it all:\n{from_leaders}");
+    let applied = restored(&from_leaders);
+    assert_eq!(applied, restored(&through_consumer), "the leaders' fetch applies what a read_committed consumer hands over");
+    assert_eq!(applied.0, (committed.len() + 2 * repeats.len()) as u64, "the committed records, and the repeats twice");
+
+    // Every key counts on from its committed total, never the zombie's.
+    let again = distinct_key_lines(KEYS, 1);
+    placed.extend(produce_usage(&job.input, &again, PARTITIONS));
+    lines.extend(again);
+    std::fs::remove_dir_all(state.join("db")).unwrap();
+    run(&leaders);
+    assert_counted_once(&job, &lines, &placed);
+}
+
+#[test]
+fn a_compressed_changelog_is_restored_through_the_consumer_and_counts_exactly_once() {
+    const KEYS: usize = 5_000;
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("restore-gzip", PARTITIONS);
+    let state = dir.path().join("state");
+    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &state, "", "\"producer.compression.type\" = \"gzip\"");
+    let mut lines = varied_lines(KEYS);
+    let mut placed = produce_usage(&job.input, &lines, PARTITIONS);
+    run(&job_file);
+
+    std::fs::remove_dir_all(state.join("db")).unwrap();
+    let again = distinct_key_lines(KEYS, 1);
+    placed.extend(produce_usage(&job.input, &again, PARTITIONS));
+    lines.extend(again);
+    let log = run(&job_file);
+    assert!(log.contains("the batch at offset") && log.contains("is compressed (gzip)"), "the fallback names its reason:\n{log}");
+    assert!(log.contains("through librdkafka's consumer"), "{log}");
+    assert!(restored(&log).0 >= KEYS as u64);
+    assert_counted_once(&job, &lines, &placed);
+}
+
+#[test]
+fn a_restore_from_the_leaders_rides_out_a_broker_restart_and_counts_exactly_once() {
+    const KEYS: usize = 300_000;
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("restore-broker", PARTITIONS);
+    let state = dir.path().join("state");
+    // Small fetches and a stuttering broker make the restore last seconds;
+    // the stall limit outlasts the broker's restart.
+    let client = "\"consumer.max.partition.fetch.bytes\" = \"65536\"\n\"consumer.fetch.max.bytes\" = \"1000000\"";
+    let job_file = job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &state, "", "restore_stall_ms = 240000", client);
+    let mut lines = distinct_key_lines(KEYS, 1);
+    let mut placed = produce_usage(&job.input, &lines, PARTITIONS);
+    run(&job_file);
+
+    std::fs::remove_dir_all(state.join("db")).unwrap();
+    let again = distinct_key_lines(KEYS / 10, 2);
+    placed.extend(produce_usage(&job.input, &again, PARTITIONS));
+    lines.extend(again);
+    let log_path = dir.path().join("restore.log");
+    let stutter = BrokerStutter::start(Duration::from_millis(500), Duration::from_millis(25));
+    let mut child = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(&job_file)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !log().contains("restoring state from the changelog: (partition") {
+        assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the restore never started:\n{}", log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!log().contains("restored state from the changelog"), "the restore ended before the broker went down; make it longer:\n{}", log());
+    // Killed while it still stutters: a broker let run freely first would
+    // hand the rest of the changelog over before it went down.
+    let (killed, said) = kafka_script(&["kill"]);
+    assert!(killed, "{said}");
+    drop(stutter);
+    std::thread::sleep(Duration::from_secs(1));
+    let (started, said) = kafka_script(&["start"]);
+    assert!(started, "{said}");
+
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the job did not finish after the broker came back:\n{}", log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = log();
+    assert!(status.success(), "{status}:\n{log}");
+    assert!(log.contains("fetching from the changelog's leaders failed, connecting again"), "the restore lost its leader mid-way:\n{log}");
+    assert!(!log.contains("through librdkafka's consumer"), "a broker restart is no reason to read another way:\n{log}");
+    assert!(restored(&log).0 >= KEYS as u64);
+    assert_counted_once(&job, &lines, &placed);
+}
