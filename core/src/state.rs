@@ -95,12 +95,6 @@ pub trait BulkLoad {
     /// Waits until every checkpoint handed over is durable, or says why one
     /// is not.
     fn finish(&mut self) -> Result<(), StateError>;
-    /// [`BulkLoad::checkpoint`], the last one, then [`BulkLoad::finish`]:
-    /// a backend that knows nothing follows may make it durable faster.
-    fn finish_with_checkpoint(&mut self, checkpoint: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StateError> {
-        self.checkpoint(checkpoint)?;
-        self.finish()
-    }
 }
 
 /// A [`BulkLoad`] for backends without a faster path: each checkpoint is

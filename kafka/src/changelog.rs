@@ -659,10 +659,8 @@ impl<'r> Run<'r> {
     /// The last checkpoint, once every partition is read to its end; waits
     /// until the load is durable.
     fn finish(mut self, restoring: &mut [Restoring], started: Instant) -> Result<RestoreReport, RestoreError> {
-        match checkpoint_of(restoring) {
-            Some(meta) => self.load.finish_with_checkpoint(&meta)?,
-            None => self.load.finish()?,
-        }
+        checkpoint(&mut *self.load, restoring)?;
+        self.load.finish()?;
         self.report.elapsed = started.elapsed();
         Ok(self.report)
     }
@@ -676,16 +674,6 @@ fn to_go(restoring: &[Restoring]) -> u64 {
 /// Makes the restore durable up to each partition's next offset: the
 /// applied writes first, then the checkpoints and included offsets.
 fn checkpoint(load: &mut dyn BulkLoad, restoring: &mut [Restoring]) -> Result<(), StateError> {
-    match checkpoint_of(restoring) {
-        Some(meta) => load.checkpoint(&meta),
-        None => Ok(()),
-    }
-}
-
-/// The checkpoint of what `restoring` read since the last one: each touched
-/// partition's next offset and the input offsets it includes; `None` if no
-/// partition moved.
-fn checkpoint_of(restoring: &mut [Restoring]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut meta = Vec::new();
     for partition in restoring.iter_mut().filter(|partition| partition.touched) {
         partition.touched = false;
@@ -694,7 +682,10 @@ fn checkpoint_of(restoring: &mut [Restoring]) -> Option<Vec<(Vec<u8>, Vec<u8>)>>
             meta.push((included_key(&topic, partition.partition), offset.to_string().into_bytes()));
         }
     }
-    (!meta.is_empty()).then_some(meta)
+    if meta.is_empty() {
+        return Ok(());
+    }
+    load.checkpoint(&meta)
 }
 
 /// Loads one changelog record of `slot`'s partition: a state write into

@@ -38,11 +38,9 @@ pub(super) struct ChunkLimits {
     pub writes: usize,
     /// Sorted chunks merged into one SST file (fewer at a checkpoint).
     pub chunks_per_file: usize,
-    /// Writes from which the last file of a load is built as two, of two
-    /// key ranges, on two threads: it is built after the last write is
-    /// loaded, while nothing else runs. (The others are not: the writer
-    /// is busiest while the loader is, and twice the files in RocksDB's
-    /// level 0 would bring its compaction on at half the size.)
+    /// Writes from which a file is built as two, of two key ranges, on
+    /// two threads (the last file of a restore is built after the last
+    /// read, while nothing else runs).
     pub split_writes: usize,
 }
 
@@ -58,8 +56,8 @@ impl ChunkLimits {
     /// large files keep that rare (with files of 32 MiB, a 3 M-key restore
     /// used 2.8–3.8 CPU s against 2.4 with 64 MiB ones). At most seven
     /// chunks are held (the one filling, the one queued, five sorted):
-    /// about 170 MiB with their indexes. A last file of 64 Ki writes or
-    /// more is built in two halves at once.
+    /// about 170 MiB with their indexes. Files of 64 Ki writes or more
+    /// are built in two halves at once.
     pub(super) const DEFAULT: ChunkLimits = ChunkLimits { bytes: 16 << 20, writes: 256 << 10, chunks_per_file: 5, split_writes: 64 << 10 };
 }
 
@@ -184,9 +182,8 @@ impl Chunk {
 /// What the writer thread is asked to do, in order.
 enum Work {
     Ingest(Chunk),
-    /// Commit this metadata (every chunk before it is ingested); `last`:
-    /// nothing but [`Work::Finish`] follows.
-    Checkpoint { meta: Vec<(Vec<u8>, Vec<u8>)>, last: bool },
+    /// Commit this metadata (every chunk before it is ingested).
+    Checkpoint(Vec<(Vec<u8>, Vec<u8>)>),
     /// Answer once everything before is done.
     Finish(mpsc::SyncSender<()>),
 }
@@ -262,15 +259,6 @@ impl RocksBulkLoad {
         self.chunk = self.emptied.try_recv().unwrap_or_else(|_| Chunk::with_limits(self.limits));
     }
 
-    /// Hands over the chunk being filled, then checkpoint `meta`.
-    fn send_checkpoint(&mut self, meta: &[(Vec<u8>, Vec<u8>)], last: bool) -> Result<(), StateError> {
-        self.failed()?;
-        self.hand_over_chunk();
-        self.send(Work::Checkpoint { meta: meta.to_vec(), last });
-        self.bytes = 0;
-        Ok(())
-    }
-
     fn failed(&self) -> Result<(), StateError> {
         match self.failure.lock().expect("failure lock").as_ref() {
             Some(why) => Err(StateError::Commit(why.clone().into())),
@@ -294,16 +282,15 @@ impl BulkLoad for RocksBulkLoad {
     }
 
     fn checkpoint(&mut self, meta: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StateError> {
-        self.send_checkpoint(meta, false)
+        self.failed()?;
+        self.hand_over_chunk();
+        self.send(Work::Checkpoint(meta.to_vec()));
+        self.bytes = 0;
+        Ok(())
     }
 
     fn durable_checkpoints(&self) -> u64 {
         self.committed.load(Ordering::Acquire)
-    }
-
-    fn finish_with_checkpoint(&mut self, meta: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StateError> {
-        self.send_checkpoint(meta, true)?;
-        self.finish()
     }
 
     fn finish(&mut self) -> Result<(), StateError> {
@@ -352,8 +339,8 @@ fn write_until_closed(
     files.ingest.set_move_files(true);
     let mut sorted: Vec<Chunk> = Vec::with_capacity(limits.chunks_per_file);
     let ok = || failure.lock().expect("failure lock").is_none();
-    let mut write_file = |sorted: &mut Vec<Chunk>, split: bool| {
-        if ok() && !sorted.is_empty() && let Err(why) = files.write(sorted, split) {
+    let mut write_file = |sorted: &mut Vec<Chunk>| {
+        if ok() && !sorted.is_empty() && let Err(why) = files.write(sorted) {
             fail(failure, why);
         }
         for mut chunk in sorted.drain(..) {
@@ -369,11 +356,11 @@ fn write_until_closed(
                 }
                 sorted.push(chunk);
                 if sorted.len() >= limits.chunks_per_file {
-                    write_file(&mut sorted, false);
+                    write_file(&mut sorted);
                 }
             }
-            Work::Checkpoint { meta, last } => {
-                write_file(&mut sorted, last);
+            Work::Checkpoint(meta) => {
+                write_file(&mut sorted);
                 if ok() {
                     match commit_meta(db, &meta) {
                         Ok(()) => _ = committed.fetch_add(1, Ordering::Release),
@@ -400,12 +387,11 @@ struct Files<'d> {
 }
 
 impl Files<'_> {
-    /// Merges `sorted` chunks into one file, or (if `split`) two of two
-    /// key ranges at once, and ingests them (in one step: they do not
-    /// overlap).
-    fn write(&mut self, sorted: &[Chunk], split: bool) -> Result<(), String> {
+    /// Merges `sorted` chunks into one file, or two of two key ranges at
+    /// once, and ingests them (in one step: they do not overlap).
+    fn write(&mut self, sorted: &[Chunk]) -> Result<(), String> {
         let runs: Vec<Run<'_>> = sorted.iter().map(Run::of).collect();
-        let ranges = if split { split_in_two(&runs, self.split_writes) } else { vec![runs] };
+        let ranges = split_in_two(&runs, self.split_writes);
         let paths: Vec<PathBuf> = ranges
             .iter()
             .map(|_| {
