@@ -8,6 +8,9 @@
 //! 1. `tally`: `tally run --until-caught-up` on a wiped state directory; its
 //!    restore-only time, records, bytes and CPU from its own log line
 //!    ("restored state from the changelog": `took_ms`, `cpu_ms`);
+//!    `tally consumer`: the same with `restore_fetch = "consumer"` (the
+//!    restore reads through librdkafka's consumer instead of fetching from
+//!    the leaders itself: its fallback);
 //! 2. `kafka streams`: the peer (Processor API, exactly_once_v2, cache off,
 //!    restore settings at their defaults) on a wiped state directory; from
 //!    its first `onRestoreStart` to its last `onRestoreEnd`, with the JVM's
@@ -29,7 +32,7 @@
 //! `scripts/bench-restore` starts the broker and builds `tally` and the
 //! peer first. TALLY_BENCH_RESTORE_KEYS (comma-separated, default
 //! `200000,1000000,3000000`) and TALLY_BENCH_ROUNDS (default 3) change it;
-//! TALLY_BENCH_PERF=<file> records each Tally restore with `perf record`
+//! TALLY_BENCH_PERF=<file> records each `tally` restore with `perf record`
 //! into that file (the last one stays).
 
 use std::path::{Path, PathBuf};
@@ -99,10 +102,11 @@ fn run_tally(job_file: &Path, log: &Path, profile: Option<&Path>) {
 }
 
 /// Tally's restore, from its log, after wiping its RocksDB (the state
-/// directory keeps its instance id: the same group member comes back).
-fn tally_restore(job_file: &Path, state: &Path, log: &Path) -> Sample {
+/// directory keeps its instance id: the same group member comes back);
+/// under `perf record` if `profiled` and TALLY_BENCH_PERF names a file.
+fn tally_restore(job_file: &Path, state: &Path, log: &Path, profiled: bool) -> Sample {
     std::fs::remove_dir_all(state.join("db")).unwrap();
-    let profile = std::env::var_os("TALLY_BENCH_PERF").map(PathBuf::from);
+    let profile = std::env::var_os("TALLY_BENCH_PERF").filter(|_| profiled).map(PathBuf::from);
     run_tally(job_file, log, profile.as_deref());
     let text = std::fs::read_to_string(log).unwrap();
     let mut sample = Sample::default();
@@ -350,6 +354,11 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
     // A state directory (and job file) per size: each size is a job of its own.
     let state = dir.join(format!("tally-state-{keys}"));
     let job_file = job.write_job_file(dir, plugins::USAGE_BILLING, &state, "", "");
+    // The same job and state directory (one member of the group), reading
+    // through the consumer.
+    let consumer_dir = dir.join(format!("consumer-{keys}"));
+    std::fs::create_dir_all(&consumer_dir).unwrap();
+    let consumer_job_file = job.write_job_file_with_kafka(&consumer_dir, plugins::USAGE_BILLING, &state, "", "restore_fetch = \"consumer\"", "");
     let building = Instant::now();
     run_tally(&job_file, &dir.join("tally-build.log"), None);
     let tally_built = building.elapsed();
@@ -372,11 +381,12 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
         producing.elapsed() - tally_built - peer_built
     );
 
-    let names = ["tally", "kafka streams", "bare read", "bare write", "bare load"];
-    let mut samples: [Vec<Sample>; 5] = Default::default();
+    let names = ["tally", "tally consumer", "kafka streams", "bare read", "bare write", "bare load"];
+    let mut samples: [Vec<Sample>; 6] = Default::default();
     for round in 1..=rounds {
         let round_samples = [
-            tally_restore(&job_file, &state, &dir.join("tally-restore.log")),
+            tally_restore(&job_file, &state, &dir.join("tally-restore.log"), true),
+            tally_restore(&consumer_job_file, &state, &dir.join("tally-consumer-restore.log"), false),
             peer.restore(),
             bare_read(&changelog, None),
             bare_write(&records, &dir.join("bare-rocksdb")),
@@ -394,7 +404,7 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
     for (name, f) in names.iter().zip(&figures) {
         let per_record = if f.records == 0 { 0.0 } else { f.bytes as f64 / f.records as f64 };
         println!(
-            "  {name:<13} | {} | {per_record:.0} | {:.3} | {:.0} | {:.1} | {:.2} | {:.2}",
+            "  {name:<14} | {} | {per_record:.0} | {:.3} | {:.0} | {:.1} | {:.2} | {:.2}",
             f.records,
             f.seconds,
             f.rate(),
@@ -403,10 +413,12 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
             f.cpu_seconds / f.records.max(1) as f64 * 1e6
         );
     }
-    let (tally, streams, read, write, load) = (&figures[0], &figures[1], &figures[2], &figures[3], &figures[4]);
+    let (tally, consumer, streams, read, write, load) = (&figures[0], &figures[1], &figures[2], &figures[3], &figures[4], &figures[5]);
     println!(
-        "  ratios (records/s): tally / kafka streams {:.2}x, tally / bare read {:.2}, tally / bare write {:.2}, tally / bare load {:.2}",
+        "  ratios (records/s): tally / kafka streams {:.2}x, tally / tally consumer {:.2}x, tally / bare read {:.2}, tally / bare write {:.2}, \
+         tally / bare load {:.2}",
         tally.rate() / streams.rate(),
+        tally.rate() / consumer.rate(),
         tally.rate() / read.rate(),
         tally.rate() / write.rate(),
         tally.rate() / load.rate()
