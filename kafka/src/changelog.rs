@@ -19,10 +19,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
-use kafka_protocol::messages::fetch_response::PartitionData;
-
 use super::fetch::{ConsumerQueue, FetchQueue, Fetched, Router};
 use super::keys::{checkpoint_key, included_key, namespace, ChangelogKey};
+use super::fetch_wire::{FetchAnswer, PartitionAnswer};
 use super::leader_fetch::{FetchSettings, LeaderConnection, LeaderError};
 use super::record_batch::{self, BatchError, Batches, ReadCommitted};
 use super::QuietEof;
@@ -440,30 +439,44 @@ impl Restorer {
         let fetching: Vec<usize> = (0..leaders.len()).filter(|&n| leaders[n].connection.is_fetching()).collect();
         let Some(&chosen) = fetching.get(turn % fetching.len().max(1)) else { return Ok(false) };
         let leader = &mut leaders[chosen];
-        let Some(response) = leader.connection.receive_fetch(LEADER_WAIT).map_err(Interrupted::from_leader)? else { return Ok(false) };
-        if response.error_code != 0 {
-            return Err(Interrupted::Retry(format!("broker {} answered a fetch with error code {}", leader.connection.broker(), response.error_code)));
+        let Some(answer) = leader.connection.receive_fetch(LEADER_WAIT).map_err(Interrupted::from_leader)? else { return Ok(false) };
+        let read = answer.read().map_err(|err| Interrupted::Fallback(format!("broker {} {err}", leader.connection.broker())));
+        let arrived = read.and_then(|read| self.apply_fetch_answer(run, restoring, leader, &read, settings, turn));
+        leader.connection.reuse(answer);
+        arrived
+    }
+
+    /// Applies what a fetch answer from `leader` holds; sends the leader's
+    /// next fetch first, from where the answer leaves each partition.
+    fn apply_fetch_answer(
+        &self,
+        run: &mut Run<'_>,
+        restoring: &mut [Restoring],
+        leader: &mut Leader,
+        read: &FetchAnswer<'_>,
+        settings: &FetchSettings,
+        turn: usize,
+    ) -> Result<bool, Interrupted> {
+        if read.error_code != 0 {
+            return Err(Interrupted::Retry(format!("broker {} answered a fetch with error code {}", leader.connection.broker(), read.error_code)));
         }
         // Where each partition stands after this answer, from its batch
         // headers alone.
         let mut answers: Vec<Answer<'_>> = Vec::new();
-        for topic in response.responses.iter().filter(|topic| topic.topic.0.as_str() == self.topic) {
-            for data in &topic.partitions {
-                let Some(slot) = leader.slots.iter().copied().find(|&slot| restoring[slot].partition == data.partition_index) else { continue };
-                match data.error_code {
-                    0 => {}
-                    code if RETRIABLE_PARTITION_ERRORS.contains(&code) => {
-                        return Err(Interrupted::Retry(format!("partition {} answered with error code {code}", data.partition_index)));
-                    }
-                    code => return Err(Interrupted::Fallback(format!("partition {} answered with error code {code}", data.partition_index))),
+        for data in read.partitions.iter().filter(|data| data.topic == self.topic.as_bytes()) {
+            let Some(slot) = leader.slots.iter().copied().find(|&slot| restoring[slot].partition == data.partition) else { continue };
+            match data.error_code {
+                0 => {}
+                code if RETRIABLE_PARTITION_ERRORS.contains(&code) => {
+                    return Err(Interrupted::Retry(format!("partition {} answered with error code {code}", data.partition)));
                 }
-                let partition = &restoring[slot];
-                let records = data.records.as_deref().unwrap_or_default();
-                let next = record_batch::next_offset_after(records).map_or(partition.next, |next| next.max(partition.next));
-                // Nothing came, and nothing committed lies at `next` or past it: the end.
-                let nothing_past = next == partition.next && (0..=next).contains(&data.last_stable_offset);
-                answers.push(Answer { slot, data, next, finished: next >= partition.end || nothing_past });
+                code => return Err(Interrupted::Fallback(format!("partition {} answered with error code {code}", data.partition))),
             }
+            let partition = &restoring[slot];
+            let next = record_batch::next_offset_after(data.records).map_or(partition.next, |next| next.max(partition.next));
+            // Nothing came, and nothing committed lies at `next` or past it: the end.
+            let nothing_past = next == partition.next && (0..=next).contains(&data.last_stable_offset);
+            answers.push(Answer { slot, data, next, finished: next >= partition.end || nothing_past });
         }
         let next_fetch = leader.fetch_list(restoring, &answers, turn);
         if !next_fetch.is_empty() {
@@ -485,17 +498,15 @@ impl Restorer {
     /// Applies one partition's part of a fetch answer: the records a
     /// `read_committed` consumer would be handed. Returns whether it held
     /// a whole batch.
-    fn apply_answer(&self, run: &mut Run<'_>, slot: &mut Restoring, data: &PartitionData) -> Result<bool, Interrupted> {
-        let Some(records) = data.records.as_deref() else { return Ok(false) };
-        let aborted = data.aborted_transactions.iter().flatten().map(|aborted| (aborted.producer_id.0, aborted.first_offset));
-        let mut filter = ReadCommitted::new(aborted);
+    fn apply_answer(&self, run: &mut Run<'_>, slot: &mut Restoring, data: &PartitionAnswer<'_>) -> Result<bool, Interrupted> {
+        let mut filter = ReadCommitted::new(data.aborted.iter().copied());
         let mut arrived = false;
         let partition = slot.partition;
         let batch_error = |err: BatchError| match err {
             BatchError::Unsupported { .. } => Interrupted::Fallback(format!("changelog partition {partition}: {err}")),
             BatchError::Corrupt { .. } => Interrupted::Failed(RestoreError::Corrupt { topic: self.topic.clone(), partition, source: err }),
         };
-        for batch in Batches::new(records) {
+        for batch in Batches::new(data.records) {
             let batch = batch.map_err(batch_error)?;
             arrived = true;
             if filter.keeps(&batch).map_err(batch_error)? {
@@ -574,7 +585,7 @@ impl Leader {
 struct Answer<'r> {
     /// Index into the restore's partitions.
     slot: usize,
-    data: &'r PartitionData,
+    data: &'r PartitionAnswer<'r>,
     /// The offset after the answer's last whole batch.
     next: i64,
     /// Whether the partition is read to its end with it.

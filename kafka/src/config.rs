@@ -25,7 +25,7 @@ pub enum RestoreFetch {
     /// Fetches from the partitions' leaders itself and reads the record
     /// batches in place. What it cannot read is read by the consumer:
     /// TLS or SASL listeners, a compressed changelog, a broker without
-    /// Fetch versions 4 to 12.
+    /// Fetch versions 4 to 11.
     #[default]
     Leaders,
     /// Reads through librdkafka's consumer only (about half a microsecond
@@ -302,6 +302,8 @@ mod tests {
         assert_eq!(default.max_wait.as_millis() as i32, restore_default("fetch.wait.max.ms"));
         let small = settings("", "\"consumer.max.partition.fetch.bytes\" = \"65536\"").unwrap();
         assert_eq!(small.partition_max_bytes, 65536, "the job's fetch sizes hold for the leaders' fetches too");
+        let huge = settings("", "\"consumer.fetch.max.bytes\" = \"2000000000\"\n\"consumer.max.partition.fetch.bytes\" = \"2000000000\"").unwrap();
+        assert_eq!((huge.max_bytes, huge.partition_max_bytes), (crate::topics::LEADER_FETCH_MAX_BYTES, crate::topics::LEADER_FETCH_MAX_BYTES), "an answer is held whole: capped");
         assert!(settings("restore_fetch = \"consumer\"", "").is_none());
         assert!(settings("", "\"security.protocol\" = \"SASL_SSL\"").is_none(), "only librdkafka speaks TLS and SASL here");
         assert!(settings("", "\"security.protocol\" = \"PLAINTEXT\"").is_some());

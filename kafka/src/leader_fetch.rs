@@ -1,7 +1,7 @@
 //! One connection to a partition leader that fetches a topic's records
-//! for a restore: Kafka's own Fetch request, `read_committed`, each
-//! response read whole into one buffer whose record batches the restore
-//! walks in place ([`crate::record_batch`]).
+//! for a restore: Kafka's own Fetch request (`read_committed`,
+//! [`crate::fetch_wire`]), each answer read whole into one buffer whose
+//! record batches the restore walks in place ([`crate::record_batch`]).
 //!
 //! librdkafka's consumer hands every record over as a queued operation of
 //! its own (an allocation, a lock and reference counts on each): about
@@ -9,33 +9,14 @@
 //! together. Reading a partition to an end known up front needs none of
 //! its machinery (groups, queues, offset stores), so a restore fetches
 //! for itself where it can: plaintext listeners, the changelog as Tally
-//! writes it (see `docs/kafka-mode.md`, "Restore").
-//!
-//! The messages are encoded and decoded by the `kafka-protocol` crate:
-//! ApiVersions first, then Fetch at the highest version from 4 (the
-//! oldest Kafka 4 serves) to 12 (from 13 on, a fetch names topics by id)
-//! that the broker serves.
+//! writes it (see `docs/kafka-mode.md`, "Restoring state").
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, TopicName,
-};
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+use crate::fetch_wire::{self, FetchAnswer, FetchRequest, FETCH_VERSIONS};
 
-/// Fetch versions spoken here: Kafka 4 serves 4 and up; 13 and up name
-/// topics by id.
-const FETCH_VERSIONS: std::ops::RangeInclusive<i16> = 4..=12;
-/// The ApiVersions version asked with: every broker serves it.
-const API_VERSIONS_VERSION: i16 = 0;
-/// `isolation_level` of a `read_committed` fetch.
-const READ_COMMITTED: i8 = 1;
-/// A fetch outside any fetch session (KIP-227): session 0, epoch -1.
-const NO_SESSION_EPOCH: i32 = -1;
 /// A response may exceed the fetch's byte limit by one record batch
 /// (KIP-74); one larger than the limit plus this is refused.
 const RESPONSE_SLACK: usize = 16 << 20;
@@ -84,19 +65,44 @@ impl LeaderError {
     }
 }
 
+/// A Fetch answer's bytes, received whole; [`Answer::read`] reads it in
+/// place. Hand it back with [`LeaderConnection::reuse`] so the next answer
+/// is received into the same buffer.
+pub struct Answer {
+    /// The answer as received: its size, the correlation id, the body.
+    bytes: Vec<u8>,
+    version: i16,
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Answer").field("bytes", &self.bytes.len()).field("version", &self.version).finish()
+    }
+}
+
+/// Where an answer's body starts: after its size and correlation id.
+const BODY_AT: usize = 8;
+
+impl Answer {
+    /// The answer's partitions, their record batches slices of it.
+    pub fn read(&self) -> Result<FetchAnswer<'_>, fetch_wire::Malformed> {
+        fetch_wire::fetch_answer(&self.bytes[BODY_AT..], self.version)
+    }
+}
+
 /// A connection to one broker, fetching one topic's partitions.
 pub struct LeaderConnection {
     stream: TcpStream,
     broker: String,
     fetch_version: i16,
     next_correlation: i32,
-    /// The correlation id of the fetch sent and not yet answered.
+    /// The correlation id of the request sent and not yet answered.
     in_flight: Option<i32>,
-    /// The response being read: its size, then its bytes.
-    incoming: BytesMut,
+    /// The answer being read: its size, then its bytes.
+    incoming: Vec<u8>,
     /// Bytes of `incoming` read so far.
     received: usize,
-    outgoing: BytesMut,
+    outgoing: Vec<u8>,
     largest_response: usize,
 }
 
@@ -120,9 +126,9 @@ impl LeaderConnection {
             fetch_version: 0,
             next_correlation: 0,
             in_flight: None,
-            incoming: BytesMut::new(),
+            incoming: Vec::new(),
             received: 0,
-            outgoing: BytesMut::new(),
+            outgoing: Vec::new(),
             largest_response,
         };
         connection.fetch_version = connection.negotiate(settings, timeout)?;
@@ -149,51 +155,42 @@ impl LeaderConnection {
 
     /// Asks the broker's API versions; picks the Fetch version to use.
     fn negotiate(&mut self, settings: &FetchSettings, timeout: Duration) -> Result<i16, LeaderError> {
-        let header_version = ApiVersionsRequest::header_version(API_VERSIONS_VERSION);
-        self.send(ApiKey::ApiVersions, API_VERSIONS_VERSION, header_version, &ApiVersionsRequest::default(), &settings.client_id)?;
-        let deadline = std::time::Instant::now() + timeout;
-        let mut body = loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let correlation = self.correlation();
+        self.outgoing.clear();
+        fetch_wire::api_versions_request(&mut self.outgoing, correlation, &settings.client_id);
+        self.send()?;
+        let deadline = Instant::now() + timeout;
+        let answer = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(self.io(std::io::Error::new(ErrorKind::TimedOut, "no answer to ApiVersions")));
             }
-            if let Some(body) = self.receive_frame(left)? {
-                break body;
+            if let Some(answer) = self.receive(left)? {
+                break answer;
             }
         };
-        self.check_header(&mut body, ApiVersionsResponse::header_version(API_VERSIONS_VERSION))?;
-        let versions = ApiVersionsResponse::decode(&mut body, API_VERSIONS_VERSION)
-            .map_err(|err| self.unsupported(format!("sent an ApiVersions answer that does not decode: {err}")))?;
-        if versions.error_code != 0 {
-            return Err(self.unsupported(format!("answered ApiVersions with error code {}", versions.error_code)));
-        }
-        let fetch = versions.api_keys.iter().find(|api| api.api_key == ApiKey::Fetch as i16);
-        let usable = fetch.map(|api| (api.min_version.max(*FETCH_VERSIONS.start()), api.max_version.min(*FETCH_VERSIONS.end())));
+        let versions = fetch_wire::fetch_versions(&answer[BODY_AT..]).map_err(|err| self.unsupported(format!("answered ApiVersions: {err}")))?;
+        let fetch = versions.map_err(|code| self.unsupported(format!("answered ApiVersions with error code {code}")))?;
+        let usable = fetch.map(|(min, max)| (min.max(*FETCH_VERSIONS.start()), max.min(*FETCH_VERSIONS.end())));
         match usable {
             Some((low, high)) if low <= high => Ok(high),
             _ => Err(self.unsupported(format!(
                 "serves Fetch versions {}, none of {}..={} spoken here",
-                fetch.map_or("none".to_string(), |api| format!("{}..={}", api.min_version, api.max_version)),
+                fetch.map_or("none".to_string(), |(min, max)| format!("{min}..={max}")),
                 FETCH_VERSIONS.start(),
                 FETCH_VERSIONS.end()
             ))),
         }
     }
 
-    /// Sends one request: size, header, body.
-    fn send(&mut self, key: ApiKey, version: i16, header_version: i16, request: &impl Encodable, client_id: &str) -> Result<(), LeaderError> {
+    fn correlation(&mut self) -> i32 {
         self.next_correlation = self.next_correlation.wrapping_add(1);
-        let header = RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(self.next_correlation)
-            .with_client_id(Some(StrBytes::from_string(client_id.to_string())));
-        self.outgoing.clear();
-        self.outgoing.put_i32(0);
-        let encoded = header.encode(&mut self.outgoing, header_version).and_then(|()| request.encode(&mut self.outgoing, version));
-        encoded.map_err(|err| self.unsupported(format!("cannot be sent a request of {key:?} v{version}: {err}")))?;
-        let size = (self.outgoing.len() - 4) as i32;
-        self.outgoing[..4].copy_from_slice(&size.to_be_bytes());
+        self.next_correlation
+    }
+
+    /// Writes the request in `outgoing`; one is in flight at a time.
+    fn send(&mut self) -> Result<(), LeaderError> {
+        debug_assert!(self.in_flight.is_none(), "one request at a time");
         self.stream.write_all(&self.outgoing).map_err(|err| self.io(err))?;
         self.in_flight = Some(self.next_correlation);
         Ok(())
@@ -202,68 +199,47 @@ impl LeaderConnection {
     /// Sends a `read_committed` fetch of `topic`'s `partitions`, each from
     /// its offset, in the order given (a broker always returns the first
     /// partition with data, whatever its size: rotate the order so each
-    /// gets to be first). One fetch is in flight at a time.
+    /// gets to be first).
     pub fn send_fetch(&mut self, topic: &str, partitions: &[(i32, i64)], settings: &FetchSettings) -> Result<(), LeaderError> {
-        debug_assert!(self.in_flight.is_none(), "one fetch at a time");
-        let partitions = partitions
-            .iter()
-            .map(|&(partition, offset)| {
-                FetchPartition::default()
-                    .with_partition(partition)
-                    .with_current_leader_epoch(-1)
-                    .with_fetch_offset(offset)
-                    .with_log_start_offset(-1)
-                    .with_partition_max_bytes(settings.partition_max_bytes)
-            })
-            .collect();
-        let topic = FetchTopic::default().with_topic(TopicName(StrBytes::from_string(topic.to_string()))).with_partitions(partitions);
-        let request = FetchRequest::default()
-            .with_replica_id(BrokerId(-1))
-            .with_max_wait_ms(i32::try_from(settings.max_wait.as_millis()).unwrap_or(i32::MAX))
-            .with_min_bytes(1)
-            .with_max_bytes(settings.max_bytes)
-            .with_isolation_level(READ_COMMITTED)
-            .with_session_id(0)
-            .with_session_epoch(NO_SESSION_EPOCH)
-            .with_topics(vec![topic]);
-        let version = self.fetch_version;
-        self.send(ApiKey::Fetch, version, FetchRequest::header_version(version), &request, &settings.client_id)
+        let correlation = self.correlation();
+        let fetch = FetchRequest {
+            max_wait_ms: i32::try_from(settings.max_wait.as_millis()).unwrap_or(i32::MAX),
+            max_bytes: settings.max_bytes,
+            partition_max_bytes: settings.partition_max_bytes,
+            topic,
+            partitions,
+        };
+        self.outgoing.clear();
+        fetch_wire::fetch_request(&mut self.outgoing, self.fetch_version, correlation, &settings.client_id, &fetch);
+        self.send()
     }
 
     /// The answer to the fetch in flight, if it arrives within `wait`;
     /// `None` otherwise (what arrived of it is kept for the next call).
-    pub fn receive_fetch(&mut self, wait: Duration) -> Result<Option<FetchResponse>, LeaderError> {
-        let Some(mut body) = self.receive_frame(wait)? else { return Ok(None) };
-        let version = self.fetch_version;
-        self.check_header(&mut body, FetchResponse::header_version(version))?;
-        let response =
-            FetchResponse::decode(&mut body, version).map_err(|err| self.unsupported(format!("sent a Fetch answer that does not decode: {err}")))?;
-        Ok(Some(response))
+    pub fn receive_fetch(&mut self, wait: Duration) -> Result<Option<Answer>, LeaderError> {
+        Ok(self.receive(wait)?.map(|bytes| Answer { bytes, version: self.fetch_version }))
     }
 
-    /// Checks the response header's correlation id against the request in flight.
-    fn check_header(&mut self, body: &mut Bytes, header_version: i16) -> Result<(), LeaderError> {
-        let header =
-            ResponseHeader::decode(body, header_version).map_err(|err| self.unsupported(format!("sent a header that does not decode: {err}")))?;
-        let expected = self.in_flight.take();
-        if Some(header.correlation_id) != expected {
-            return Err(self.unsupported(format!("answered request {} while request {expected:?} was in flight", header.correlation_id)));
+    /// Takes back an answer's buffer, for the next one.
+    pub fn reuse(&mut self, answer: Answer) {
+        if self.received == 0 {
+            self.incoming = answer.bytes;
+            self.incoming.clear();
         }
-        Ok(())
     }
 
-    /// Reads one response frame within `wait`: its size (bounded before
-    /// anything is allocated for it), then its bytes.
-    fn receive_frame(&mut self, wait: Duration) -> Result<Option<Bytes>, LeaderError> {
-        if self.in_flight.is_none() {
-            return Err(self.unsupported("sent an answer nobody asked for".into()));
-        }
+    /// Reads the answer to the request in flight within `wait`: its size
+    /// (bounded before the buffer grows for it), then its bytes, whose
+    /// correlation id must be the request's. Returns all of it, from its
+    /// size on.
+    fn receive(&mut self, wait: Duration) -> Result<Option<Vec<u8>>, LeaderError> {
+        let Some(expected) = self.in_flight else { return Err(self.unsupported("sent an answer nobody asked for".into())) };
         self.stream.set_read_timeout(Some(wait.max(Duration::from_millis(1)))).map_err(|err| self.io(err))?;
         loop {
             let wanted = if self.received < 4 {
                 4
             } else {
-                let size = (&self.incoming[..4]).get_i32();
+                let size = i32::from_be_bytes(self.incoming[..4].try_into().expect("four bytes"));
                 match usize::try_from(size) {
                     Ok(size) if (4..=self.largest_response).contains(&size) => 4 + size,
                     _ => {
@@ -275,10 +251,14 @@ impl LeaderConnection {
                 }
             };
             if self.received == wanted && wanted > 4 {
-                let mut frame = self.incoming.split_to(wanted).freeze();
-                frame.advance(4);
+                let answer = std::mem::take(&mut self.incoming);
                 self.received = 0;
-                return Ok(Some(frame));
+                let (correlation, _) = fetch_wire::split_header(&answer[4..]).map_err(|err| self.unsupported(err.to_string()))?;
+                if correlation != expected {
+                    return Err(self.unsupported(format!("answered request {correlation} while request {expected} was in flight")));
+                }
+                self.in_flight = None;
+                return Ok(Some(answer));
             }
             if self.incoming.len() < wanted {
                 self.incoming.resize(wanted, 0);
@@ -318,7 +298,7 @@ mod tests {
         body.extend_from_slice(&correlation.to_be_bytes());
         body.extend_from_slice(&0i16.to_be_bytes()); // no error
         body.extend_from_slice(&1i32.to_be_bytes()); // one API
-        for value in [ApiKey::Fetch as i16, versions.0, versions.1] {
+        for value in [1, versions.0, versions.1] {
             body.extend_from_slice(&value.to_be_bytes());
         }
         let mut frame = (body.len() as i32).to_be_bytes().to_vec();
@@ -335,14 +315,14 @@ mod tests {
     }
 
     #[test]
-    fn a_broker_without_fetch_4_to_12_is_unsupported_naming_what_it_serves() {
+    fn a_broker_without_fetch_4_to_11_is_unsupported_naming_what_it_serves() {
         let address = broker(|mut stream| {
             let correlation = read_request(&mut stream);
             stream.write_all(&api_versions(correlation, (0, 3))).unwrap();
         });
         let Err(err) = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)) else { panic!("connected") };
         assert!(!err.is_retriable());
-        assert!(err.to_string().contains("serves Fetch versions 0..=3, none of 4..=12 spoken here"), "{err}");
+        assert!(err.to_string().contains("serves Fetch versions 0..=3, none of 4..=11 spoken here"), "{err}");
     }
 
     #[test]
@@ -355,7 +335,7 @@ mod tests {
             std::thread::sleep(Duration::from_secs(1));
         });
         let mut connection = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
-        assert_eq!(connection.fetch_version, 12, "the highest version spoken here that the broker serves");
+        assert_eq!(connection.fetch_version, 11, "the highest version spoken here that the broker serves");
         connection.send_fetch("changelog", &[(0, 0)], &settings()).unwrap();
         let err = connection.receive_fetch(Duration::from_secs(5)).expect_err("refused");
         assert!(!err.is_retriable());

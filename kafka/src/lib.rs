@@ -21,8 +21,9 @@
 //! - [`collector`]: sending outputs and dead letters with their lineage.
 //! - [`committer`]: the transaction: changelog, offsets, commit, state.
 //! - [`fetch`]: reading the input's records in batches.
-//! - [`leader_fetch`], [`record_batch`]: restores fetching the changelog
-//!   from its partitions' leaders and reading its batches in place.
+//! - [`leader_fetch`], [`fetch_wire`], [`record_batch`]: restores fetching
+//!   the changelog from its partitions' leaders and reading its batches in
+//!   place.
 //! - [`job`]: the job loop, rebalances, and recovery from Kafka failures.
 //! - [`keys`]: the layout of source ids, state, metadata and changelog keys.
 
@@ -33,6 +34,7 @@ mod collector;
 pub mod committer;
 mod config;
 mod fetch;
+mod fetch_wire;
 mod job;
 pub mod keys;
 mod leader_fetch;

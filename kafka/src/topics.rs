@@ -180,6 +180,10 @@ pub const RESTORE_DEFAULTS: &[(&str, &str)] = &[
     ("fetch.wait.max.ms", "10"),
 ];
 
+/// Most bytes a restore asks of one fetch answer from a leader, whatever
+/// `fetch.max.bytes` says: the answer is held whole in memory.
+pub const LEADER_FETCH_MAX_BYTES: i32 = 256 << 20;
+
 /// How a restore with the consumer's settings `restore` fetches from the
 /// partitions' leaders itself: the same fetch sizes and wait; `None` when
 /// the job reads through the consumer only, or its brokers' listeners
@@ -191,10 +195,11 @@ pub fn leader_fetch_settings(kafka: &KafkaConfig, restore: &ClientConfig) -> Opt
     }
     // librdkafka's own defaults where neither Tally nor the job sets one.
     let number = |key: &str, default: i32| restore.get(key).and_then(|value| value.trim().parse().ok()).filter(|&value: &i32| value > 0).unwrap_or(default);
+    let max_bytes = number("fetch.max.bytes", 52_428_800).min(LEADER_FETCH_MAX_BYTES);
     Some(FetchSettings {
         max_wait: Duration::from_millis(number("fetch.wait.max.ms", 500) as u64),
-        max_bytes: number("fetch.max.bytes", 52_428_800),
-        partition_max_bytes: number("max.partition.fetch.bytes", 1_048_576),
+        max_bytes,
+        partition_max_bytes: number("max.partition.fetch.bytes", 1_048_576).min(max_bytes),
         client_id: restore.get("client.id").unwrap_or("tally-restore").to_string(),
     })
 }
