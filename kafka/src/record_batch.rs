@@ -11,6 +11,8 @@
 //! [`BatchError::Corrupt`]. The layout is Kafka's
 //! (`DefaultRecordBatch` in the Java client).
 
+use std::collections::HashSet;
+
 /// Bytes before a batch's records: base offset (8), length (4), leader
 /// epoch (4), magic (1), CRC (4), attributes (2), last offset delta (4),
 /// two timestamps (16), producer id (8), producer epoch (2), base
@@ -191,11 +193,14 @@ impl<'r> Batch<'r> {
         if !self.is_control() {
             return Ok(false);
         }
-        // One record, whose key is a version (i16) and a type (i16).
+        // One record, whose key is a version (i16) and a type (i16). The
+        // log cleaner may keep a marker's batch with its record removed
+        // (the last batch of a producer): it marks nothing any more.
         match self.records()?.next() {
+            None => Ok(false),
             Some(Ok(Record { key: Some(key), .. })) if key.len() >= 4 => Ok(be_i16(key, 2) == CONTROL_ABORT),
             Some(Err(err)) => Err(err),
-            _ => Err(BatchError::Corrupt { offset: self.base_offset, why: "a control batch without a control record" }),
+            Some(Ok(_)) => Err(BatchError::Corrupt { offset: self.base_offset, why: "a control record without a type" }),
         }
     }
 
@@ -212,7 +217,8 @@ impl<'r> Batch<'r> {
             };
             return Err(BatchError::Unsupported { offset: self.base_offset, what: format!("compressed ({name})") });
         }
-        Ok(Records { rest: &self.bytes[HEADER_LEN..], left: self.count, base_offset: self.base_offset })
+        let last_delta = self.last_offset - self.base_offset;
+        Ok(Records { rest: &self.bytes[HEADER_LEN..], left: self.count, base_offset: self.base_offset, last_delta })
     }
 }
 
@@ -221,6 +227,8 @@ pub struct Records<'r> {
     rest: &'r [u8],
     left: u32,
     base_offset: i64,
+    /// The batch's last offset delta: no record's lies past it.
+    last_delta: i64,
 }
 
 impl<'r> Records<'r> {
@@ -255,6 +263,9 @@ impl<'r> Iterator for Records<'r> {
             Some((offset_delta, key, value))
         })();
         let Some((offset_delta, key, value)) = fields else { return self.corrupt("a record's fields run past its length") };
+        if !(0..=self.last_delta).contains(&offset_delta) {
+            return self.corrupt("a record's offset lies outside its batch");
+        }
         Some(Ok(Record { offset: self.base_offset.saturating_add(offset_delta), key, value }))
     }
 }
@@ -293,7 +304,7 @@ pub struct ReadCommitted {
     /// Listed aborted transactions not reached yet, the latest first.
     pending: Vec<(i64, i64)>,
     /// Producers whose transaction is aborted at the current batch.
-    aborted: Vec<i64>,
+    aborted: HashSet<i64>,
 }
 
 impl ReadCommitted {
@@ -302,7 +313,7 @@ impl ReadCommitted {
     pub fn new(aborted: impl IntoIterator<Item = (i64, i64)>) -> ReadCommitted {
         let mut pending: Vec<(i64, i64)> = aborted.into_iter().map(|(producer, first)| (first, producer)).collect();
         pending.sort_unstable_by(|a, b| b.cmp(a));
-        ReadCommitted { pending, aborted: Vec::new() }
+        ReadCommitted { pending, aborted: HashSet::new() }
     }
 
     /// Whether `batch`'s records are for the reader (batches come in offset order).
@@ -312,13 +323,11 @@ impl ReadCommitted {
                 break;
             }
             self.pending.pop();
-            if !self.aborted.contains(&producer) {
-                self.aborted.push(producer);
-            }
+            self.aborted.insert(producer);
         }
         if batch.is_abort_marker()? {
             let producer = batch.producer_id();
-            self.aborted.retain(|&aborted| aborted != producer);
+            self.aborted.remove(&producer);
             return Ok(false);
         }
         if batch.is_control() {
@@ -362,6 +371,8 @@ mod tests {
         transactional: bool,
         /// `Some(true)`: an abort marker; `Some(false)`: a commit marker.
         control: Option<bool>,
+        /// A control batch whose record the log cleaner removed.
+        cleaned: bool,
         codec: u16,
     }
 
@@ -376,6 +387,7 @@ mod tests {
         let mut body = Vec::new();
         let control_key;
         let records: Vec<Written<'_>> = match kind.control {
+            Some(_) if kind.cleaned => Vec::new(),
             Some(abort) => {
                 control_key = [0u8, 0, 0, if abort { 0 } else { 1 }];
                 vec![(0, Some(&control_key[..]), Some(&[0u8, 0, 0, 0, 0, 0][..]))]
@@ -491,6 +503,29 @@ mod tests {
             "p1's transaction from offset 0 to its abort marker is skipped; its next one is not"
         );
         assert_eq!(keys(read(&records, &[]).unwrap()).len(), 5, "without the abort listed, only markers are skipped");
+    }
+
+    #[test]
+    fn a_marker_the_log_cleaner_emptied_is_skipped_and_marks_nothing() {
+        let p1 = Kind { producer: 1, transactional: true, ..Kind::default() };
+        let emptied = Kind { producer: 1, control: Some(true), cleaned: true, ..Kind::default() };
+        let mut records = batch(10, emptied, &[]);
+        records.extend(batch(11, p1, &[(0, Some(b"committed"), Some(b"v"))]));
+        records.extend(batch(12, Kind { producer: 1, control: Some(false), ..Kind::default() }, &[]));
+        let read = read(&records, &[]).unwrap();
+        assert_eq!(read, vec![(11, b"committed".to_vec(), Some(b"v".to_vec()))]);
+    }
+
+    #[test]
+    fn a_record_whose_offset_lies_outside_its_batch_is_corrupt() {
+        let records = batch(100, Kind::default(), &[(0, Some(b"a"), Some(b"1")), (-1, Some(b"b"), Some(b"2"))]);
+        assert_eq!(read(&records, &[]), Err(BatchError::Corrupt { offset: 100, why: "a record's offset lies outside its batch" }));
+        let mut records = batch(i64::MAX - 1, Kind::default(), &[(0, Some(b"a"), Some(b"1")), (1, Some(b"b"), Some(b"2"))]);
+        // The header's last offset delta says 0; the second record says 1.
+        records[LAST_OFFSET_DELTA_AT..LAST_OFFSET_DELTA_AT + 4].copy_from_slice(&0i32.to_be_bytes());
+        let crc = crc32c::crc32c(&records[ATTRIBUTES_AT..]);
+        records[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+        assert_eq!(read(&records, &[]), Err(BatchError::Corrupt { offset: i64::MAX - 1, why: "a record's offset lies outside its batch" }));
     }
 
     #[test]
