@@ -193,6 +193,17 @@ impl Restoring {
         self.finished = true;
         self.advance_to(self.end);
     }
+
+    /// The consumer says it read the partition to `offset`: finished if
+    /// that is at or past the end taken up front. A shorter end is not the
+    /// partition's end: a leader newly elected may not have caught up
+    /// yet, and what it lacks is still to be read (the stall limit bounds
+    /// the wait).
+    fn ended_at(&mut self, offset: i64) {
+        if offset >= self.end {
+            self.finish();
+        }
+    }
 }
 
 impl Restorer {
@@ -317,7 +328,7 @@ impl Restorer {
                 }
                 let partition = match &item {
                     Fetched::Record(record) => record.partition(),
-                    Fetched::End(_, partition) => *partition,
+                    Fetched::End(_, partition, _) => *partition,
                     Fetched::Error(_, text) => {
                         failure = Some(RestoreError::Consumer { topic: self.topic.clone(), error: text.clone() });
                         return;
@@ -331,7 +342,7 @@ impl Restorer {
                 }
                 let slot = &mut restoring[current];
                 match item {
-                    Fetched::End(..) => slot.finish(),
+                    Fetched::End(_, _, offset) => slot.ended_at(offset.unwrap_or(slot.next)),
                     Fetched::Record(record) => {
                         if let Err(err) = run.record(slot, record.offset(), record.key(), record.payload()) {
                             failure = Some(err);
@@ -409,7 +420,7 @@ impl Restorer {
                 None => {
                     let address = format!("{}:{}", broker.host(), broker.port());
                     let connection = LeaderConnection::connect(&address, settings, CONNECT_TIMEOUT).map_err(Interrupted::from_leader)?;
-                    leaders.push(Leader { id: broker.id(), connection, slots: vec![slot] });
+                    leaders.push(Leader { id: broker.id(), connection, slots: vec![slot], fetches: 0 });
                 }
             }
         }
@@ -431,7 +442,7 @@ impl Restorer {
         turn: usize,
     ) -> Result<bool, Interrupted> {
         for leader in leaders.iter_mut().filter(|leader| !leader.connection.is_fetching()) {
-            let wanted = leader.fetch_list(restoring, &[], turn);
+            let wanted = leader.fetch_list(restoring, &[]);
             if !wanted.is_empty() {
                 leader.connection.send_fetch(&self.topic, &wanted, settings).map_err(Interrupted::from_leader)?;
             }
@@ -441,7 +452,7 @@ impl Restorer {
         let leader = &mut leaders[chosen];
         let Some(answer) = leader.connection.receive_fetch(LEADER_WAIT).map_err(Interrupted::from_leader)? else { return Ok(false) };
         let read = answer.read().map_err(|err| Interrupted::Fallback(format!("broker {} {err}", leader.connection.broker())));
-        let arrived = read.and_then(|read| self.apply_fetch_answer(run, restoring, leader, &read, settings, turn));
+        let arrived = read.and_then(|read| self.apply_fetch_answer(run, restoring, leader, &read, settings));
         leader.connection.reuse(answer);
         arrived
     }
@@ -455,7 +466,6 @@ impl Restorer {
         leader: &mut Leader,
         read: &FetchAnswer<'_>,
         settings: &FetchSettings,
-        turn: usize,
     ) -> Result<bool, Interrupted> {
         if read.error_code != 0 {
             return Err(Interrupted::Retry(format!("broker {} answered a fetch with error code {}", leader.connection.broker(), read.error_code)));
@@ -474,11 +484,13 @@ impl Restorer {
             }
             let partition = &restoring[slot];
             let next = record_batch::next_offset_after(data.records).map_or(partition.next, |next| next.max(partition.next));
-            // Nothing came, and nothing committed lies at `next` or past it: the end.
-            let nothing_past = next == partition.next && (0..=next).contains(&data.last_stable_offset);
-            answers.push(Answer { slot, data, next, finished: next >= partition.end || nothing_past });
+            // Read to the end taken up front. Nothing less is an end: a
+            // changelog's last batch is never compacted away, so offsets
+            // up to the end are there to read, and a leader answering
+            // with less (newly elected, not caught up) has more to come.
+            answers.push(Answer { slot, data, next, finished: next >= partition.end });
         }
-        let next_fetch = leader.fetch_list(restoring, &answers, turn);
+        let next_fetch = leader.fetch_list(restoring, &answers);
         if !next_fetch.is_empty() {
             leader.connection.send_fetch(&self.topic, &next_fetch, settings).map_err(Interrupted::from_leader)?;
         }
@@ -496,11 +508,12 @@ impl Restorer {
     }
 
     /// Applies one partition's part of a fetch answer: the records a
-    /// `read_committed` consumer would be handed. Returns whether it held
-    /// a whole batch.
+    /// `read_committed` consumer would be handed. Returns whether it moved
+    /// the partition on (a broker sending what was read already is not
+    /// progress, for the stall limit).
     fn apply_answer(&self, run: &mut Run<'_>, slot: &mut Restoring, data: &PartitionAnswer<'_>) -> Result<bool, Interrupted> {
         let mut filter = ReadCommitted::new(data.aborted.iter().copied());
-        let mut arrived = false;
+        let before = slot.next;
         let partition = slot.partition;
         let batch_error = |err: BatchError| match err {
             BatchError::Unsupported { .. } => Interrupted::Fallback(format!("changelog partition {partition}: {err}")),
@@ -508,7 +521,6 @@ impl Restorer {
         };
         for batch in Batches::new(data.records) {
             let batch = batch.map_err(batch_error)?;
-            arrived = true;
             if filter.keeps(&batch).map_err(batch_error)? {
                 for record in batch.records().map_err(batch_error)? {
                     let record = record.map_err(batch_error)?;
@@ -519,7 +531,7 @@ impl Restorer {
             }
             slot.advance_to(batch.last_offset().saturating_add(1));
         }
-        Ok(arrived)
+        Ok(slot.next > before)
     }
 }
 
@@ -557,12 +569,16 @@ struct Leader {
     connection: LeaderConnection,
     /// Indexes into the restore's partitions.
     slots: Vec<usize>,
+    /// Fetches sent to it: rotates the order of its partitions.
+    fetches: usize,
 }
 
 impl Leader {
     /// The partitions it leads that are left to read once `answers` are
-    /// applied, each with its next offset, in an order rotated by `turn`.
-    fn fetch_list(&self, restoring: &[Restoring], answers: &[Answer<'_>], turn: usize) -> Vec<(i32, i64)> {
+    /// applied, each with its next offset, in an order rotated by one
+    /// place each time (a broker answers the first partition with data
+    /// whatever its size: each gets to be first in turn).
+    fn fetch_list(&mut self, restoring: &[Restoring], answers: &[Answer<'_>]) -> Vec<(i32, i64)> {
         let mut list: Vec<(i32, i64)> = Vec::with_capacity(self.slots.len());
         for &slot in &self.slots {
             let partition = &restoring[slot];
@@ -574,7 +590,8 @@ impl Leader {
             }
         }
         if !list.is_empty() {
-            let by = turn % list.len();
+            self.fetches = self.fetches.wrapping_add(1);
+            let by = self.fetches % list.len();
             list.rotate_left(by);
         }
         list
@@ -626,7 +643,7 @@ impl<'r> Run<'r> {
             Some(bytes) => {
                 self.report.records += 1;
                 self.report.bytes += bytes as u64;
-                slot.next = offset + 1;
+                slot.next = offset.saturating_add(1);
                 slot.touched = true;
                 Ok(())
             }
@@ -683,7 +700,7 @@ impl<'r> Run<'r> {
 
 /// Offsets left to read in `restoring`.
 fn to_go(restoring: &[Restoring]) -> u64 {
-    restoring.iter().filter(|partition| !partition.finished).map(|partition| (partition.end - partition.next).max(0) as u64).sum()
+    restoring.iter().filter(|partition| !partition.finished).map(|partition| partition.end.saturating_sub(partition.next).max(0) as u64).sum()
 }
 
 /// Makes the restore durable up to each partition's next offset: the

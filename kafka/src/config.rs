@@ -25,7 +25,7 @@ pub enum RestoreFetch {
     /// Fetches from the partitions' leaders itself and reads the record
     /// batches in place. What it cannot read is read by the consumer:
     /// TLS or SASL listeners, a compressed changelog, a broker without
-    /// Fetch versions 4 to 11.
+    /// Fetch versions 4 to 10.
     #[default]
     Leaders,
     /// Reads through librdkafka's consumer only (about half a microsecond

@@ -112,8 +112,10 @@ pub struct FetchQueue<'c> {
 pub enum Fetched<'m> {
     /// A record of an assigned partition.
     Record(FetchedRecord<'m>),
-    /// A partition was read to its end: `(topic, partition)`.
-    End(&'m str, i32),
+    /// A partition was read to its end: `(topic, partition, offset)`, the
+    /// offset it ended at (the end librdkafka saw: a `read_committed`
+    /// consumer's is the last stable offset), where known.
+    End(&'m str, i32, Option<i64>),
     /// A consumer error for a partition, in librdkafka's words.
     Error(rdkafka::types::RDKafkaErrorCode, String),
 }
@@ -161,7 +163,7 @@ impl<'c> FetchQueue<'c> {
             let item = unsafe { &*message };
             match item.err {
                 rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => each(Fetched::Record(FetchedRecord(item))),
-                rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PARTITION_EOF => each(Fetched::End(topic_name(item), item.partition)),
+                rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PARTITION_EOF => each(Fetched::End(topic_name(item), item.partition, Some(item.offset))),
                 code => {
                     // SAFETY: an error message's text is a NUL-terminated string it owns.
                     let text = unsafe { CStr::from_ptr(rd::rd_kafka_message_errstr(message)) }.to_string_lossy().into_owned();

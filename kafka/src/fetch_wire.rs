@@ -1,7 +1,10 @@
 //! The two Kafka requests a restore sends and the answers it reads, in
-//! Kafka's wire format: ApiVersions v0, and Fetch v4 to v11 (Kafka 4
-//! serves 4 and up; from 12 on the format is "flexible", with tagged
-//! fields, and from 13 a fetch names topics by id).
+//! Kafka's wire format: ApiVersions v0, and Fetch v4 to v10 (Kafka 4
+//! serves 4 and up; from 11 on a broker may answer from a follower, and
+//! send a consumer to one; from 12 the format is "flexible", with tagged
+//! fields, and from 13 a fetch names topics by id). Up to v10 only a
+//! partition's leader answers a consumer's fetch: one that is not says
+//! so (error 6), and the restore looks the leader up again.
 //!
 //! Written out rather than taken from a protocol crate: an answer is
 //! read in place, its record batches as slices of the one buffer it was
@@ -15,7 +18,7 @@ const FETCH: i16 = 1;
 const API_VERSIONS: i16 = 18;
 
 /// Fetch versions written and read here.
-pub const FETCH_VERSIONS: std::ops::RangeInclusive<i16> = 4..=11;
+pub const FETCH_VERSIONS: std::ops::RangeInclusive<i16> = 4..=10;
 
 /// An answer that does not parse as the request's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -173,9 +176,6 @@ pub fn fetch_request(out: &mut Vec<u8>, version: i16, correlation: i32, client_i
         if version >= 7 {
             out.extend_from_slice(&0i32.to_be_bytes()); // no forgotten topics
         }
-        if version >= 11 {
-            put_string(out, ""); // rack id
-        }
     });
 }
 
@@ -197,9 +197,6 @@ pub struct PartitionAnswer<'a> {
     pub partition: i32,
     /// Kafka's error code for it.
     pub error_code: i16,
-    /// Its last stable offset: a `read_committed` reader is handed nothing
-    /// at or past it.
-    pub last_stable_offset: i64,
     /// Aborted transactions in what it holds: (producer id, first offset).
     pub aborted: Vec<(i64, i64)>,
     /// Its record batches (the last one may be cut off).
@@ -227,7 +224,7 @@ pub fn fetch_answer(body: &[u8], version: i16) -> Result<FetchAnswer<'_>, Malfor
             let partition = reader.i32()?;
             let error_code = reader.i16()?;
             reader.i64()?; // high watermark
-            let last_stable_offset = reader.i64()?;
+            reader.i64()?; // last stable offset
             if version >= 5 {
                 reader.i64()?; // log start offset
             }
@@ -236,11 +233,8 @@ pub fn fetch_answer(body: &[u8], version: i16) -> Result<FetchAnswer<'_>, Malfor
             for _ in 0..count {
                 aborted.push((reader.i64()?, reader.i64()?));
             }
-            if version >= 11 {
-                reader.i32()?; // preferred read replica
-            }
             let records = reader.bytes()?;
-            partitions.push(PartitionAnswer { topic, partition, error_code, last_stable_offset, aborted, records });
+            partitions.push(PartitionAnswer { topic, partition, error_code, aborted, records });
         }
     }
     Ok(FetchAnswer { error_code, partitions })
@@ -278,9 +272,6 @@ mod tests {
                 out.extend_from_slice(&producer.to_be_bytes());
                 out.extend_from_slice(&first.to_be_bytes());
             }
-            if version >= 11 {
-                out.extend_from_slice(&(-1i32).to_be_bytes());
-            }
             out.extend_from_slice(&(records.len() as i32).to_be_bytes());
             out.extend_from_slice(records);
         }
@@ -294,7 +285,7 @@ mod tests {
             let read = fetch_answer(&bytes, version).unwrap();
             assert_eq!(read.partitions.len(), 2, "v{version}");
             let first = &read.partitions[0];
-            assert_eq!((first.topic, first.partition, first.error_code, first.last_stable_offset), (&b"changelog"[..], 0, 0, 500));
+            assert_eq!((first.topic, first.partition, first.error_code), (&b"changelog"[..], 0, 0));
             assert_eq!(first.aborted, vec![(9, 40), (3, 10)]);
             assert_eq!(first.records, b"batches");
             assert_eq!((read.partitions[1].partition, read.partitions[1].error_code), (3, 6));
@@ -303,7 +294,7 @@ mod tests {
 
     #[test]
     fn counts_and_lengths_past_the_answer_are_malformed_before_anything_is_sized_by_them() {
-        let version = 11;
+        let version = 10;
         let bytes = answer(version, "t", &[(0, 0, 5, vec![(1, 2)], b"records".to_vec())]);
         // Every cut is malformed, never a panic.
         for cut in 0..bytes.len() {
@@ -328,10 +319,10 @@ mod tests {
         let mut out = Vec::new();
         let partitions = [(2, 77)];
         let fetch = FetchRequest { max_wait_ms: 10, max_bytes: 1 << 20, partition_max_bytes: 1 << 16, topic: "changelog", partitions: &partitions };
-        fetch_request(&mut out, 11, 5, "tally", &fetch);
+        fetch_request(&mut out, 10, 5, "tally", &fetch);
         let size = i32::from_be_bytes(out[..4].try_into().unwrap()) as usize;
         assert_eq!(size, out.len() - 4);
-        assert_eq!(&out[4..12], &[0, 1, 0, 11, 0, 0, 0, 5], "API key 1 (Fetch), v11, correlation 5");
+        assert_eq!(&out[4..12], &[0, 1, 0, 10, 0, 0, 0, 5], "API key 1 (Fetch), v10, correlation 5");
         // The fixed fields of a v4 request: 4 + 4 + 4 + 4 + 1 after the header.
         let mut v4 = Vec::new();
         fetch_request(&mut v4, 4, 5, "tally", &fetch);

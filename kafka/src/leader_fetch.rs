@@ -20,6 +20,8 @@ use crate::fetch_wire::{self, FetchAnswer, FetchRequest, FETCH_VERSIONS};
 /// A response may exceed the fetch's byte limit by one record batch
 /// (KIP-74); one larger than the limit plus this is refused.
 const RESPONSE_SLACK: usize = 16 << 20;
+/// Most bytes of an answer to ApiVersions (Kafka's is under 1 KiB).
+const API_VERSIONS_MAX: usize = 1 << 20;
 
 /// How fetches are sized and how long a broker may wait to fill one.
 #[derive(Debug, Clone)]
@@ -111,12 +113,20 @@ impl LeaderConnection {
     /// Fetch versions it serves.
     pub fn connect(broker: &str, settings: &FetchSettings, timeout: Duration) -> Result<LeaderConnection, LeaderError> {
         let io = |source| LeaderError::Io { broker: broker.to_string(), source };
-        let address = broker
-            .to_socket_addrs()
-            .map_err(io)?
-            .next()
-            .ok_or_else(|| io(std::io::Error::new(ErrorKind::NotFound, "the address resolves to nothing")))?;
-        let stream = TcpStream::connect_timeout(&address, timeout).map_err(io)?;
+        // Each address the name resolves to, in turn (a name may resolve
+        // to an IPv6 address first and the broker listen on IPv4 only).
+        let mut failed = std::io::Error::new(ErrorKind::NotFound, "the address resolves to nothing");
+        let mut connected = None;
+        for address in broker.to_socket_addrs().map_err(io)? {
+            match TcpStream::connect_timeout(&address, timeout) {
+                Ok(stream) => {
+                    connected = Some(stream);
+                    break;
+                }
+                Err(err) => failed = err,
+            }
+        }
+        let stream = connected.ok_or_else(|| io(failed))?;
         stream.set_nodelay(true).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
         let largest_response = usize::try_from(settings.max_bytes.max(settings.partition_max_bytes)).unwrap_or(0) + RESPONSE_SLACK;
@@ -165,7 +175,7 @@ impl LeaderConnection {
             if left.is_zero() {
                 return Err(self.io(std::io::Error::new(ErrorKind::TimedOut, "no answer to ApiVersions")));
             }
-            if let Some(answer) = self.receive(left)? {
+            if let Some(answer) = self.receive(left, API_VERSIONS_MAX)? {
                 break answer;
             }
         };
@@ -217,40 +227,43 @@ impl LeaderConnection {
     /// The answer to the fetch in flight, if it arrives within `wait`;
     /// `None` otherwise (what arrived of it is kept for the next call).
     pub fn receive_fetch(&mut self, wait: Duration) -> Result<Option<Answer>, LeaderError> {
-        Ok(self.receive(wait)?.map(|bytes| Answer { bytes, version: self.fetch_version }))
+        Ok(self.receive(wait, self.largest_response)?.map(|bytes| Answer { bytes, version: self.fetch_version }))
     }
 
-    /// Takes back an answer's buffer, for the next one.
+    /// Takes back an answer's buffer, for the next one (its bytes are
+    /// overwritten, not zeroed first).
     pub fn reuse(&mut self, answer: Answer) {
         if self.received == 0 {
             self.incoming = answer.bytes;
-            self.incoming.clear();
         }
     }
 
-    /// Reads the answer to the request in flight within `wait`: its size
-    /// (bounded before the buffer grows for it), then its bytes, whose
-    /// correlation id must be the request's. Returns all of it, from its
-    /// size on.
-    fn receive(&mut self, wait: Duration) -> Result<Option<Vec<u8>>, LeaderError> {
+    /// Reads the answer to the request in flight within about `wait` (a
+    /// broker trickling bytes holds it up to twice that): its size,
+    /// at most `largest` bytes (checked before the buffer grows for it),
+    /// then its bytes, whose correlation id must be the request's.
+    /// Returns all of it, from its size on.
+    fn receive(&mut self, wait: Duration, largest: usize) -> Result<Option<Vec<u8>>, LeaderError> {
         let Some(expected) = self.in_flight else { return Err(self.unsupported("sent an answer nobody asked for".into())) };
-        self.stream.set_read_timeout(Some(wait.max(Duration::from_millis(1)))).map_err(|err| self.io(err))?;
+        let wait = wait.max(Duration::from_millis(1));
+        self.stream.set_read_timeout(Some(wait)).map_err(|err| self.io(err))?;
+        let deadline = Instant::now() + wait;
         loop {
             let wanted = if self.received < 4 {
                 4
             } else {
                 let size = i32::from_be_bytes(self.incoming[..4].try_into().expect("four bytes"));
                 match usize::try_from(size) {
-                    Ok(size) if (4..=self.largest_response).contains(&size) => 4 + size,
+                    Ok(size) if (4..=largest).contains(&size) => 4 + size,
                     _ => {
                         return Err(self.unsupported(format!(
-                            "sent a response of {size} bytes; a fetch takes 4 to {} (fetch.max.bytes plus a batch)",
-                            self.largest_response
+                            "sent a response of {size} bytes; one takes 4 to {largest} (a fetch's: fetch.max.bytes plus a batch)"
                         )));
                     }
                 }
             };
             if self.received == wanted && wanted > 4 {
+                self.incoming.truncate(wanted);
                 let answer = std::mem::take(&mut self.incoming);
                 self.received = 0;
                 let (correlation, _) = fetch_wire::split_header(&answer[4..]).map_err(|err| self.unsupported(err.to_string()))?;
@@ -265,7 +278,12 @@ impl LeaderConnection {
             }
             match self.stream.read(&mut self.incoming[self.received..wanted]) {
                 Ok(0) => return Err(self.io(std::io::Error::new(ErrorKind::UnexpectedEof, "the broker closed the connection"))),
-                Ok(read) => self.received += read,
+                Ok(read) => {
+                    self.received += read;
+                    if self.received < wanted && Instant::now() >= deadline {
+                        return Ok(None); // what came is kept for the next call
+                    }
+                }
                 Err(err) if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Ok(None),
                 Err(err) if err.kind() == ErrorKind::Interrupted => {}
                 Err(err) => return Err(self.io(err)),
@@ -315,14 +333,37 @@ mod tests {
     }
 
     #[test]
-    fn a_broker_without_fetch_4_to_11_is_unsupported_naming_what_it_serves() {
+    fn a_broker_trickling_its_answer_does_not_hold_the_reader_past_its_wait() {
+        let address = broker(|mut stream| {
+            let correlation = read_request(&mut stream);
+            stream.write_all(&api_versions(correlation, (4, 17))).unwrap();
+            read_request(&mut stream);
+            stream.write_all(&400i32.to_be_bytes()).unwrap();
+            // A byte every 25 ms: ten seconds for the whole answer.
+            for _ in 0..400 {
+                std::thread::sleep(Duration::from_millis(25));
+                if stream.write_all(&[0]).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut connection = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
+        connection.send_fetch("changelog", &[(0, 0)], &settings()).unwrap();
+        let started = Instant::now();
+        assert!(connection.receive_fetch(Duration::from_millis(100)).unwrap().is_none(), "the answer is not whole yet");
+        assert!(started.elapsed() < Duration::from_secs(5), "held for {:?}: the restore's stall limit could not act", started.elapsed());
+        assert!(connection.is_fetching(), "what came is kept for the next call");
+    }
+
+    #[test]
+    fn a_broker_without_fetch_4_to_10_is_unsupported_naming_what_it_serves() {
         let address = broker(|mut stream| {
             let correlation = read_request(&mut stream);
             stream.write_all(&api_versions(correlation, (0, 3))).unwrap();
         });
         let Err(err) = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)) else { panic!("connected") };
         assert!(!err.is_retriable());
-        assert!(err.to_string().contains("serves Fetch versions 0..=3, none of 4..=11 spoken here"), "{err}");
+        assert!(err.to_string().contains("serves Fetch versions 0..=3, none of 4..=10 spoken here"), "{err}");
     }
 
     #[test]
@@ -335,11 +376,11 @@ mod tests {
             std::thread::sleep(Duration::from_secs(1));
         });
         let mut connection = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
-        assert_eq!(connection.fetch_version, 11, "the highest version spoken here that the broker serves");
+        assert_eq!(connection.fetch_version, 10, "the highest version spoken here that the broker serves");
         connection.send_fetch("changelog", &[(0, 0)], &settings()).unwrap();
         let err = connection.receive_fetch(Duration::from_secs(5)).expect_err("refused");
         assert!(!err.is_retriable());
-        assert!(err.to_string().contains("sent a response of 2147483647 bytes; a fetch takes 4 to 17825792"), "{err}");
+        assert!(err.to_string().contains("sent a response of 2147483647 bytes; one takes 4 to 17825792"), "{err}");
 
         let address = broker(|mut stream| {
             let correlation = read_request(&mut stream);

@@ -238,7 +238,7 @@ impl Session<'_, '_, '_> {
                 // Only with one input does this queue say which topic ended.
                 Some(Err(KafkaError::PartitionEOF(partition))) => {
                     if let [input] = self.kafka.inputs.as_slice() {
-                        take(Fetched::End(input, partition));
+                        take(Fetched::End(input, partition, None));
                     }
                 }
                 Some(Err(err)) => take(Fetched::Error(err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Unknown), err.to_string())),
@@ -374,7 +374,7 @@ fn take_fetched(job: &JobSettings, kafka: &KafkaConfig, progress: &mut Progress,
             progress.first.entry(event.partition).or_insert(event.offset as i64);
             progress.pending.push(event);
         }
-        Fetched::End(topic, partition) => {
+        Fetched::End(topic, partition, _) => {
             if let Some(topic) = kafka.inputs.iter().position(|input| input == topic) {
                 progress.at_end.insert((topic, partition));
             }
