@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::Offset;
+use rdkafka::{Offset, TopicPartitionList};
 
 use super::rebalance::Rebalancer;
 use super::KAFKA_TIMEOUT;
@@ -76,12 +76,25 @@ pub(super) fn consumer_lag<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> Op
     Some(lag)
 }
 
+/// The group's committed offsets as librdkafka read them, if it read
+/// every partition's: a partition whose offset it could not read (the
+/// group's coordinator loading or moving after a broker restart, offsets
+/// of a transaction not settled yet) is an error, not "no committed
+/// offset", which would look like a group moved back by hand and stop an
+/// exactly-once job.
+pub(super) fn every_offset_read(committed: TopicPartitionList) -> Result<TopicPartitionList, KafkaError> {
+    for element in committed.elements() {
+        element.error()?;
+    }
+    Ok(committed)
+}
+
 /// Moves the consumer back to the group's committed offsets; a partition
 /// the group has no offset for goes back to the first offset the open
 /// transaction read of it (`first`, by source id), not to the start of the
 /// log or its end (`auto.offset.reset`).
 pub(super) fn rewind(consumer: &BaseConsumer<Rebalancer>, first: &HashMap<u32, i64>) -> Result<(), KafkaError> {
-    let committed = consumer.committed(KAFKA_TIMEOUT)?;
+    let committed = every_offset_read(consumer.committed(KAFKA_TIMEOUT)?)?;
     let inputs = &consumer.context().inputs;
     for element in committed.elements() {
         let offset = match element.offset() {
@@ -98,4 +111,22 @@ pub(super) fn rewind(consumer: &BaseConsumer<Rebalancer>, first: &HashMap<u32, i
         consumer.seek(element.topic(), element.partition(), offset, KAFKA_TIMEOUT)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::bindings as rd;
+
+    #[test]
+    fn a_partition_whose_committed_offset_could_not_be_read_is_an_error_not_no_offset() {
+        let mut committed = TopicPartitionList::new();
+        committed.add_partition_offset("usage", 0, Offset::Offset(41)).unwrap();
+        committed.add_partition_offset("usage", 1, Offset::Invalid).unwrap();
+        assert!(every_offset_read(committed.clone()).is_ok(), "no committed offset is an answer");
+        // SAFETY: the list has two elements; only the second's error code is written.
+        unsafe { (*(*committed.ptr()).elems.add(1)).err = rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS };
+        let err = every_offset_read(committed).expect_err("partition 1's offset was not read");
+        assert!(err.to_string().contains("Coordinator load in progress"), "{err}");
+    }
 }

@@ -103,7 +103,7 @@ impl Rebalancer {
             for (topic, partition) in assigned {
                 wanted.add_partition(topic, *partition);
             }
-            let committed = self.restorer.consumer().committed_offsets(wanted, KAFKA_TIMEOUT)?;
+            let committed = super::progress::every_offset_read(self.restorer.consumer().committed_offsets(wanted, KAFKA_TIMEOUT)?)?;
             let mut behind = Vec::new();
             let mut checked = Checked::default();
             for element in committed.elements() {
