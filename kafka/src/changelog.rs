@@ -343,11 +343,12 @@ impl Restorer {
                 let slot = &mut restoring[current];
                 match item {
                     Fetched::End(_, _, offset) => slot.ended_at(offset.unwrap_or(slot.next)),
-                    Fetched::Record(record) => {
-                        if let Err(err) = run.record(slot, record.offset(), record.key(), record.payload()) {
-                            failure = Some(err);
-                        }
-                    }
+                    // Past the end taken up front: not this restore's.
+                    Fetched::Record(_) if slot.finished => {}
+                    Fetched::Record(record) => match run.record(slot, record.offset(), record.key(), record.payload()) {
+                        Ok(()) => slot.ended_at(slot.next),
+                        Err(err) => failure = Some(err),
+                    },
                     Fetched::Error(..) => {}
                 }
             });
@@ -450,7 +451,9 @@ impl Restorer {
         let fetching: Vec<usize> = (0..leaders.len()).filter(|&n| leaders[n].connection.is_fetching()).collect();
         let Some(&chosen) = fetching.get(turn % fetching.len().max(1)) else { return Ok(false) };
         let leader = &mut leaders[chosen];
-        let Some(answer) = leader.connection.receive_fetch(LEADER_WAIT).map_err(Interrupted::from_leader)? else { return Ok(false) };
+        let Some(answer) = leader.connection.receive_fetch(LEADER_WAIT).map_err(Interrupted::from_leader)? else {
+            return Ok(leader.connection.partial_progress(PARTIAL_PROGRESS));
+        };
         let read = answer.read().map_err(|err| Interrupted::Fallback(format!("broker {} {err}", leader.connection.broker())));
         let arrived = read.and_then(|read| self.apply_fetch_answer(run, restoring, leader, &read, settings));
         leader.connection.reuse(answer);
@@ -485,9 +488,8 @@ impl Restorer {
             let partition = &restoring[slot];
             let next = record_batch::next_offset_after(data.records).map_or(partition.next, |next| next.max(partition.next));
             // Read to the end taken up front. Nothing less is an end: a
-            // changelog's last batch is never compacted away, so offsets
-            // up to the end are there to read, and a leader answering
-            // with less (newly elected, not caught up) has more to come.
+            // leader answering with less (newly elected, not caught up)
+            // has more to come (see docs/kafka-mode.md, "Restoring state").
             answers.push(Answer { slot, data, next, finished: next >= partition.end });
         }
         let next_fetch = leader.fetch_list(restoring, &answers);
@@ -538,6 +540,10 @@ impl Restorer {
 /// How long one wait for a leader's answer lasts before the restore looks
 /// at its clock (progress, stall limit).
 const LEADER_WAIT: Duration = Duration::from_millis(100);
+/// Bytes of an answer still arriving that count as progress for the
+/// stall limit (a 64 MiB answer on a slow link takes a while; a broker
+/// trickling bytes does not keep a restore alive).
+const PARTIAL_PROGRESS: usize = 64 << 10;
 /// How long connecting to a leader (and asking its API versions) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause before connecting to the leaders again after a failure.
@@ -786,6 +792,16 @@ mod tests {
         assert!(apply(&mut *load, &mut key, &mut slot, Some(b"xkey"), Some(b"1")).is_none());
         assert!(apply(&mut *load, &mut key, &mut slot, None, Some(b"1")).is_none());
         assert!(apply(&mut *load, &mut key, &mut slot, Some(&ChangelogKey::Offset("usage").to_bytes()), Some(b"not a number")).is_none());
+    }
+
+    #[test]
+    fn an_end_short_of_the_one_taken_up_front_is_not_the_end() {
+        let mut slot = restoring(0);
+        slot.next = 40;
+        slot.ended_at(60); // a leader not caught up yet
+        assert!(!slot.finished && slot.next == 40, "offsets 40 to 99 are still to read");
+        slot.ended_at(100);
+        assert!(slot.finished && slot.next == 100 && slot.touched, "read to its end: the checkpoint moves to it");
     }
 
     #[test]

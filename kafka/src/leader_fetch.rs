@@ -104,6 +104,8 @@ pub struct LeaderConnection {
     incoming: Vec<u8>,
     /// Bytes of `incoming` read so far.
     received: usize,
+    /// Bytes of `incoming` already counted as progress.
+    counted: usize,
     outgoing: Vec<u8>,
     largest_response: usize,
 }
@@ -114,11 +116,18 @@ impl LeaderConnection {
     pub fn connect(broker: &str, settings: &FetchSettings, timeout: Duration) -> Result<LeaderConnection, LeaderError> {
         let io = |source| LeaderError::Io { broker: broker.to_string(), source };
         // Each address the name resolves to, in turn (a name may resolve
-        // to an IPv6 address first and the broker listen on IPv4 only).
+        // to an IPv6 address first and the broker listen on IPv4 only),
+        // all within `timeout`.
+        let deadline = Instant::now() + timeout;
         let mut failed = std::io::Error::new(ErrorKind::NotFound, "the address resolves to nothing");
         let mut connected = None;
         for address in broker.to_socket_addrs().map_err(io)? {
-            match TcpStream::connect_timeout(&address, timeout) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                failed = std::io::Error::new(ErrorKind::TimedOut, format!("no address answered within {timeout:?}"));
+                break;
+            }
+            match TcpStream::connect_timeout(&address, left) {
                 Ok(stream) => {
                     connected = Some(stream);
                     break;
@@ -138,10 +147,12 @@ impl LeaderConnection {
             in_flight: None,
             incoming: Vec::new(),
             received: 0,
+            counted: 0,
             outgoing: Vec::new(),
             largest_response,
         };
-        connection.fetch_version = connection.negotiate(settings, timeout)?;
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        connection.fetch_version = connection.negotiate(settings, left)?;
         Ok(connection)
     }
 
@@ -230,6 +241,17 @@ impl LeaderConnection {
         Ok(self.receive(wait, self.largest_response)?.map(|bytes| Answer { bytes, version: self.fetch_version }))
     }
 
+    /// Whether at least `bytes` more of the answer being received came
+    /// since this last said so: a large answer on a slow link is progress
+    /// before it is whole.
+    pub fn partial_progress(&mut self, bytes: usize) -> bool {
+        let grown = self.received >= self.counted + bytes;
+        if grown {
+            self.counted = self.received;
+        }
+        grown
+    }
+
     /// Takes back an answer's buffer, for the next one (its bytes are
     /// overwritten, not zeroed first).
     pub fn reuse(&mut self, answer: Answer) {
@@ -266,6 +288,7 @@ impl LeaderConnection {
                 self.incoming.truncate(wanted);
                 let answer = std::mem::take(&mut self.incoming);
                 self.received = 0;
+                self.counted = 0;
                 let (correlation, _) = fetch_wire::split_header(&answer[4..]).map_err(|err| self.unsupported(err.to_string()))?;
                 if correlation != expected {
                     return Err(self.unsupported(format!("answered request {correlation} while request {expected} was in flight")));
@@ -353,6 +376,32 @@ mod tests {
         assert!(connection.receive_fetch(Duration::from_millis(100)).unwrap().is_none(), "the answer is not whole yet");
         assert!(started.elapsed() < Duration::from_secs(5), "held for {:?}: the restore's stall limit could not act", started.elapsed());
         assert!(connection.is_fetching(), "what came is kept for the next call");
+    }
+
+    #[test]
+    fn a_large_answer_still_arriving_is_progress_a_trickle_is_not() {
+        let (sent_half, go_on) = std::sync::mpsc::channel::<()>();
+        let address = broker(move |mut stream| {
+            let correlation = read_request(&mut stream);
+            stream.write_all(&api_versions(correlation, (4, 17))).unwrap();
+            read_request(&mut stream);
+            stream.write_all(&(512i32 << 10).to_be_bytes()).unwrap();
+            stream.write_all(&[0; 256 << 10]).unwrap();
+            let _ = go_on.recv(); // the test has looked: a trickle next
+            let _ = stream.write_all(&[0; 100]);
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        let mut connection = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
+        connection.send_fetch("changelog", &[(0, 0)], &settings()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while connection.received < 4 + (256 << 10) {
+            assert!(connection.receive_fetch(Duration::from_millis(50)).unwrap().is_none(), "half an answer is not whole");
+            assert!(Instant::now() < deadline, "256 KiB of the answer never came");
+        }
+        assert!(connection.partial_progress(64 << 10), "256 KiB of an answer are progress");
+        sent_half.send(()).unwrap();
+        assert!(connection.receive_fetch(Duration::from_millis(200)).unwrap().is_none());
+        assert!(!connection.partial_progress(64 << 10), "100 bytes more are not 64 KiB more");
     }
 
     #[test]

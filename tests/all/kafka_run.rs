@@ -260,10 +260,12 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     let mut placed = produce_usage(&job.input, &lines, job.partitions);
     // Small fetches (one record batch of the changelog, about 1 MB, per
     // response), so a slow broker hands the restore its records a bit at a
-    // time; a stall limit of two seconds.
+    // time; a stall limit of four seconds (a broker that runs 1.4 % of the
+    // time, below, now and then answers nothing for two: its own timers
+    // and collector come first).
     let client = "\"consumer.max.partition.fetch.bytes\" = \"65536\"\n\"consumer.fetch.max.bytes\" = \"1000000\"";
     let state = dir.path().join("state");
-    let job_file = job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &state, "", "restore_stall_ms = 2000", client);
+    let job_file = job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &state, "", "restore_stall_ms = 4000", client);
     let run = || {
         let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).env("RUST_LOG", "info").output().unwrap();
         let log = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -292,7 +294,7 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
         line.split_whitespace().find_map(|word| word.strip_prefix(&format!("{name}=")).and_then(|value| value.parse().ok())).unwrap()
     };
     assert!(field(restored[0], "records") >= KEYS as u64, "{}", restored[0]);
-    assert!(field(restored[0], "took_ms") > 2_000, "the restore outlasts its 2 s stall limit: {}", restored[0]);
+    assert!(field(restored[0], "took_ms") > 4_000, "the restore outlasts its 4 s stall limit: {}", restored[0]);
     let progress: Vec<&str> = log.lines().filter(|line| line.contains("records restored, at most")).collect();
     assert!(!progress.is_empty(), "a restore of seconds logs its progress:\n{log}");
     assert!(progress.iter().all(|line| line.contains("to go") && line.contains("records/s")), "{progress:?}");
