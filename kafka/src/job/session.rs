@@ -241,7 +241,7 @@ impl Session<'_, '_, '_> {
                         take(Fetched::End(input, partition, None));
                     }
                 }
-                Some(Err(err)) => take(Fetched::Error(err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Unknown), err.to_string())),
+                Some(Err(err)) => take(Fetched::Error(consumer_error_code(&err), err.to_string())),
                 None => {}
             }
         }
@@ -343,6 +343,17 @@ impl Session<'_, '_, '_> {
     }
 }
 
+/// The code a consumer's error is taken by: a fatal one (a static member
+/// fenced by its own rejoin after a broker restart, say) is
+/// [`RDKafkaErrorCode::Fatal`] whatever its own code, so it ends the
+/// session: the consumer reads nothing more.
+fn consumer_error_code(err: &KafkaError) -> RDKafkaErrorCode {
+    match err {
+        KafkaError::MessageConsumptionFatal(_) => RDKafkaErrorCode::Fatal,
+        err => err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Unknown),
+    }
+}
+
 /// Takes one item read from the input: a record joins the pending batch, a
 /// partition's end is noted, a fatal client error is put in `failure` (the
 /// session restarts).
@@ -385,5 +396,16 @@ fn take_fetched(job: &JobSettings, kafka: &KafkaConfig, progress: &mut Progress,
                 *failure = Some(text);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fatal_consumer_error_ends_the_session_whatever_its_code() {
+        assert_eq!(consumer_error_code(&KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::FencedInstanceId)), RDKafkaErrorCode::Fatal);
+        assert_eq!(consumer_error_code(&KafkaError::MessageConsumption(RDKafkaErrorCode::BrokerTransportFailure)), RDKafkaErrorCode::BrokerTransportFailure);
     }
 }
