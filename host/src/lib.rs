@@ -4,6 +4,7 @@
 //! - The job file, its mode-independent settings and its mode: [`config`].
 //! - Many tenants' jobs in one process, with an admin API: [`serve`].
 //! - The admin API's client: [`client`].
+//! - `/metrics` for the one job `tally run` runs: [`run_metrics`].
 //!
 //! The dependencies point one way: the `tally` binary → [`serve`] → the
 //! drivers (`tally-local`, `tally-kafka`) → `tally-state-rocks` →
@@ -27,4 +28,5 @@ pub mod client;
 pub mod config;
 pub mod job;
 mod metrics;
+pub mod run_metrics;
 pub mod serve;

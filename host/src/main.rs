@@ -12,8 +12,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use tally_host::config::{JobConfig, JobSettings, LocalConfig, Mode, DEFAULT_BATCH_SIZE};
+use tally_host::run_metrics::RunMetrics;
 use tally_kafka::{KafkaJob, KafkaRunOptions};
-use tally_core::plugin::{LoadedPlugin, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
+use tally_core::hot_swap::PluginSlot;
+use tally_core::plugin::{JobContext, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
 use tally_core::state::StateStore;
 use tally_state_rocks::RocksStore;
 use tally_local::LocalTask;
@@ -152,6 +154,12 @@ struct RunArgs {
     /// has been read to its end, instead of running until stopped.
     #[arg(long)]
     until_caught_up: bool,
+    /// Serve the job's metrics (Prometheus text, as `tally serve` has them,
+    /// a Kafka job's restore progress among them) at
+    /// `http://ADDRESS/metrics`, e.g. 127.0.0.1:9464 (port 0: a free one,
+    /// printed at the start).
+    #[arg(long, value_name = "ADDRESS")]
+    metrics: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -346,15 +354,33 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         Some(cache) => runtime.load_file_cached(&job.settings.plugin, &cache)?,
         None => runtime.load_file(&job.settings.plugin)?,
     };
+    let kafka = matches!(job.mode, Mode::Kafka(_));
+    let metrics = args.metrics.as_deref().map(|listen| RunMetrics::serve(listen, &job.settings.name, kafka)).transpose()?;
+    if let Some(metrics) = &metrics {
+        metrics.started(plugin.digest());
+        eprintln!("metrics: http://{}/metrics", metrics.address());
+    }
+    let context = metrics.as_ref().map_or_else(|| JobContext::new(&job.settings.name), |metrics| metrics.context(&job.settings.name));
+    // No new plugin versions come to a job `tally run` runs: the slot stays empty.
+    let observer = metrics.as_ref().map(RunMetrics::observer);
     let local = match &job.mode {
-        Mode::Kafka(kafka) => return run_kafka_job(&job.settings, kafka, &plugin, args.until_caught_up, &stop),
+        Mode::Kafka(kafka) => {
+            let mut kafka_job = KafkaJob::open_in(&job.settings, kafka, &plugin, context)?;
+            if let Some(observer) = observer {
+                kafka_job.attach(PluginSlot::new(), job.settings.hot_swap, observer);
+            }
+            return run_kafka_job(&job.settings, kafka_job, args.until_caught_up, &stop);
+        }
         Mode::Local(local) => local,
     };
     if args.until_caught_up {
         bail!("--until-caught-up is for Kafka jobs; a local job always stops at the end of its inputs");
     }
     let job = &job.settings;
-    let mut task = LocalTask::open(job, local, &plugin)?;
+    let mut task = LocalTask::open_in(job, local, &plugin, context)?;
+    if let Some(observer) = observer {
+        task.attach(PluginSlot::new(), job.hot_swap, observer);
+    }
     let summary = task.run_until(&stop)?;
     if summary.stopped_early {
         println!("stopped on request; everything processed so far is committed, and the next run resumes there");
@@ -394,8 +420,7 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
-fn run_kafka_job(job: &JobSettings, kafka: &tally_host::config::KafkaConfig, plugin: &LoadedPlugin, until_caught_up: bool, stop: &AtomicBool) -> anyhow::Result<()> {
-    let mut kafka_job = KafkaJob::open(job, kafka, plugin)?;
+fn run_kafka_job(job: &JobSettings, mut kafka_job: KafkaJob, until_caught_up: bool, stop: &AtomicBool) -> anyhow::Result<()> {
     let summary = kafka_job.run_until(stop, KafkaRunOptions { until_caught_up })?;
     println!("{}", summary.describe(&job.name));
     if summary.stopped_early {

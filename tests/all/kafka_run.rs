@@ -3,7 +3,7 @@
 //! checker that uses the lineage headers.
 
 use std::collections::HashMap;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tally_tests::kafka::*;
@@ -251,7 +251,7 @@ fn kafka_records_over_the_record_limit_are_dead_lettered_and_the_rest_count_once
 }
 
 #[test]
-fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_session_and_logs_its_progress() {
+fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_session_and_shows_its_progress_in_the_log_and_metrics() {
     const KEYS: usize = 300_000;
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -283,8 +283,39 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     placed.extend(produce_usage(&job.input, &again, job.partitions));
     lines.extend(again);
     let stutter = BrokerStutter::start(Duration::from_millis(700), Duration::from_millis(10));
-    let log = run();
+    let log_path = dir.path().join("restore.log");
+    let mut child = Command::new(tally_binary())
+        .args(["run", "--until-caught-up", "--metrics", "127.0.0.1:0"])
+        .arg(&job_file)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // Scraped while it runs: the restore's figures, as `tally serve` has them.
+    let mut scrapes_while_restoring = Vec::new();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        let address = read_log().lines().find_map(|line| line.strip_prefix("metrics: http://").and_then(|rest| rest.strip_suffix("/metrics")).map(str::to_string));
+        if let Some(metrics) = address.and_then(|address| scrape(&address)) {
+            let restoring = metric(&metrics, "tally_restoring");
+            if restoring == Some(1.0) {
+                scrapes_while_restoring.push((metric(&metrics, "tally_restore_records_done"), metric(&metrics, "tally_restore_records_to_go")));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     drop(stutter);
+    let log = read_log();
+    assert!(status.success(), "{status}:\n{log}");
+    assert!(scrapes_while_restoring.len() >= 3, "the metrics said `restoring` for a restore of seconds: {scrapes_while_restoring:?}\n{log}");
+    assert!(
+        scrapes_while_restoring.iter().any(|&(done, to_go)| done.unwrap_or(0.0) > 0.0 && to_go.unwrap_or(0.0) > 0.0),
+        "records done and to go while it restores: {scrapes_while_restoring:?}"
+    );
 
     let restored: Vec<&str> = log.lines().filter(|line| line.contains("restored state from the changelog")).collect();
     assert_eq!(restored.len(), 1, "one restore, in one session:\n{log}");
@@ -304,4 +335,20 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
     assert_eq!((verdict.missing, verdict.doubled), (0, 0));
     assert_eq!(verdict.totals, expected_totals(&lines));
+}
+
+/// `GET /metrics` at `address`, if it answers.
+fn scrape(address: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    answer.starts_with("HTTP/1.1 200").then_some(answer)
+}
+
+/// The value of the one sample of `name` in Prometheus text `metrics`.
+fn metric(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find(|line| line.split(['{', ' ']).next() == Some(name))?.rsplit(' ').next()?.parse().ok()
 }
