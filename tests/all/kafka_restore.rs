@@ -196,7 +196,7 @@ fn a_restore_from_the_leaders_rides_out_a_broker_restart_and_counts_exactly_once
     placed.extend(produce_usage(&job.input, &again, PARTITIONS));
     lines.extend(again);
     let log_path = dir.path().join("restore.log");
-    let stutter = BrokerStutter::start(Duration::from_millis(500), Duration::from_millis(25));
+    let stutter = BrokerStutter::start(Duration::from_millis(500), Duration::from_millis(10));
     let mut child = Command::new(tally_binary())
         .args(["run", "--until-caught-up"])
         .arg(&job_file)
@@ -206,12 +206,17 @@ fn a_restore_from_the_leaders_rides_out_a_broker_restart_and_counts_exactly_once
         .spawn()
         .unwrap();
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // Killed once records arrive from the leader (the progress line every
+    // 2 s says so): killed earlier, the restore may not have connected to
+    // it yet, and only waits for the broker to come back.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !log().contains("restoring state from the changelog: (partition") {
-        assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the restore never started:\n{}", log());
+    let records_arrived = |log: &str| {
+        log.lines().filter(|line| line.contains("records restored, at most")).any(|line| !line.contains("changelog: 0 records restored"))
+    };
+    while !records_arrived(&log()) && !log().contains("restored state from the changelog") {
+        assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the restore never made progress:\n{}", log());
         std::thread::sleep(Duration::from_millis(10));
     }
-    std::thread::sleep(Duration::from_millis(300));
     assert!(!log().contains("restored state from the changelog"), "the restore ended before the broker went down; make it longer:\n{}", log());
     // Killed while it still stutters: a broker let run freely first would
     // hand the rest of the changelog over before it went down.
