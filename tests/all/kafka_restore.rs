@@ -4,7 +4,7 @@
 //! ends with the independent checker: every total adds exactly its own
 //! event to what the restored state held.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -197,14 +197,7 @@ fn a_restore_from_the_leaders_rides_out_a_broker_restart_and_counts_exactly_once
     lines.extend(again);
     let log_path = dir.path().join("restore.log");
     let stutter = BrokerStutter::start(Duration::from_millis(500), Duration::from_millis(10));
-    let mut child = Command::new(tally_binary())
-        .args(["run", "--until-caught-up"])
-        .arg(&job_file)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run_logging_to(&["--until-caught-up"], &job_file, &log_path);
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     // Killed once records arrive from the leader (the progress line every
     // 2 s says so): killed earlier, the restore may not have connected to

@@ -3,7 +3,7 @@
 //! checker that uses the lineage headers.
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use tally_tests::kafka::*;
@@ -284,14 +284,7 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     lines.extend(again);
     let stutter = BrokerStutter::start(Duration::from_millis(700), Duration::from_millis(10));
     let log_path = dir.path().join("restore.log");
-    let mut child = Command::new(tally_binary())
-        .args(["run", "--until-caught-up", "--metrics", "127.0.0.1:0"])
-        .arg(&job_file)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run_logging_to(&["--until-caught-up", "--metrics", "127.0.0.1:0"], &job_file, &log_path);
     let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     // Scraped while it runs: the restore's figures, as `tally serve` has them.
     let mut scrapes_while_restoring = Vec::new();

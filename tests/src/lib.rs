@@ -163,6 +163,20 @@ pub fn tally_binary() -> PathBuf {
     binary
 }
 
+/// Starts `tally run <args> <job_file>`, its log (`RUST_LOG=info`) written
+/// to `log_path`.
+pub fn spawn_run_logging_to(args: &[&str], job_file: &Path, log_path: &Path) -> std::process::Child {
+    std::process::Command::new(tally_binary())
+        .arg("run")
+        .args(args)
+        .arg(job_file)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log_path).unwrap())
+        .spawn()
+        .unwrap()
+}
+
 /// One line of the `totals` output, as the tests read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TotalLine {
