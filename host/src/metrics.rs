@@ -17,6 +17,9 @@ use tally_core::observe::{CommitReport, RestoreProgress};
 use tally_core::batch::BatchOutcome;
 use tally_core::plugin::context::PluginMeters;
 
+/// The content type of [`HostMetrics::render`]'s text.
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
+
 /// Labels of every job metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabels {

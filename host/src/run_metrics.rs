@@ -18,7 +18,7 @@ use tally_core::hot_swap::SwapEvent;
 use tally_core::observe::{CommitReport, JobObserver};
 use tally_core::plugin::context::{JobContext, LogLimits, PluginLog};
 
-use crate::metrics::{HostMetrics, JobMetrics};
+use crate::metrics::{HostMetrics, JobMetrics, PROMETHEUS_TEXT};
 
 /// One job's metrics and the server that exports them.
 pub struct RunMetrics {
@@ -44,7 +44,7 @@ impl RunMetrics {
                 runtime.block_on(async move {
                     let render = move || {
                         let host = host.clone();
-                        async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], host.render()).into_response() }
+                        async move { ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], host.render()).into_response() }
                     };
                     let app = Router::new().route("/metrics", get(render));
                     match tokio::net::TcpListener::from_std(listener) {

@@ -448,9 +448,8 @@ impl Restorer {
                 leader.connection.send_fetch(&self.topic, &wanted, settings).map_err(Interrupted::from_leader)?;
             }
         }
-        let fetching: Vec<usize> = (0..leaders.len()).filter(|&n| leaders[n].connection.is_fetching()).collect();
-        let Some(&chosen) = fetching.get(turn % fetching.len().max(1)) else { return Ok(false) };
-        let leader = &mut leaders[chosen];
+        let fetching = leaders.iter().filter(|leader| leader.connection.is_fetching()).count();
+        let Some(leader) = leaders.iter_mut().filter(|leader| leader.connection.is_fetching()).nth(turn % fetching.max(1)) else { return Ok(false) };
         let Some(answer) = leader.connection.receive_fetch(LEADER_WAIT).map_err(Interrupted::from_leader)? else {
             return Ok(leader.connection.partial_progress(PARTIAL_PROGRESS));
         };

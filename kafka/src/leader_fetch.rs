@@ -355,12 +355,20 @@ mod tests {
         address
     }
 
-    #[test]
-    fn a_broker_trickling_its_answer_does_not_hold_the_reader_past_its_wait() {
-        let address = broker(|mut stream| {
+    /// A broker that serves Fetch 4 to 17, reads the first fetch and
+    /// answers it with `script`.
+    fn fetch_broker(script: impl FnOnce(TcpStream) + Send + 'static) -> String {
+        broker(|mut stream| {
             let correlation = read_request(&mut stream);
             stream.write_all(&api_versions(correlation, (4, 17))).unwrap();
             read_request(&mut stream);
+            script(stream)
+        })
+    }
+
+    #[test]
+    fn a_broker_trickling_its_answer_does_not_hold_the_reader_past_its_wait() {
+        let address = fetch_broker(|mut stream| {
             stream.write_all(&400i32.to_be_bytes()).unwrap();
             // A byte every 25 ms: ten seconds for the whole answer.
             for _ in 0..400 {
@@ -381,10 +389,7 @@ mod tests {
     #[test]
     fn a_large_answer_still_arriving_is_progress_a_trickle_is_not() {
         let (sent_half, go_on) = std::sync::mpsc::channel::<()>();
-        let address = broker(move |mut stream| {
-            let correlation = read_request(&mut stream);
-            stream.write_all(&api_versions(correlation, (4, 17))).unwrap();
-            read_request(&mut stream);
+        let address = fetch_broker(move |mut stream| {
             stream.write_all(&(512i32 << 10).to_be_bytes()).unwrap();
             stream.write_all(&[0; 256 << 10]).unwrap();
             let _ = go_on.recv(); // the test has looked: a trickle next
@@ -417,10 +422,7 @@ mod tests {
 
     #[test]
     fn an_oversized_answer_is_refused_before_it_is_read_and_a_closed_connection_is_retried() {
-        let address = broker(|mut stream| {
-            let correlation = read_request(&mut stream);
-            stream.write_all(&api_versions(correlation, (4, 17))).unwrap();
-            read_request(&mut stream);
+        let address = fetch_broker(|mut stream| {
             stream.write_all(&i32::MAX.to_be_bytes()).unwrap();
             std::thread::sleep(Duration::from_secs(1));
         });
@@ -431,11 +433,7 @@ mod tests {
         assert!(!err.is_retriable());
         assert!(err.to_string().contains("sent a response of 2147483647 bytes; one takes 4 to 17825792"), "{err}");
 
-        let address = broker(|mut stream| {
-            let correlation = read_request(&mut stream);
-            stream.write_all(&api_versions(correlation, (4, 17))).unwrap();
-            read_request(&mut stream); // and hang up
-        });
+        let address = fetch_broker(drop); // and hang up
         let mut connection = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
         connection.send_fetch("changelog", &[(0, 0)], &settings()).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -254,7 +254,7 @@ fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
 }
 
 fn text(body: impl Into<String>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body.into()).into_response()
+    ([(header::CONTENT_TYPE, crate::metrics::PROMETHEUS_TEXT)], body.into()).into_response()
 }
 
 /// The tenant whose bearer token a request carries: checked from the
