@@ -27,6 +27,16 @@ fn uploads_are_checked_before_they_compile_and_compile_within_bounds() {
     assert!(message.contains("wasi:sockets"), "{message}");
     assert!(!host.log().contains("compiled an upload in a worker"), "refused before its compile:\n{}", host.log());
 
+    // So is a function more in an allowed interface, naming both: the
+    // import check compares every imported function with the host's.
+    let (status, message) = refused(acme.deploy(&job, &components::importing_an_unknown_state_function()));
+    assert_eq!(status, 422, "{message}");
+    assert!(
+        message.contains("imports `tally:plugin/state@0.1.0`, which has no item `frobnicate` in this host"),
+        "the refusal names the import and the function: {message}"
+    );
+    assert!(!host.log().contains("compiled an upload in a worker"), "refused before its compile:\n{}", host.log());
+
     // A component that takes the compiler too long is stopped at the
     // bound; the other tenant is served meanwhile.
     let slow = components::slow_to_compile(3_000, 400_000);

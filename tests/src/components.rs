@@ -9,8 +9,14 @@ use std::path::Path;
 /// allocator for the events the host lowers in, and the `process` export
 /// (which runs `body`, then returns no rejections).
 fn module(extra: &str, body: &str) -> String {
+    module_importing("", extra, body)
+}
+
+/// [`module`], with core imports (`imports`) before everything else.
+fn module_importing(imports: &str, extra: &str, body: &str) -> String {
     format!(
         r#"(module
+  {imports}
   (memory (export "memory") 1)
   (global $heap (mut i32) (i32.const 1024))
   (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
@@ -33,10 +39,27 @@ fn module(extra: &str, body: &str) -> String {
 
 /// Encodes core-module WAT as a component of the `plugin` world.
 pub fn component(wat: &str) -> Vec<u8> {
+    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/tally-plugin@0.1.0/plugin.wit");
+    component_of(&std::fs::read_to_string(wit).unwrap(), wat)
+}
+
+/// A component whose `state` import has a function the host does not
+/// have (`frobnicate`), as a plugin built against an edited WIT has: it
+/// must be refused by the import check, naming the function, not fail
+/// later when it is linked.
+pub fn importing_an_unknown_state_function() -> Vec<u8> {
+    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/tally-plugin@0.1.0/plugin.wit");
+    let wit = std::fs::read_to_string(wit).unwrap().replace("interface state {", "interface state {\n    frobnicate: func(key: list<u8>);");
+    let imports = r#"(import "tally:plugin/state@0.1.0" "frobnicate" (func $frobnicate (param i32 i32)))"#;
+    component_of(&wit, &module_importing(imports, "", "(call $frobnicate (i32.const 0) (i32.const 0))"))
+}
+
+/// Encodes core-module WAT as a component of the `plugin` world of `wit`
+/// (the text of a `tally:plugin` package).
+fn component_of(wit: &str, wat: &str) -> Vec<u8> {
     let mut module = wat::parse_str(wat).unwrap_or_else(|err| panic!("bad WAT: {err}"));
-    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/tally-plugin@0.1.0");
     let mut resolve = wit_parser::Resolve::default();
-    let (package, _) = resolve.push_dir(&wit).unwrap();
+    let package = resolve.push_str("plugin.wit", wit).unwrap();
     let world = resolve.select_world(&[package], Some("plugin")).unwrap();
     wit_component::embed_component_metadata(&mut module, &resolve, world, wit_component::StringEncoding::UTF8).unwrap();
     wit_component::ComponentEncoder::default().module(&module).unwrap().validate(true).encode().unwrap()

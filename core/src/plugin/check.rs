@@ -8,6 +8,7 @@ use wasmtime::component::Component;
 use wasmtime::Engine;
 
 use super::bindings::{WIT_PACKAGE, WIT_VERSION};
+use super::contract::{self, Mismatch, Side};
 
 /// Interfaces a plugin may import, without version.
 const ALLOWED_IMPORTS: &[&str] = &["state", "output", "log", "types"];
@@ -62,6 +63,19 @@ pub enum PluginError {
         /// The import, as the component names it.
         import: String,
     },
+    /// An interface the component imports or exports differs from the
+    /// host's: an item the host does not have, or one of another type.
+    #[error("plugin `{name}` {side} `{interface}`, which {mismatch}; rebuild it against {WIT_PACKAGE}@{WIT_VERSION}'s WIT (wit/tally-plugin@{WIT_VERSION}) with a tally-sdk for {WIT_VERSION}")]
+    Mismatch {
+        /// The plugin (its file or upload name).
+        name: String,
+        /// Whether the plugin imports or exports the interface.
+        side: Side,
+        /// The interface, as the component names it.
+        interface: String,
+        /// What differs.
+        mismatch: Mismatch,
+    },
     /// The component does not export the entry point.
     #[error("plugin `{name}` does not export `{WIT_PACKAGE}/{REQUIRED_EXPORT}@{WIT_VERSION}` (it exports: {exports}); is it a Tally plugin? Use `tally_sdk::export!`")]
     MissingEntryPoint {
@@ -104,30 +118,75 @@ pub fn check_is_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
     Ok(())
 }
 
-/// Checks, before anything is compiled, that `bytes` are a component
-/// whose own imports are all ones this host links: a plugin importing
-/// `wasi:sockets` is refused for the cost of reading its import section.
-/// (Parsing only: validation is part of compiling.)
-pub fn check_imports(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
+/// Checks, before anything is compiled, that `bytes` are a component this
+/// host links and calls: every import is an interface of the contract the
+/// host provides, item by item with exactly the component's types, and
+/// the entry point is exported with the type the host calls. A plugin
+/// importing `wasi:sockets` is refused for the cost of reading its import
+/// section; one whose `state` import has a function more, or a parameter
+/// of another type, for the cost of reading its types (function bodies
+/// are left to the compiler).
+pub fn check_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
     check_is_component(name, bytes)?;
-    let invalid = |err: wasmparser::BinaryReaderError| PluginError::Invalid { name: name.to_string(), reason: err.to_string() };
-    let mut imports = Vec::new();
-    // Nested modules and components have imports of their own, satisfied
-    // inside the component: only the outermost ones reach the host.
+    let info = read_names(name, bytes)?;
+    check_contract(name, &info)?;
+    let types = read_types(name, bytes)?;
+    let mismatch = |side, item: &str, mismatch| PluginError::Mismatch { name: name.to_string(), side, interface: item.to_string(), mismatch };
+    for import in &info.imports {
+        let (interface, _) = tally_interface(import).ok_or_else(|| PluginError::ForbiddenImport { name: name.to_string(), import: import.clone() })?;
+        let item = types.component_item_for_import(import).ok_or_else(|| invalid(name, format!("its import `{import}` has no type")))?;
+        contract::check_item(types.as_ref(), Side::Import, interface, &item.ty).map_err(|found| mismatch(Side::Import, import, found))?;
+    }
+    let entry_point = contract::versioned(REQUIRED_EXPORT);
+    let item = types.component_item_for_export(&entry_point).ok_or_else(|| invalid(name, format!("its export `{entry_point}` has no type")))?;
+    contract::check_item(types.as_ref(), Side::Export, REQUIRED_EXPORT, &item.ty).map_err(|found| mismatch(Side::Export, &entry_point, found))
+}
+
+fn invalid(name: &str, reason: impl std::fmt::Display) -> PluginError {
+    PluginError::Invalid { name: name.to_string(), reason: reason.to_string() }
+}
+
+/// The names of the component's own imports and exports, from its import
+/// and export sections. Nested modules and components have imports of
+/// their own, satisfied inside the component: only the outermost reach
+/// the host. (Parsing only: validation is part of compiling.)
+fn read_names(name: &str, bytes: &[u8]) -> Result<ComponentInfo, PluginError> {
+    let mut info = ComponentInfo { imports: Vec::new(), exports: Vec::new() };
     let mut depth = 0usize;
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
-        match payload.map_err(invalid)? {
+        match payload.map_err(|err| invalid(name, err))? {
             wasmparser::Payload::ModuleSection { .. } | wasmparser::Payload::ComponentSection { .. } => depth += 1,
             wasmparser::Payload::End(_) => depth = depth.saturating_sub(1),
             wasmparser::Payload::ComponentImportSection(reader) if depth == 0 => {
                 for import in reader {
-                    imports.push(import.map_err(invalid)?.name.name.to_string());
+                    info.imports.push(import.map_err(|err| invalid(name, err))?.name.name.to_string());
+                }
+            }
+            wasmparser::Payload::ComponentExportSection(reader) if depth == 0 => {
+                for export in reader {
+                    info.exports.push(export.map_err(|err| invalid(name, err))?.name.name.to_string());
                 }
             }
             _ => {}
         }
     }
-    check_import_names(name, &imports)
+    Ok(info)
+}
+
+/// The types of the component's outermost imports and exports, from
+/// validating its structure; function bodies are skipped (the compiler
+/// validates them), so this costs a fraction of a compile.
+fn read_types(name: &str, bytes: &[u8]) -> Result<wasmparser::types::Types, PluginError> {
+    let mut validator = wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::default());
+    let mut types = None;
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        let payload = payload.map_err(|err| invalid(name, err))?;
+        // The last `End` is the outermost component's.
+        if let wasmparser::ValidPayload::End(end) = validator.payload(&payload).map_err(|err| invalid(name, err))? {
+            types = Some(end);
+        }
+    }
+    types.ok_or_else(|| invalid(name, "it ends before its end"))
 }
 
 /// Compiles a component (the slow step: do it off the hot path).
@@ -225,3 +284,6 @@ mod tests {
         check_is_component("a", b"\0asm\x0d\0\x01\0").unwrap();
     }
 }
+
+#[cfg(test)]
+mod mutated_contracts;

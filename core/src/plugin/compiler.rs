@@ -2,7 +2,7 @@
 //! CPU, memory or admin API with it (`tally serve`).
 //!
 //! 1. The bytes are checked before anything is compiled: a component,
-//!    importing only what this host links ([`check::check_imports`]).
+//!    importing only what this host links ([`check::check_component`]).
 //! 2. Compiling runs in a child process (`tally compile-worker`, the host's
 //!    own binary) under resource limits: its address space is capped at
 //!    `max_compile_memory_bytes`, its CPU at `max_compile_seconds` (and its
@@ -138,7 +138,7 @@ impl Compiler {
         if let Some(plugin) = runtime.load_cache_entry(name, &digest, bytes.len(), &cached) {
             return Ok(plugin);
         }
-        check::check_imports(name, bytes)?;
+        check::check_component(name, bytes)?;
         let _turn = self.queue.wait_turn(tenant, self.limits.queue_wait())?;
         if !cached.exists() {
             self.compile_in_worker(name, bytes, &cached)?;

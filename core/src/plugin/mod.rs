@@ -17,6 +17,7 @@
 mod bindings;
 pub mod check;
 pub mod compiler;
+pub mod contract;
 pub mod context;
 
 use std::path::Path;
@@ -158,7 +159,7 @@ impl PluginRuntime {
     /// Compiles and checks a plugin; `name` is used in messages. Its
     /// imports are checked before it is compiled.
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<LoadedPlugin, PluginError> {
-        check::check_imports(name, bytes)?;
+        check::check_component(name, bytes)?;
         let component = check::compile(&self.engine, name, bytes)?;
         self.prepare(name, &digest(bytes), bytes.len(), &component)
     }
@@ -212,7 +213,7 @@ impl PluginRuntime {
 
     /// The engine's compiled form of `bytes` (for the compile worker).
     pub fn precompile(&self, name: &str, bytes: &[u8]) -> Result<Vec<u8>, PluginError> {
-        check::check_imports(name, bytes)?;
+        check::check_component(name, bytes)?;
         let component = check::compile(&self.engine, name, bytes)?;
         check::check_contract(name, &check::component_info(&self.engine, &component))?;
         component.serialize().map_err(|err| PluginError::Invalid { name: name.to_string(), reason: format!("cannot serialize its compiled form: {err:#}") })
@@ -246,7 +247,7 @@ impl PluginRuntime {
         let name = file_name(path);
         let component = check::compile(&self.engine, &name, &bytes)?;
         let info = check::component_info(&self.engine, &component);
-        let verdict = check::check_contract(&name, &info);
+        let verdict = check::check_component(&name, &bytes);
         Ok(Inspection { digest: digest(&bytes), size: bytes.len(), name, info, verdict })
     }
 }
