@@ -10,6 +10,14 @@ use std::process::Command;
 use tally_tests::tally_binary;
 
 fn tally(args: &[&str], dir: &Path) -> String {
+    let (succeeded, said) = tally_said(args, dir);
+    assert!(succeeded, "tally {args:?} failed: {said}");
+    said
+}
+
+/// Runs `tally` with the toolchains scripts/setup installed; whether it
+/// succeeded, and what it printed.
+fn tally_said(args: &[&str], dir: &Path) -> (bool, String) {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let output = Command::new(tally_binary())
         .args(args)
@@ -22,8 +30,42 @@ fn tally(args: &[&str], dir: &Path) -> String {
         .output()
         .unwrap();
     let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "tally {args:?} failed: {said}");
-    said
+    (output.status.success(), said)
+}
+
+/// Every plugin in the tree builds on its own, as its author builds it:
+/// `tally plugin build <dir>`, with no other package in the build (the test
+/// build's one `cargo build` of all test plugins unifies their features,
+/// which once hid a plugin that did not build alone). The two plugins made
+/// to be refused build too, and the host's check refuses them saying why.
+#[test]
+fn every_plugin_in_the_tree_builds_on_its_own() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut dirs: Vec<std::path::PathBuf> = ["plugins", "plugins/test-plugins"]
+        .iter()
+        .flat_map(|parent| std::fs::read_dir(workspace.join(parent)).unwrap())
+        .map(|entry| entry.unwrap().path())
+        .filter(|dir| dir.is_dir() && !dir.ends_with("test-plugins"))
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 12, "the tree's plugins: {dirs:?}");
+    let out = tempfile::tempdir().unwrap();
+    for dir in dirs {
+        let name = dir.file_name().unwrap().to_str().unwrap().to_string();
+        let wasm = out.path().join(format!("{name}.wasm"));
+        let (built, said) = tally_said(&["plugin", "build", dir.to_str().unwrap(), "--out", wasm.to_str().unwrap()], workspace);
+        let refusal = match name.as_str() {
+            "imports-sockets" => Some("imports `wasi:sockets/tcp@0.2.0`, which Tally does not provide"),
+            "wrong-wit-version" => Some("was built for tally:plugin@0.2.0"),
+            _ => None,
+        };
+        match refusal {
+            None => assert!(built, "{name} does not build on its own: {said}"),
+            Some(why) => assert!(!built && said.contains(why), "{name} builds, and is refused saying {why:?}: {said}"),
+        }
+        let component = std::fs::read(&wasm).unwrap_or_else(|err| panic!("{name}: no component at {}: {err}: {said}", wasm.display()));
+        assert!(component.starts_with(b"\0asm"), "{name}: {} is a WebAssembly file", wasm.display());
+    }
 }
 
 /// Builds the plugin in `dir/name` and runs it over two events.
