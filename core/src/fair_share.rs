@@ -235,22 +235,7 @@ impl CpuSeat {
     /// sleeps, seat given up, long enough to keep to [`DEMOTED_DUTY`].
     fn pause_if_demoted(&self, stop: &AtomicBool) {
         let now = Instant::now();
-        let others_active = self.inner.others_active(&lock(&self.inner.state), &self.tenant, now);
-        let pause = {
-            let mut health = lock(&self.health);
-            health.decay(now);
-            if !health.demoted() || !others_active {
-                // Running time counts from here, should others come.
-                health.running_since = Some(now);
-                return;
-            }
-            let ran = now.duration_since(*health.running_since.get_or_insert(now));
-            if ran < crate::plugin::EPOCH_TICK {
-                return;
-            }
-            health.running_since = None;
-            ran.mul_f64(1.0 / DEMOTED_DUTY - 1.0).min(MAX_DEMOTED_PAUSE)
-        };
+        let Some(pause) = self.demoted_pause(now) else { return };
         self.idle();
         let until = now + pause;
         let mut state = lock(&self.inner.state);
@@ -263,6 +248,25 @@ impl CpuSeat {
         }
         drop(state);
         lock(&self.health).running_since = Some(Instant::now());
+    }
+
+    /// How long the job pauses at `now`: nothing unless it is demoted and
+    /// another tenant works, and then in proportion to how long it ran.
+    fn demoted_pause(&self, now: Instant) -> Option<Duration> {
+        let others_active = self.inner.others_active(&lock(&self.inner.state), &self.tenant, now);
+        let mut health = lock(&self.health);
+        health.decay(now);
+        if !health.demoted() || !others_active {
+            // Running time counts from here, should others come.
+            health.running_since = Some(now);
+            return None;
+        }
+        let ran = now.duration_since(*health.running_since.get_or_insert(now));
+        if ran < crate::plugin::EPOCH_TICK {
+            return None;
+        }
+        health.running_since = None;
+        Some(ran.mul_f64(1.0 / DEMOTED_DUTY - 1.0).min(MAX_DEMOTED_PAUSE))
     }
 
     /// Wakes the jobs waiting for a seat, so that one asked to stop sees it.
@@ -313,7 +317,10 @@ mod tests {
             let (seat, stopping) = (noisy[1].clone(), stopping.clone());
             std::thread::spawn(move || seat.run(&stopping))
         };
-        std::thread::sleep(Duration::from_millis(100));
+        // Until the waiter waits (however long its thread takes to start).
+        while lock(&scheduler.inner.state).tenants["noisy"].waiting.is_empty() {
+            std::thread::yield_now();
+        }
         {
             let state = lock(&scheduler.inner.state);
             assert_eq!((state.tenants["noisy"].running, state.tenants["good"].running), (1, 1));
@@ -334,19 +341,22 @@ mod tests {
         assert!(!failing.is_demoted(), "a fifth of its CPU in failing calls is bad input, not a broken plugin");
         failing.report_call(Duration::from_millis(200), true);
         assert!(failing.is_demoted());
-        // Alone, a demoted job runs on.
-        failing.run(&stop);
-        std::thread::sleep(crate::plugin::EPOCH_TICK * 2);
-        let started = Instant::now();
-        failing.run(&stop);
-        assert!(started.elapsed() < Duration::from_millis(50), "no other tenant works: no pause");
-        // Beside a working tenant, it pauses nine ticks for each it ran.
+        // Alone, a demoted job runs on. (Times are the scheduler's clock,
+        // given: the test does not depend on how fast it runs.)
+        let tick = crate::plugin::EPOCH_TICK;
+        let start = Instant::now();
+        assert_eq!(failing.demoted_pause(start), None);
+        assert_eq!(failing.demoted_pause(start + tick * 2), None, "no other tenant works: no pause");
+        // Beside a working tenant, it pauses nine ticks for each it ran,
+        // counted from its last call alone.
         let good = scheduler.seat("good");
         good.run(&stop);
-        std::thread::sleep(crate::plugin::EPOCH_TICK * 2);
-        let started = Instant::now();
-        failing.run(&stop);
-        assert!(started.elapsed() >= crate::plugin::EPOCH_TICK * 9, "paused {:?}", started.elapsed());
+        let alone = start + tick * 2;
+        lock(&scheduler.inner.state).tenants.get_mut("good").unwrap().last_active = alone + tick * 15;
+        assert_eq!(failing.demoted_pause(alone + tick / 2), None, "less than a tick run: no pause yet");
+        assert_eq!(failing.demoted_pause(alone + tick * 2), Some(tick * 18), "two ticks run: eighteen paused");
+        assert_eq!(failing.demoted_pause(alone + tick * 2), None, "after a pause, its running time counts anew");
+        assert_eq!(failing.demoted_pause(alone + tick * 15), Some(MAX_DEMOTED_PAUSE), "a pause is bounded");
     }
 
     #[test]
