@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::limits::Limits;
 use crate::plugin::context::sanitize;
-use crate::plugin::{Event, ProcessError, Processor, Rejection, EPOCH_TICK};
+use crate::plugin::{EPOCH_TICK, Event, ProcessError, Processor, Rejection};
 use crate::transaction::{CallLimits, CallUsage, DeadLetter, SourcePosition, Transaction};
 
 pub use crate::plugin::context::MAX_REASON_BYTES;
@@ -74,7 +74,12 @@ impl BatchRunner {
     /// retried one by one so that only the failing ones are dead-lettered.
     /// Errs when the host fails, the job is stopping, or the plugin failed
     /// on too many events in a row.
-    pub fn run(&mut self, processor: &mut dyn Processor, txn: &mut Transaction, events: &[Event]) -> Result<BatchOutcome, ProcessError> {
+    pub fn run(
+        &mut self,
+        processor: &mut dyn Processor,
+        txn: &mut Transaction,
+        events: &[Event],
+    ) -> Result<BatchOutcome, ProcessError> {
         let before = txn.outputs.len();
         let mut outcome = BatchOutcome::default();
         let mut rest: Vec<Event>;
@@ -122,9 +127,16 @@ impl BatchRunner {
     }
 
     /// Runs each event alone, with its share of the batch's limits.
-    fn isolate(&mut self, processor: &mut dyn Processor, txn: &mut Transaction, events: &[Event], outcome: &mut BatchOutcome) -> Result<(), ProcessError> {
+    fn isolate(
+        &mut self,
+        processor: &mut dyn Processor,
+        txn: &mut Transaction,
+        events: &[Event],
+        outcome: &mut BatchOutcome,
+    ) -> Result<(), ProcessError> {
         let limits = *txn.limits();
-        let share = (Duration::from_millis(limits.cpu_budget_ms) / events.len().max(1) as u32).max(EPOCH_TICK);
+        let share = (Duration::from_millis(limits.cpu_budget_ms) / events.len().max(1) as u32)
+            .max(EPOCH_TICK);
         let mut kept = CallUsage::default();
         for event in events {
             let event = std::slice::from_ref(event);
@@ -169,7 +181,12 @@ impl BatchRunner {
     /// call is dropped from the transaction and reported in
     /// [`BatchOutcome::first_failure`], not retried event by event (the
     /// version is about to be rolled back, and the batch redone).
-    pub fn run_on_trial(&mut self, processor: &mut dyn Processor, txn: &mut Transaction, events: &[Event]) -> Result<BatchOutcome, ProcessError> {
+    pub fn run_on_trial(
+        &mut self,
+        processor: &mut dyn Processor,
+        txn: &mut Transaction,
+        events: &[Event],
+    ) -> Result<BatchOutcome, ProcessError> {
         let before = txn.outputs.len();
         let mut outcome = BatchOutcome::default();
         let mut rest: Vec<Event>;
@@ -212,8 +229,18 @@ impl BatchRunner {
     }
 
     /// [`BatchRunner::run_on_trial`] when `on_trial`, else [`BatchRunner::run`].
-    pub fn run_with(&mut self, on_trial: bool, processor: &mut dyn Processor, txn: &mut Transaction, events: &[Event]) -> Result<BatchOutcome, ProcessError> {
-        if on_trial { self.run_on_trial(processor, txn, events) } else { self.run(processor, txn, events) }
+    pub fn run_with(
+        &mut self,
+        on_trial: bool,
+        processor: &mut dyn Processor,
+        txn: &mut Transaction,
+        events: &[Event],
+    ) -> Result<BatchOutcome, ProcessError> {
+        if on_trial {
+            self.run_on_trial(processor, txn, events)
+        } else {
+            self.run(processor, txn, events)
+        }
     }
 
     /// The transaction was dropped, to be redone: its failures will be
@@ -244,7 +271,11 @@ impl BatchRunner {
 
 /// Runs `events` through `processor` into `txn` with a fresh runner (the
 /// test driver's path; a job keeps one [`BatchRunner`] across batches).
-pub fn process_batch(processor: &mut dyn Processor, txn: &mut Transaction, events: &[Event]) -> Result<BatchOutcome, ProcessError> {
+pub fn process_batch(
+    processor: &mut dyn Processor,
+    txn: &mut Transaction,
+    events: &[Event],
+) -> Result<BatchOutcome, ProcessError> {
     BatchRunner::new().run(processor, txn, events)
 }
 
@@ -256,19 +287,34 @@ fn finish(mut outcome: BatchOutcome, txn: &Transaction, before: usize) -> BatchO
 /// One plugin call over `events`, its work left open in the transaction
 /// (the caller keeps or drops it); returns the rejections, sorted and
 /// without repeats.
-fn call(processor: &mut dyn Processor, txn: &mut Transaction, events: &[Event]) -> Result<Vec<Rejection>, ProcessError> {
-    txn.begin_batch(events.iter().map(|e| SourcePosition { partition: e.partition, offset: e.offset }));
+fn call(
+    processor: &mut dyn Processor,
+    txn: &mut Transaction,
+    events: &[Event],
+) -> Result<Vec<Rejection>, ProcessError> {
+    txn.begin_batch(
+        events.iter().map(|e| SourcePosition { partition: e.partition, offset: e.offset }),
+    );
     let mut rejections = processor.process(events, txn)?;
     rejections.sort_by_key(|r| r.index);
     rejections.dedup_by_key(|r| r.index);
     if let Some(bad) = rejections.iter().find(|r| r.index as usize >= events.len()) {
-        return Err(ProcessError::Plugin(format!("plugin rejected event {}, but the batch has {} events", bad.index, events.len())));
+        return Err(ProcessError::Plugin(format!(
+            "plugin rejected event {}, but the batch has {} events",
+            bad.index,
+            events.len()
+        )));
     }
     Ok(rejections)
 }
 
 /// Dead-letters the rejected events; returns the others, in order.
-fn reject(txn: &mut Transaction, events: &[Event], rejections: &[Rejection], outcome: &mut BatchOutcome) -> Vec<Event> {
+fn reject(
+    txn: &mut Transaction,
+    events: &[Event],
+    rejections: &[Rejection],
+    outcome: &mut BatchOutcome,
+) -> Vec<Event> {
     for rejection in rejections {
         dead_letter(txn, &events[rejection.index as usize], &rejection.reason);
     }
@@ -290,8 +336,16 @@ pub const OVERSIZED_PREFIX_BYTES: usize = 1024;
 
 /// Dead-letters a record over `limit` (`limits.max_record_bytes`) without
 /// running it; `prefix` is what was kept of it (its first bytes).
-pub fn dead_letter_oversized(txn: &mut Transaction, source: SourcePosition, prefix: Vec<u8>, size: u64, limit: u64) {
-    let reason = format!("the record has {size} bytes, over the job's limit of {limit} bytes (limits.max_record_bytes); only its first bytes are kept here");
+pub fn dead_letter_oversized(
+    txn: &mut Transaction,
+    source: SourcePosition,
+    prefix: Vec<u8>,
+    size: u64,
+    limit: u64,
+) {
+    let reason = format!(
+        "the record has {size} bytes, over the job's limit of {limit} bytes (limits.max_record_bytes); only its first bytes are kept here"
+    );
     txn.push_dead_letter(DeadLetter { source, reason, record: prefix });
 }
 
@@ -328,16 +382,26 @@ mod tests {
     }
 
     impl Processor for Scripted {
-        fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
+        fn process(
+            &mut self,
+            events: &[Event],
+            txn: &mut Transaction,
+        ) -> Result<Vec<Rejection>, ProcessError> {
             self.calls += 1;
             let mut rejections = Vec::new();
             for (index, event) in events.iter().enumerate() {
                 let value = String::from_utf8(event.value.clone()).unwrap();
-                txn.put_many(vec![(format!("k{}", event.offset).into_bytes(), b"written".to_vec())]).map_err(|v| ProcessError::Plugin(v.0))?;
+                txn.put_many(vec![(
+                    format!("k{}", event.offset).into_bytes(),
+                    b"written".to_vec(),
+                )])
+                .map_err(|v| ProcessError::Plugin(v.0))?;
                 let bytes = value.strip_prefix("emit:").map_or(1, |n| n.parse().unwrap());
-                txn.emit_many("totals", [(index as u32, None, vec![b'x'; bytes])]).map_err(|e| ProcessError::Plugin(e.to_string()))?;
+                txn.emit_many("totals", [(index as u32, None, vec![b'x'; bytes])])
+                    .map_err(|e| ProcessError::Plugin(e.to_string()))?;
                 match value.as_str() {
-                    "reject" => rejections.push(Rejection { index: index as u32, reason: "asked to".into() }),
+                    "reject" => rejections
+                        .push(Rejection { index: index as u32, reason: "asked to".into() }),
                     "fail" => return Err(ProcessError::Plugin("failed as asked".into())),
                     _ => {}
                 }
@@ -353,16 +417,31 @@ mod tests {
         values
             .iter()
             .enumerate()
-            .map(|(offset, value)| Event { partition: 0, offset: offset as u64, timestamp_ms: None, key: None, value: value.as_bytes().to_vec() })
+            .map(|(offset, value)| Event {
+                partition: 0,
+                offset: offset as u64,
+                timestamp_ms: None,
+                key: None,
+                value: value.as_bytes().to_vec(),
+            })
             .collect()
     }
 
     fn transaction(limits: Limits) -> Transaction {
-        Transaction::new(Arc::new(MemoryStore::default()), vec!["totals".to_string()].into(), limits)
+        Transaction::new(
+            Arc::new(MemoryStore::default()),
+            vec!["totals".to_string()].into(),
+            limits,
+        )
     }
 
     fn written(txn: &Transaction) -> Vec<String> {
-        let mut keys: Vec<String> = txn.overlay.changes().into_iter().map(|(key, _)| String::from_utf8(key).unwrap()).collect();
+        let mut keys: Vec<String> = txn
+            .overlay
+            .changes()
+            .into_iter()
+            .map(|(key, _)| String::from_utf8(key).unwrap())
+            .collect();
         keys.sort();
         keys
     }
@@ -371,7 +450,8 @@ mod tests {
     fn a_rejected_event_leaves_no_state_and_no_output_whatever_the_plugin_wrote() {
         let mut txn = transaction(Limits::default());
         let mut plugin = Scripted { calls: 0 };
-        let outcome = BatchRunner::new().run(&mut plugin, &mut txn, &events(&["a", "reject", "b"])).unwrap();
+        let outcome =
+            BatchRunner::new().run(&mut plugin, &mut txn, &events(&["a", "reject", "b"])).unwrap();
         assert_eq!((outcome.applied, outcome.dead_lettered, outcome.outputs), (2, 1, 2));
         assert_eq!(written(&txn), ["k0", "k2"], "the write for the rejected event was undone");
         assert_eq!(txn.outputs.iter().map(|o| o.source.offset).collect::<Vec<_>>(), [0, 2]);
@@ -386,9 +466,17 @@ mod tests {
         let mut plugin = Scripted { calls: 0 };
         let batch = events(&["a", "b", "emit:20000", "c", "d"]);
         let outcome = BatchRunner::new().run(&mut plugin, &mut txn, &batch).unwrap();
-        assert_eq!((outcome.applied, outcome.dead_lettered, outcome.traps), (4, 1, 2), "{outcome:?}");
+        assert_eq!(
+            (outcome.applied, outcome.dead_lettered, outcome.traps),
+            (4, 1, 2),
+            "{outcome:?}"
+        );
         assert_eq!(txn.dead_letters[0].source.offset, 2);
-        assert!(txn.dead_letters[0].reason.contains("limits.max_output_bytes_per_batch"), "{}", txn.dead_letters[0].reason);
+        assert!(
+            txn.dead_letters[0].reason.contains("limits.max_output_bytes_per_batch"),
+            "{}",
+            txn.dead_letters[0].reason
+        );
         assert_eq!(written(&txn), ["k0", "k1", "k3", "k4"]);
     }
 
@@ -397,10 +485,21 @@ mod tests {
         let limits = Limits { max_failures_in_a_row: 3, ..Limits::default() };
         let mut txn = transaction(limits);
         let mut runner = BatchRunner::new();
-        let outcome = runner.run(&mut Scripted { calls: 0 }, &mut txn, &events(&["fail", "fail", "ok"])).unwrap();
-        assert_eq!((outcome.applied, outcome.dead_lettered), (1, 2), "a success ends the run of failures");
-        let err = runner.run(&mut Scripted { calls: 0 }, &mut txn, &events(&["fail", "fail", "fail", "fail"])).unwrap_err();
-        assert!(matches!(&err, ProcessError::FailingInARow(message) if message.contains("3 events in a row") && message.contains("failed as asked")), "{err}");
+        let outcome = runner
+            .run(&mut Scripted { calls: 0 }, &mut txn, &events(&["fail", "fail", "ok"]))
+            .unwrap();
+        assert_eq!(
+            (outcome.applied, outcome.dead_lettered),
+            (1, 2),
+            "a success ends the run of failures"
+        );
+        let err = runner
+            .run(&mut Scripted { calls: 0 }, &mut txn, &events(&["fail", "fail", "fail", "fail"]))
+            .unwrap_err();
+        assert!(
+            matches!(&err, ProcessError::FailingInARow(message) if message.contains("3 events in a row") && message.contains("failed as asked")),
+            "{err}"
+        );
     }
 
     #[test]

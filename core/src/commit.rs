@@ -25,7 +25,11 @@ pub trait TwoPhaseCommitter {
     /// Phase one: writes or sends everything of `txn` (its outputs, dead
     /// letters and state changes) with the input `positions`, without
     /// making any of it count.
-    fn prepare(&mut self, txn: &mut Transaction, positions: &Self::Positions) -> Result<Self::Prepared, Self::Error>;
+    fn prepare(
+        &mut self,
+        txn: &mut Transaction,
+        positions: &Self::Positions,
+    ) -> Result<Self::Prepared, Self::Error>;
 
     /// Phase two, the commit point: once it returns `Ok`, the transaction
     /// counts, whatever crashes next.

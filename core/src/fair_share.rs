@@ -82,18 +82,32 @@ struct Tenant {
 
 impl Tenant {
     fn new(share: u32) -> Tenant {
-        Tenant { share: share.max(1), running: 0, waiting: BTreeSet::new(), next_ticket: 0, last_active: Instant::now() - ACTIVE_WINDOW }
+        Tenant {
+            share: share.max(1),
+            running: 0,
+            waiting: BTreeSet::new(),
+            next_ticket: 0,
+            last_active: Instant::now() - ACTIVE_WINDOW,
+        }
     }
 
     fn active(&self, now: Instant) -> bool {
-        self.running > 0 || !self.waiting.is_empty() || now.duration_since(self.last_active) < ACTIVE_WINDOW
+        self.running > 0
+            || !self.waiting.is_empty()
+            || now.duration_since(self.last_active) < ACTIVE_WINDOW
     }
 }
 
 impl CpuScheduler {
     /// A scheduler of `cores` cores (at least one).
     pub fn new(cores: usize) -> CpuScheduler {
-        CpuScheduler { inner: Arc::new(Inner { cores: cores.max(1), state: Mutex::default(), changed: Condvar::new() }) }
+        CpuScheduler {
+            inner: Arc::new(Inner {
+                cores: cores.max(1),
+                state: Mutex::default(),
+                changed: Condvar::new(),
+            }),
+        }
     }
 
     /// A scheduler of this machine's cores.
@@ -104,14 +118,20 @@ impl CpuScheduler {
     /// Sets `tenant`'s weight (at least 1).
     pub fn set_share(&self, tenant: &str, share: u32) {
         let mut state = lock(&self.inner.state);
-        state.tenants.entry(tenant.to_string()).or_insert_with(|| Tenant::new(share)).share = share.max(1);
+        state.tenants.entry(tenant.to_string()).or_insert_with(|| Tenant::new(share)).share =
+            share.max(1);
     }
 
     /// A seat of `tenant` for one job thread; not taken yet.
     pub fn seat(&self, tenant: &str) -> Arc<CpuSeat> {
         lock(&self.inner.state).tenants.entry(tenant.to_string()).or_insert_with(|| Tenant::new(1));
         let health = Health { failed: 0.0, total: 0.0, at: Instant::now(), running_since: None };
-        Arc::new(CpuSeat { inner: self.inner.clone(), tenant: tenant.to_string(), held: Mutex::new(None), health: Mutex::new(health) })
+        Arc::new(CpuSeat {
+            inner: self.inner.clone(),
+            tenant: tenant.to_string(),
+            held: Mutex::new(None),
+            health: Mutex::new(health),
+        })
     }
 
     /// How many seats `tenant` may hold at once now.
@@ -130,7 +150,8 @@ impl Inner {
             .filter(|(name, other)| *name == tenant || other.active(now))
             .map(|(_, other)| u64::from(other.share))
             .sum();
-        let seats = (self.cores as f64 * f64::from(own.share) / active.max(1) as f64).round() as usize;
+        let seats =
+            (self.cores as f64 * f64::from(own.share) / active.max(1) as f64).round() as usize;
         seats.clamp(1, self.cores)
     }
 
@@ -150,7 +171,8 @@ struct Health {
 
 impl Health {
     fn decay(&mut self, now: Instant) {
-        let factor = (-now.duration_since(self.at).as_secs_f64() / HEALTH_MEMORY.as_secs_f64()).exp();
+        let factor =
+            (-now.duration_since(self.at).as_secs_f64() / HEALTH_MEMORY.as_secs_f64()).exp();
         self.failed *= factor;
         self.total *= factor;
         self.at = now;
@@ -198,7 +220,8 @@ impl CpuSeat {
         loop {
             let now = Instant::now();
             let seats = self.inner.seats(&state, &self.tenant, now);
-            let tenant = state.tenants.get_mut(&self.tenant).expect("a seat's tenant is registered");
+            let tenant =
+                state.tenants.get_mut(&self.tenant).expect("a seat's tenant is registered");
             tenant.last_active = now;
             let first = tenant.waiting.first() == Some(&ticket);
             if stop.load(Ordering::Relaxed) || (first && tenant.running < seats) {
@@ -210,7 +233,11 @@ impl CpuSeat {
                 self.inner.changed.notify_all();
                 return;
             }
-            state = self.inner.changed.wait_timeout(state, WAIT_STEP).map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
+            state = self
+                .inner
+                .changed
+                .wait_timeout(state, WAIT_STEP)
+                .map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
         }
     }
 
@@ -244,7 +271,11 @@ impl CpuSeat {
             if left.is_zero() {
                 break;
             }
-            state = self.inner.changed.wait_timeout(state, left).map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
+            state = self
+                .inner
+                .changed
+                .wait_timeout(state, left)
+                .map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
         }
         drop(state);
         lock(&self.health).running_since = Some(Instant::now());
@@ -279,7 +310,8 @@ impl CpuSeat {
         let mut held = lock(&self.held);
         if held.take().is_some() {
             let mut state = lock(&self.inner.state);
-            let tenant = state.tenants.get_mut(&self.tenant).expect("a seat's tenant is registered");
+            let tenant =
+                state.tenants.get_mut(&self.tenant).expect("a seat's tenant is registered");
             tenant.running -= 1;
             tenant.last_active = Instant::now();
             self.inner.changed.notify_all();
@@ -338,7 +370,10 @@ mod tests {
         let failing = scheduler.seat("noisy");
         failing.report_call(Duration::from_millis(80), false);
         failing.report_call(Duration::from_millis(20), true);
-        assert!(!failing.is_demoted(), "a fifth of its CPU in failing calls is bad input, not a broken plugin");
+        assert!(
+            !failing.is_demoted(),
+            "a fifth of its CPU in failing calls is bad input, not a broken plugin"
+        );
         failing.report_call(Duration::from_millis(200), true);
         assert!(failing.is_demoted());
         // Alone, a demoted job runs on. (Times are the scheduler's clock,
@@ -346,17 +381,38 @@ mod tests {
         let tick = crate::plugin::EPOCH_TICK;
         let start = Instant::now();
         assert_eq!(failing.demoted_pause(start), None);
-        assert_eq!(failing.demoted_pause(start + tick * 2), None, "no other tenant works: no pause");
+        assert_eq!(
+            failing.demoted_pause(start + tick * 2),
+            None,
+            "no other tenant works: no pause"
+        );
         // Beside a working tenant, it pauses nine ticks for each it ran,
         // counted from its last call alone.
         let good = scheduler.seat("good");
         good.run(&stop);
         let alone = start + tick * 2;
-        lock(&scheduler.inner.state).tenants.get_mut("good").unwrap().last_active = alone + tick * 15;
-        assert_eq!(failing.demoted_pause(alone + tick / 2), None, "less than a tick run: no pause yet");
-        assert_eq!(failing.demoted_pause(alone + tick * 2), Some(tick * 18), "two ticks run: eighteen paused");
-        assert_eq!(failing.demoted_pause(alone + tick * 2), None, "after a pause, its running time counts anew");
-        assert_eq!(failing.demoted_pause(alone + tick * 15), Some(MAX_DEMOTED_PAUSE), "a pause is bounded");
+        lock(&scheduler.inner.state).tenants.get_mut("good").unwrap().last_active =
+            alone + tick * 15;
+        assert_eq!(
+            failing.demoted_pause(alone + tick / 2),
+            None,
+            "less than a tick run: no pause yet"
+        );
+        assert_eq!(
+            failing.demoted_pause(alone + tick * 2),
+            Some(tick * 18),
+            "two ticks run: eighteen paused"
+        );
+        assert_eq!(
+            failing.demoted_pause(alone + tick * 2),
+            None,
+            "after a pause, its running time counts anew"
+        );
+        assert_eq!(
+            failing.demoted_pause(alone + tick * 15),
+            Some(MAX_DEMOTED_PAUSE),
+            "a pause is bounded"
+        );
     }
 
     #[test]
@@ -380,7 +436,10 @@ mod tests {
         let second = waiter.join().unwrap();
         second.idle();
         let first = handed.join().unwrap();
-        assert!(lock(&first.held).is_some(), "the first job got its seat back once the second idled");
+        assert!(
+            lock(&first.held).is_some(),
+            "the first job got its seat back once the second idled"
+        );
         first.idle();
         let third = scheduler.seat("a");
         first.run(&stop);

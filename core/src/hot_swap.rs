@@ -123,7 +123,13 @@ pub struct HotSwap {
 impl HotSwap {
     /// Hot loading for a job with sandbox `limits`, fed by `slot`; new
     /// versions are instantiated in the job's `context`.
-    pub fn new(slot: Arc<PluginSlot>, limits: Limits, policy: SwapPolicy, observer: Arc<dyn JobObserver>, context: JobContext) -> HotSwap {
+    pub fn new(
+        slot: Arc<PluginSlot>,
+        limits: Limits,
+        policy: SwapPolicy,
+        observer: Arc<dyn JobObserver>,
+        context: JobContext,
+    ) -> HotSwap {
         HotSwap { slot, limits, policy, observer, context, trial: None }
     }
 
@@ -177,19 +183,30 @@ impl HotSwap {
                 // newest fails.
                 let previous = match self.trial.take() {
                     Some(trial) => {
-                        let reason = format!("superseded by {} before its first transaction committed", plugin.digest());
+                        let reason = format!(
+                            "superseded by {} before its first transaction committed",
+                            plugin.digest()
+                        );
                         self.observer.swapped(&SwapEvent::Refused { digest: trial.digest, reason });
                         trial.previous
                     }
                     None => previous,
                 };
                 tracing::info!(plugin = %plugin.digest(), previous = %previous.digest(), waited_us = pushed_at.elapsed().as_micros() as u64, "swapped in a new plugin version for a trial transaction");
-                self.trial = Some(Trial { digest: plugin.digest().to_string(), previous, events: 0, rejected: 0 });
+                self.trial = Some(Trial {
+                    digest: plugin.digest().to_string(),
+                    previous,
+                    events: 0,
+                    rejected: 0,
+                });
                 txn.plugin_digest = plugin.digest().to_string();
                 self.observer.swapped(&SwapEvent::OnTrial { digest: plugin.digest().to_string() });
             }
             Err(err) => {
-                let event = SwapEvent::Refused { digest: plugin.digest().to_string(), reason: err.to_string() };
+                let event = SwapEvent::Refused {
+                    digest: plugin.digest().to_string(),
+                    reason: err.to_string(),
+                };
                 tracing::warn!(plugin = %plugin.digest(), error = %err, "new plugin version could not start; keeping the running one");
                 self.observer.swapped(&event);
             }
@@ -226,12 +243,21 @@ impl HotSwap {
 
     /// Puts the previous version back after a failed trial. The caller has
     /// aborted the trial transaction and redoes its input.
-    pub fn roll_back(&mut self, processor: &mut Box<dyn Processor>, txn: &mut Transaction, reason: String) {
+    pub fn roll_back(
+        &mut self,
+        processor: &mut Box<dyn Processor>,
+        txn: &mut Transaction,
+        reason: String,
+    ) {
         let Some(trial) = self.trial.take() else { return };
         *processor = trial.previous;
         txn.plugin_digest = processor.digest().to_string();
         tracing::warn!(plugin = %trial.digest, restored = %processor.digest(), reason = %crate::plugin::context::sanitize(&reason, crate::plugin::context::MAX_REASON_BYTES), "new plugin version rolled back");
-        self.observer.swapped(&SwapEvent::RolledBack { digest: trial.digest, restored: processor.digest().to_string(), reason });
+        self.observer.swapped(&SwapEvent::RolledBack {
+            digest: trial.digest,
+            restored: processor.digest().to_string(),
+            reason,
+        });
     }
 }
 
@@ -244,7 +270,11 @@ mod tests {
     struct Named(&'static str);
 
     impl Processor for Named {
-        fn process(&mut self, _events: &[Event], _txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
+        fn process(
+            &mut self,
+            _events: &[Event],
+            _txn: &mut Transaction,
+        ) -> Result<Vec<Rejection>, ProcessError> {
             Ok(Vec::new())
         }
         fn digest(&self) -> &str {
@@ -263,9 +293,21 @@ mod tests {
 
     /// A hot swap with `new` on trial, `old` to go back to.
     fn on_trial(events: Arc<Events>) -> (HotSwap, Box<dyn Processor>, Transaction) {
-        let mut swap = HotSwap::new(PluginSlot::new(), Limits::default(), SwapPolicy { max_reject_share: 0.5 }, events, JobContext::new("test"));
-        swap.trial = Some(Trial { digest: "sha256:new".into(), previous: Box::new(Named("sha256:old")), events: 0, rejected: 0 });
-        let txn = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), Limits::default());
+        let mut swap = HotSwap::new(
+            PluginSlot::new(),
+            Limits::default(),
+            SwapPolicy { max_reject_share: 0.5 },
+            events,
+            JobContext::new("test"),
+        );
+        swap.trial = Some(Trial {
+            digest: "sha256:new".into(),
+            previous: Box::new(Named("sha256:old")),
+            events: 0,
+            rejected: 0,
+        });
+        let txn =
+            Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), Limits::default());
         (swap, Box::new(Named("sha256:new")), txn)
     }
 
@@ -277,22 +319,35 @@ mod tests {
     fn rejecting_more_than_the_share_rolls_back_to_the_previous_version() {
         let events = Arc::new(Events::default());
         let (mut swap, mut processor, mut txn) = on_trial(events.clone());
-        assert_eq!(swap.judge_batch(100, &rejecting(30)), None, "rejections alone are judged on the whole transaction");
+        assert_eq!(
+            swap.judge_batch(100, &rejecting(30)),
+            None,
+            "rejections alone are judged on the whole transaction"
+        );
         assert_eq!(swap.judge_batch(100, &rejecting(90)), None);
         let reason = swap.judge_transaction().expect("120 of 200 rejected is over half");
-        assert!(reason.contains("120 of the 200") && reason.contains("max_reject_share = 0.5"), "{reason}");
+        assert!(
+            reason.contains("120 of the 200") && reason.contains("max_reject_share = 0.5"),
+            "{reason}"
+        );
         swap.roll_back(&mut processor, &mut txn, reason);
         assert_eq!(processor.digest(), "sha256:old");
         assert_eq!(txn.plugin_digest, "sha256:old");
         assert!(!swap.on_trial());
-        assert!(matches!(&events.0.lock().unwrap()[..], [SwapEvent::RolledBack { digest, restored, .. }] if digest == "sha256:new" && restored == "sha256:old"));
+        assert!(
+            matches!(&events.0.lock().unwrap()[..], [SwapEvent::RolledBack { digest, restored, .. }] if digest == "sha256:new" && restored == "sha256:old")
+        );
     }
 
     #[test]
     fn a_trap_fails_the_trial_at_once_and_a_clean_commit_passes_it() {
         let events = Arc::new(Events::default());
         let (mut swap, _, _) = on_trial(events.clone());
-        let trapped = BatchOutcome { traps: 1, first_failure: Some("plugin trapped: unreachable".into()), ..BatchOutcome::default() };
+        let trapped = BatchOutcome {
+            traps: 1,
+            first_failure: Some("plugin trapped: unreachable".into()),
+            ..BatchOutcome::default()
+        };
         assert!(swap.judge_batch(10, &trapped).unwrap().contains("unreachable"));
 
         let (mut swap, _, _) = on_trial(events.clone());
@@ -306,6 +361,8 @@ mod tests {
         assert_eq!(swap.judge_transaction(), None);
         swap.committed();
         assert!(!swap.on_trial());
-        assert!(matches!(events.0.lock().unwrap().last(), Some(SwapEvent::Activated { digest }) if digest == "sha256:new"));
+        assert!(
+            matches!(events.0.lock().unwrap().last(), Some(SwapEvent::Activated { digest }) if digest == "sha256:new")
+        );
     }
 }

@@ -45,19 +45,31 @@ impl DirLock {
     pub fn acquire(dir: &Path) -> Result<DirLock, LockError> {
         let io_error = |source| LockError::Io { dir: dir.to_path_buf(), source };
         std::fs::create_dir_all(dir).map_err(io_error)?;
-        let mut file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK_FILE)).map_err(io_error)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(LOCK_FILE))
+            .map_err(io_error)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
                 let mut pid = String::new();
                 let _ = file.read_to_string(&mut pid);
-                let holder = if pid.trim().is_empty() { String::new() } else { format!(" (pid {})", pid.trim()) };
+                let holder = if pid.trim().is_empty() {
+                    String::new()
+                } else {
+                    format!(" (pid {})", pid.trim())
+                };
                 return Err(LockError::Held { dir: dir.to_path_buf(), holder });
             }
             Err(std::fs::TryLockError::Error(err)) => return Err(io_error(err)),
         }
-        file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id())).map_err(io_error)?;
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| write!(file, "{}", std::process::id()))
+            .map_err(io_error)?;
         Ok(DirLock { _file: file })
     }
 }

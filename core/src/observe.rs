@@ -101,7 +101,6 @@ impl RunSummary {
     }
 }
 
-
 /// A job's state restore as it goes (Kafka mode: rebuilding RocksDB from
 /// the changelog). The restorer updates it; the host's status, metrics and
 /// log read it. It counts into prometheus gauges, so a served job's
@@ -135,7 +134,12 @@ pub struct RestoreSnapshot {
 
 impl RestoreProgress {
     /// Progress counting into the given gauges (a served job's metrics).
-    pub fn counting_into(active: Gauge, done: Gauge, remaining: Gauge, rate: Gauge<f64, AtomicU64>) -> RestoreProgress {
+    pub fn counting_into(
+        active: Gauge,
+        done: Gauge,
+        remaining: Gauge,
+        rate: Gauge<f64, AtomicU64>,
+    ) -> RestoreProgress {
         RestoreProgress { active, done, remaining, rate, started: std::sync::Mutex::default() }
     }
 
@@ -169,7 +173,8 @@ impl RestoreProgress {
         let records_done = self.done.get().max(0) as u64;
         let records_to_go = self.remaining.get().max(0) as u64;
         let records_per_second = self.rate.get();
-        let seconds_left = (records_per_second > 0.0).then(|| records_to_go as f64 / records_per_second);
+        let seconds_left =
+            (records_per_second > 0.0).then(|| records_to_go as f64 / records_per_second);
         Some(RestoreSnapshot { records_done, records_to_go, records_per_second, seconds_left })
     }
 }
@@ -177,7 +182,11 @@ impl RestoreProgress {
 impl std::fmt::Display for RestoreSnapshot {
     /// `1200000 records restored, at most 800000 to go, 950000 records/s, about 0.8 s left`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} records restored, at most {} to go, {:.0} records/s", self.records_done, self.records_to_go, self.records_per_second)?;
+        write!(
+            f,
+            "{} records restored, at most {} to go, {:.0} records/s",
+            self.records_done, self.records_to_go, self.records_per_second
+        )?;
         match self.seconds_left {
             Some(seconds) => write!(f, ", about {seconds:.1} s left"),
             None => write!(f, ", time left not known yet"),

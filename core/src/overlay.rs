@@ -87,10 +87,16 @@ impl Overlay {
     /// [`ReadError::TooLarge`] as soon as the values found, with
     /// [`ENTRY_BYTES`] for each entry, total more than `limit`: nothing past
     /// that is copied, however often a key is repeated.
-    pub fn get_many(&mut self, keys: &[Vec<u8>], store: &dyn StateStore, limit: u64) -> Result<Vec<Value>, ReadError> {
+    pub fn get_many(
+        &mut self,
+        keys: &[Vec<u8>],
+        store: &dyn StateStore,
+        limit: u64,
+    ) -> Result<Vec<Value>, ReadError> {
         let mut total = 0u64;
         let count = |total: &mut u64, value: &Value| -> Result<(), ReadError> {
-            *total = total.saturating_add(ENTRY_BYTES + value.as_ref().map_or(0, |value| value.len() as u64));
+            *total = total
+                .saturating_add(ENTRY_BYTES + value.as_ref().map_or(0, |value| value.len() as u64));
             if *total > limit { Err(ReadError::TooLarge { limit }) } else { Ok(()) }
         };
         let mut values = Vec::with_capacity(keys.len().min(4096));
@@ -127,7 +133,9 @@ impl Overlay {
 
     fn cache_one(&mut self, key: &[u8], value: Value) {
         let bytes = (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
-        if self.committed.len() < self.cache_entries && self.cached_bytes + bytes <= self.cache_bytes {
+        if self.committed.len() < self.cache_entries
+            && self.cached_bytes + bytes <= self.cache_bytes
+        {
             self.cached_bytes += bytes;
             self.committed.insert(key.to_vec(), value);
         }
@@ -207,8 +215,13 @@ impl Overlay {
     /// allocation stays for reuse); the cache starts over when they would
     /// not fit.
     fn cache(&mut self, changes: &mut Layer) {
-        let bytes: u64 = changes.iter().map(|(key, value)| (key.len() + value.as_ref().map_or(0, Vec::len)) as u64).sum();
-        if self.committed.len() + changes.len() > self.cache_entries || self.cached_bytes + bytes > self.cache_bytes {
+        let bytes: u64 = changes
+            .iter()
+            .map(|(key, value)| (key.len() + value.as_ref().map_or(0, Vec::len)) as u64)
+            .sum();
+        if self.committed.len() + changes.len() > self.cache_entries
+            || self.cached_bytes + bytes > self.cache_bytes
+        {
             self.forget_cache();
         }
         if changes.len() > self.cache_entries || bytes > self.cache_bytes {
@@ -244,7 +257,9 @@ mod tests {
 
     fn store_with(key: &[u8], value: &[u8]) -> MemoryStore {
         let store = MemoryStore::default();
-        store.commit(StoreCommit { state: vec![(key.to_vec(), Some(value.to_vec()))], meta: vec![] }).unwrap();
+        store
+            .commit(StoreCommit { state: vec![(key.to_vec(), Some(value.to_vec()))], meta: vec![] })
+            .unwrap();
         store
     }
 
@@ -252,9 +267,15 @@ mod tests {
     fn reads_own_writes_before_the_store() {
         let store = store_with(b"k", b"stored");
         let mut overlay = Overlay::default();
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"stored".to_vec())]);
+        assert_eq!(
+            overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(),
+            vec![Some(b"stored".to_vec())]
+        );
         overlay.put(b"k".to_vec(), b"new".to_vec());
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"new".to_vec())]);
+        assert_eq!(
+            overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(),
+            vec![Some(b"new".to_vec())]
+        );
         overlay.keep_batch();
         overlay.delete(b"k".to_vec());
         assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![None]);
@@ -282,7 +303,10 @@ mod tests {
         assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"stored".to_vec())]);
         overlay.abort();
         assert!(overlay.is_empty());
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"stored".to_vec())]);
+        assert_eq!(
+            overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(),
+            vec![Some(b"stored".to_vec())]
+        );
     }
 
     #[test]
@@ -293,7 +317,10 @@ mod tests {
         overlay.keep_batch();
         assert_eq!(overlay.begin_commit(), vec![(b"k".to_vec(), Some(b"1".to_vec()))]);
         assert!(overlay.changes().is_empty(), "the next transaction starts empty");
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"1".to_vec())]);
+        assert_eq!(
+            overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(),
+            vec![Some(b"1".to_vec())]
+        );
         overlay.put(b"k".to_vec(), b"2".to_vec());
         overlay.keep_batch();
         overlay.finish_commit();
@@ -301,7 +328,10 @@ mod tests {
         assert_eq!(overlay.begin_commit(), vec![(b"k".to_vec(), Some(b"2".to_vec()))]);
         overlay.abort();
         // The first commit's value is cached; the aborted one is gone.
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"1".to_vec())]);
+        assert_eq!(
+            overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(),
+            vec![Some(b"1".to_vec())]
+        );
     }
 
     #[test]
@@ -313,7 +343,10 @@ mod tests {
         assert!(matches!(err, ReadError::TooLarge { limit: 65536 }), "{err}");
         // Served from a layer, the same.
         overlay.put(b"big".to_vec(), vec![1u8; 1000]);
-        assert!(matches!(overlay.get_many(&keys, &store, 64 << 10), Err(ReadError::TooLarge { .. })));
+        assert!(matches!(
+            overlay.get_many(&keys, &store, 64 << 10),
+            Err(ReadError::TooLarge { .. })
+        ));
         let few = vec![b"big".to_vec(); 10];
         assert_eq!(overlay.get_many(&few, &store, 64 << 10).unwrap().len(), 10);
     }
@@ -329,7 +362,10 @@ mod tests {
         overlay.put(b"b".to_vec(), vec![0; 60]);
         overlay.keep_batch();
         overlay.committed();
-        assert_eq!(overlay.cached_bytes, 61, "the cache started over rather than grow past its bytes");
+        assert_eq!(
+            overlay.cached_bytes, 61,
+            "the cache started over rather than grow past its bytes"
+        );
         assert!(overlay.layered(b"a").is_none() && overlay.layered(b"b").is_some());
         let _ = store;
     }
@@ -342,6 +378,9 @@ mod tests {
         overlay.keep_batch();
         overlay.committed();
         assert!(overlay.is_empty());
-        assert_eq!(overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(), vec![Some(b"v".to_vec())]);
+        assert_eq!(
+            overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(),
+            vec![Some(b"v".to_vec())]
+        );
     }
 }

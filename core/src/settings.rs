@@ -84,25 +84,42 @@ impl JobSettings {
     /// Checks ranges and consistency; the message says what to change.
     pub fn validate(&self) -> Result<(), InvalidJob> {
         let invalid = |message: String| Err(InvalidJob { job: self.name.clone(), message });
-        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-            return invalid(format!("name {:?} must be non-empty and use only letters, digits, `-`, `_`, `.`", self.name));
+        if self.name.is_empty()
+            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return invalid(format!(
+                "name {:?} must be non-empty and use only letters, digits, `-`, `_`, `.`",
+                self.name
+            ));
         }
         if self.outputs.is_empty() {
-            return invalid("declare at least one output the plugin emits to (outputs = [\"totals\"])".into());
+            return invalid(
+                "declare at least one output the plugin emits to (outputs = [\"totals\"])".into(),
+            );
         }
         if self.outputs.len() > MAX_OUTPUTS {
-            return invalid(format!("a job may declare at most {MAX_OUTPUTS} outputs, this one declares {}", self.outputs.len()));
+            return invalid(format!(
+                "a job may declare at most {MAX_OUTPUTS} outputs, this one declares {}",
+                self.outputs.len()
+            ));
         }
         let mut names: Vec<&str> = self.outputs.iter().map(String::as_str).collect();
         names.push(&self.dead_letter_output);
         for name in &names {
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-                return invalid(format!("output name {name:?} must use only letters, digits, `-`, `_`, `.`"));
+            if name.is_empty()
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return invalid(format!(
+                    "output name {name:?} must use only letters, digits, `-`, `_`, `.`"
+                ));
             }
         }
         names.sort_unstable();
         if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
-            return invalid(format!("output `{}` is declared twice (the dead-letter output counts too)", pair[0]));
+            return invalid(format!(
+                "output `{}` is declared twice (the dead-letter output counts too)",
+                pair[0]
+            ));
         }
         if let Some(name) = self.emit.keys().find(|name| !self.outputs.contains(name)) {
             return invalid(format!(
@@ -114,22 +131,37 @@ impl JobSettings {
             return invalid("commit_interval_ms must be at least 1".into());
         }
         if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
-            return invalid(format!("batch_size must be between 1 and {MAX_BATCH_SIZE}, got {}", self.batch_size));
+            return invalid(format!(
+                "batch_size must be between 1 and {MAX_BATCH_SIZE}, got {}",
+                self.batch_size
+            ));
         }
         let share = self.hot_swap.max_reject_share;
         if !(0.0..=1.0).contains(&share) {
-            return invalid(format!("hot_swap.max_reject_share must be between 0 and 1, got {share}"));
+            return invalid(format!(
+                "hot_swap.max_reject_share must be between 0 and 1, got {share}"
+            ));
         }
         let limits = &self.limits;
         let tick_ms = crate::plugin::EPOCH_TICK.as_millis() as u64;
-        if limits.memory_bytes < (1 << 20) || limits.max_key_bytes == 0 || limits.max_value_bytes == 0 {
-            return invalid("limits must be positive, and limits.memory_bytes at least 1 MiB (1048576)".into());
+        if limits.memory_bytes < (1 << 20)
+            || limits.max_key_bytes == 0
+            || limits.max_value_bytes == 0
+        {
+            return invalid(
+                "limits must be positive, and limits.memory_bytes at least 1 MiB (1048576)".into(),
+            );
         }
         if limits.cpu_budget_ms < tick_ms {
-            return invalid(format!("limits.cpu_budget_ms must be at least {tick_ms} (the budget is checked every {tick_ms} ms)"));
+            return invalid(format!(
+                "limits.cpu_budget_ms must be at least {tick_ms} (the budget is checked every {tick_ms} ms)"
+            ));
         }
         if limits.max_failures_in_a_row == 0 || limits.max_record_bytes == 0 {
-            return invalid("limits.max_failures_in_a_row and limits.max_record_bytes must be at least 1".into());
+            return invalid(
+                "limits.max_failures_in_a_row and limits.max_record_bytes must be at least 1"
+                    .into(),
+            );
         }
         Ok(())
     }

@@ -34,7 +34,9 @@ pub enum StateError {
     #[error("committing state failed: {0}")]
     Commit(#[source] BackendError),
     /// What the store holds is not what Tally wrote there.
-    #[error("the state store is damaged: {what}; restore the state directory from a backup, or in Kafka mode delete it to rebuild it from the changelog")]
+    #[error(
+        "the state store is damaged: {what}; restore the state directory from a backup, or in Kafka mode delete it to rebuild it from the changelog"
+    )]
     Damaged {
         /// What was found, and where.
         what: String,
@@ -166,7 +168,12 @@ impl StateStore for MemoryStore {
 
     fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
         let maps = self.maps.lock().expect("memory store lock");
-        Ok(maps.meta.range(prefix.to_vec()..).take_while(|(key, _)| key.starts_with(prefix)).map(clone_entry).collect())
+        Ok(maps
+            .meta
+            .range(prefix.to_vec()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(clone_entry)
+            .collect())
     }
 
     fn scan_state(&self) -> Result<Vec<Entry>, StateError> {
@@ -207,8 +214,14 @@ pub mod conformance {
 
     fn commit_of(state: &[(&str, Option<&str>)], meta: &[(&str, &str)]) -> StoreCommit {
         StoreCommit {
-            state: state.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec()))).collect(),
-            meta: meta.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect(),
+            state: state
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec())))
+                .collect(),
+            meta: meta
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect(),
         }
     }
 
@@ -224,13 +237,28 @@ pub mod conformance {
     /// Reads see every commit: puts, deletes and metadata.
     pub fn reads_what_was_committed(store: &dyn StateStore) {
         assert_eq!(ok(store.get_many(&[b"a"]), "get_many"), vec![None]);
-        ok(store.commit(commit_of(&[("a", Some("1")), ("b", Some("2"))], &[("pos/0", "10")])), "commit");
-        ok(store.commit(commit_of(&[("a", None), ("c", Some("3"))], &[("pos/0", "20"), ("pos/1", "5")])), "commit");
-        assert_eq!(ok(store.get_many(&[b"a", b"b", b"c"]), "get_many"), vec![None, Some(b"2".to_vec()), Some(b"3".to_vec())]);
+        ok(
+            store.commit(commit_of(&[("a", Some("1")), ("b", Some("2"))], &[("pos/0", "10")])),
+            "commit",
+        );
+        ok(
+            store.commit(commit_of(
+                &[("a", None), ("c", Some("3"))],
+                &[("pos/0", "20"), ("pos/1", "5")],
+            )),
+            "commit",
+        );
+        assert_eq!(
+            ok(store.get_many(&[b"a", b"b", b"c"]), "get_many"),
+            vec![None, Some(b"2".to_vec()), Some(b"3".to_vec())]
+        );
         assert_eq!(ok(store.get_meta(b"pos/0"), "get_meta"), Some(b"20".to_vec()));
         assert_eq!(ok(store.get_meta(b"nope"), "get_meta"), None);
         let positions = ok(store.scan_meta(b"pos/"), "scan_meta");
-        assert_eq!(positions, vec![(b"pos/0".to_vec(), b"20".to_vec()), (b"pos/1".to_vec(), b"5".to_vec())]);
+        assert_eq!(
+            positions,
+            vec![(b"pos/0".to_vec(), b"20".to_vec()), (b"pos/1".to_vec(), b"5".to_vec())]
+        );
         assert_eq!(ok(store.scan_state(), "scan_state").len(), 2);
     }
 
@@ -244,12 +272,24 @@ pub mod conformance {
     /// A metadata scan returns its prefix's keys in byte order and nothing
     /// past them; a state scan returns everything in byte order.
     pub fn scans_in_key_order_within_the_prefix(store: &dyn StateStore) {
-        ok(store.commit(commit_of(&[("b", Some("2")), ("a", Some("1")), ("\u{ff}", Some("3"))], &[("p/b", "2"), ("p/a", "1"), ("p", "0"), ("q/a", "9")])), "commit");
-        let keys: Vec<Vec<u8>> = ok(store.scan_meta(b"p/"), "scan_meta").into_iter().map(|(key, _)| key).collect();
+        ok(
+            store.commit(commit_of(
+                &[("b", Some("2")), ("a", Some("1")), ("\u{ff}", Some("3"))],
+                &[("p/b", "2"), ("p/a", "1"), ("p", "0"), ("q/a", "9")],
+            )),
+            "commit",
+        );
+        let keys: Vec<Vec<u8>> =
+            ok(store.scan_meta(b"p/"), "scan_meta").into_iter().map(|(key, _)| key).collect();
         assert_eq!(keys, vec![b"p/a".to_vec(), b"p/b".to_vec()]);
-        let keys: Vec<Vec<u8>> = ok(store.scan_state(), "scan_state").into_iter().map(|(key, _)| key).collect();
+        let keys: Vec<Vec<u8>> =
+            ok(store.scan_state(), "scan_state").into_iter().map(|(key, _)| key).collect();
         assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec(), "\u{ff}".as_bytes().to_vec()]);
-        assert_eq!(ok(store.get_many(&[b"b", b"b", b"zz"]), "get_many"), vec![Some(b"2".to_vec()), Some(b"2".to_vec()), None], "one result per key asked, repeats included");
+        assert_eq!(
+            ok(store.get_many(&[b"b", b"b", b"zz"]), "get_many"),
+            vec![Some(b"2".to_vec()), Some(b"2".to_vec()), None],
+            "one result per key asked, repeats included"
+        );
     }
 
     /// A bulk load's writes land at its checkpoint, later ones winning,
@@ -263,15 +303,25 @@ pub mod conformance {
         ok(load.checkpoint(&[(b"checkpoint/0".to_vec(), b"2".to_vec())]), "bulk checkpoint");
         assert_eq!(load.buffered_bytes(), 0);
         ok(load.finish(), "bulk finish");
-        assert_eq!(ok(store.get_many(&[b"k", b"gone"]), "get_many"), vec![Some(b"1".to_vec()), None]);
+        assert_eq!(
+            ok(store.get_many(&[b"k", b"gone"]), "get_many"),
+            vec![Some(b"1".to_vec()), None]
+        );
         load.state(b"k", Some(b"2"));
         load.state(b"j", Some(b"3"));
         load.state(b"j", None);
         load.state(b"k", Some(b"4"));
         ok(load.checkpoint(&[(b"checkpoint/0".to_vec(), b"6".to_vec())]), "bulk checkpoint");
-        ok(load.checkpoint(&[(b"checkpoint/1".to_vec(), b"1".to_vec())]), "an empty bulk checkpoint");
+        ok(
+            load.checkpoint(&[(b"checkpoint/1".to_vec(), b"1".to_vec())]),
+            "an empty bulk checkpoint",
+        );
         ok(load.finish(), "bulk finish");
-        assert_eq!(load.durable_checkpoints(), 3, "every checkpoint is durable once the load is finished");
+        assert_eq!(
+            load.durable_checkpoints(),
+            3,
+            "every checkpoint is durable once the load is finished"
+        );
         drop(load);
         let values = ok(store.get_many(&[b"k", b"j", b"gone", b"kept"]), "get_many");
         assert_eq!(values, vec![Some(b"4".to_vec()), None, None, Some(b"0".to_vec())]);
@@ -281,7 +331,13 @@ pub mod conformance {
 
     /// Within one commit, a later write of a key wins over an earlier one.
     pub fn later_writes_in_one_commit_win(store: &dyn StateStore) {
-        ok(store.commit(commit_of(&[("k", Some("1")), ("k", None), ("j", None), ("j", Some("2"))], &[])), "commit");
+        ok(
+            store.commit(commit_of(
+                &[("k", Some("1")), ("k", None), ("j", None), ("j", Some("2"))],
+                &[],
+            )),
+            "commit",
+        );
         assert_eq!(ok(store.get_many(&[b"k", b"j"]), "get_many"), vec![None, Some(b"2".to_vec())]);
     }
 }

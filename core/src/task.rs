@@ -57,7 +57,9 @@ pub enum RunError {
     },
     /// The plugin failed on too many events in a row: it is broken, and
     /// the job stops rather than dead-letter its whole input.
-    #[error("job `{job}` stopped before committing anything more: {message}; fix the plugin (push a new version) and resume the job")]
+    #[error(
+        "job `{job}` stopped before committing anything more: {message}; fix the plugin (push a new version) and resume the job"
+    )]
     PluginFailing {
         /// The job.
         job: String,
@@ -84,13 +86,22 @@ impl RunError {
         match err {
             ProcessError::Host(state) => RunError::State(state),
             ProcessError::Instantiate(plugin) => RunError::Plugin(plugin),
-            ProcessError::Misconfigured(message) => RunError::Misconfigured { job: job.to_string(), message },
-            ProcessError::FailingInARow(message) => RunError::PluginFailing { job: job.to_string(), message },
+            ProcessError::Misconfigured(message) => {
+                RunError::Misconfigured { job: job.to_string(), message }
+            }
+            ProcessError::FailingInARow(message) => {
+                RunError::PluginFailing { job: job.to_string(), message }
+            }
             // Batches end plugin failures as dead letters; were one to come
             // through (or a stop not taken as one), the job stops rather
             // than lose the event.
-            ProcessError::Plugin(message) => RunError::PluginFailing { job: job.to_string(), message },
-            ProcessError::Stopped => RunError::PluginFailing { job: job.to_string(), message: "the call was stopped".into() },
+            ProcessError::Plugin(message) => {
+                RunError::PluginFailing { job: job.to_string(), message }
+            }
+            ProcessError::Stopped => RunError::PluginFailing {
+                job: job.to_string(),
+                message: "the call was stopped".into(),
+            },
         }
     }
 }
@@ -144,7 +155,13 @@ pub struct Task {
 impl Task {
     /// Job `job`'s task, running `processor` into `txn`, its instances in
     /// `context`, committing every `commit_interval`.
-    pub fn new(job: &str, processor: Box<dyn Processor>, mut txn: Transaction, context: JobContext, commit_interval: Duration) -> Task {
+    pub fn new(
+        job: &str,
+        processor: Box<dyn Processor>,
+        mut txn: Transaction,
+        context: JobContext,
+        commit_interval: Duration,
+    ) -> Task {
         txn.plugin_digest = processor.digest().to_string();
         Task {
             job: job.to_string(),
@@ -162,8 +179,15 @@ impl Task {
     /// Lets new plugin versions pushed into `slot` be swapped in at
     /// transaction boundaries (instantiated under `limits`), and reports
     /// commits and swaps to `observer`.
-    pub fn attach(&mut self, slot: Arc<PluginSlot>, limits: Limits, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
-        self.hot_swap = Some(HotSwap::new(slot, limits, policy, observer.clone(), self.context.clone()));
+    pub fn attach(
+        &mut self,
+        slot: Arc<PluginSlot>,
+        limits: Limits,
+        policy: SwapPolicy,
+        observer: Arc<dyn JobObserver>,
+    ) {
+        self.hot_swap =
+            Some(HotSwap::new(slot, limits, policy, observer.clone(), self.context.clone()));
         self.observer = observer;
     }
 
@@ -191,7 +215,8 @@ impl Task {
     /// Whether the open transaction should commit now: its interval since
     /// `last_commit` is up, or it holds [`MAX_TRANSACTION_BYTES`].
     fn commit_due(&self, last_commit: Instant) -> bool {
-        last_commit.elapsed() >= self.commit_interval || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES
+        last_commit.elapsed() >= self.commit_interval
+            || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES
     }
 
     /// Step 1, at a transaction boundary: takes a pushed plugin version, if
@@ -219,7 +244,8 @@ impl Task {
             }
         };
         // A version on trial is judged on the events it ran.
-        let judged = self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(events.len(), &outcome));
+        let judged =
+            self.hot_swap.as_mut().and_then(|swap| swap.judge_batch(events.len(), &outcome));
         outcome.dead_lettered += oversized;
         self.observer.batch(read, &outcome);
         if judged.is_none() {

@@ -143,7 +143,9 @@ impl CallLimits {
     pub fn cpu_exceeded_reason(&self) -> String {
         let batch_ms = self.batch.cpu_budget_ms;
         match self.retry_of {
-            None => format!("plugin exceeded its CPU budget of {batch_ms} ms per batch (limits.cpu_budget_ms)"),
+            None => format!(
+                "plugin exceeded its CPU budget of {batch_ms} ms per batch (limits.cpu_budget_ms)"
+            ),
             Some(events) => format!(
                 "plugin exceeded its CPU budget of {} ms for this event, retried alone after its batch failed (its share of the batch's limits.cpu_budget_ms = {batch_ms} over {events} events, at least one {} ms tick)",
                 self.cpu.as_millis(),
@@ -164,7 +166,11 @@ pub struct CallUsage {
 
 impl Transaction {
     /// An empty transaction over `store`, for a plugin that may emit to `output_names`.
-    pub fn new(store: Arc<dyn StateStore>, output_names: Arc<[String]>, limits: Limits) -> Transaction {
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        output_names: Arc<[String]>,
+        limits: Limits,
+    ) -> Transaction {
         Transaction {
             overlay: Overlay::default(),
             outputs: Vec::new(),
@@ -320,7 +326,9 @@ impl Transaction {
                     // The replaced record lands at `index`, past `kept`: cut below.
                     self.outputs.swap(slot, index);
                     let replaced = &self.outputs[index];
-                    self.pending_bytes = self.pending_bytes.saturating_sub(record_bytes(replaced) + HELD_RECORD_BYTES);
+                    self.pending_bytes = self
+                        .pending_bytes
+                        .saturating_sub(record_bytes(replaced) + HELD_RECORD_BYTES);
                 }
                 None => {
                     slots.insert(fold_key.clone(), kept);
@@ -349,7 +357,10 @@ impl Transaction {
     /// Position of event `index` of the current batch.
     pub fn position(&self, index: u32) -> Result<SourcePosition, Violation> {
         self.batch.get(index as usize).copied().ok_or_else(|| {
-            Violation(format!("plugin referred to event {index}, but the batch has {} events", self.batch.len()))
+            Violation(format!(
+                "plugin referred to event {index}, but the batch has {} events",
+                self.batch.len()
+            ))
         })
     }
 
@@ -388,7 +399,11 @@ impl Transaction {
 
     /// Host side of `state.get-many`: the values of `keys`, at most `limit`
     /// bytes in all (what the plugin could hold), or a violation naming it.
-    pub fn get_many(&mut self, keys: &[Vec<u8>], limit: u64) -> Result<Vec<Option<Vec<u8>>>, HostCallError> {
+    pub fn get_many(
+        &mut self,
+        keys: &[Vec<u8>],
+        limit: u64,
+    ) -> Result<Vec<Option<Vec<u8>>>, HostCallError> {
         for key in keys {
             self.check_key(key)?;
         }
@@ -441,7 +456,13 @@ impl Transaction {
     fn count_state_bytes(&mut self, bytes: u64) -> Result<(), Violation> {
         self.used.state_bytes += bytes;
         if self.used.state_bytes > self.call.state_bytes {
-            return Err(self.over_bytes_limit("wrote", "state", self.call.state_bytes, self.limits.max_state_bytes_per_batch, "max_state_bytes_per_batch"));
+            return Err(self.over_bytes_limit(
+                "wrote",
+                "state",
+                self.call.state_bytes,
+                self.limits.max_state_bytes_per_batch,
+                "max_state_bytes_per_batch",
+            ));
         }
         self.pending_bytes += bytes;
         Ok(())
@@ -449,9 +470,18 @@ impl Transaction {
 
     /// The violation of a call that `did` more `what` bytes than its
     /// `allowed` (the job's `per_batch`, or an event's share of it).
-    fn over_bytes_limit(&self, did: &str, what: &str, allowed: u64, per_batch: u64, setting: &str) -> Violation {
+    fn over_bytes_limit(
+        &self,
+        did: &str,
+        what: &str,
+        allowed: u64,
+        per_batch: u64,
+        setting: &str,
+    ) -> Violation {
         Violation(match self.call.retry_of {
-            None => format!("plugin {did} more than the job's limit of {allowed} {what} bytes in one batch (limits.{setting})"),
+            None => format!(
+                "plugin {did} more than the job's limit of {allowed} {what} bytes in one batch (limits.{setting})"
+            ),
             Some(_) => format!(
                 "plugin {did} more than the {allowed} {what} bytes this event had left, retried alone after its batch failed, \
                  of the job's limit of {per_batch} per batch (limits.{setting})"
@@ -492,9 +522,17 @@ impl Transaction {
     }
 
     /// One record for output index `output` (named `name`).
-    fn emit_one(&mut self, output: usize, name: &str, event: u32, key: Option<Vec<u8>>, value: Vec<u8>) -> Result<(), Violation> {
+    fn emit_one(
+        &mut self,
+        output: usize,
+        name: &str,
+        event: u32,
+        key: Option<Vec<u8>>,
+        value: Vec<u8>,
+    ) -> Result<(), Violation> {
         let source = self.position(event)?;
-        if let Some(key) = key.as_ref().filter(|key| key.len() > self.limits.max_key_bytes as usize) {
+        if let Some(key) = key.as_ref().filter(|key| key.len() > self.limits.max_key_bytes as usize)
+        {
             return Err(Violation(format!(
                 "plugin emitted a key of {} bytes to `{name}`, over the job's limit of {} bytes (limits.max_key_bytes)",
                 key.len(),
@@ -515,7 +553,13 @@ impl Transaction {
         let bytes = record_bytes(&record) + HELD_RECORD_BYTES;
         self.used.output_bytes += bytes;
         if self.used.output_bytes > self.call.output_bytes {
-            return Err(self.over_bytes_limit("emitted", "output", self.call.output_bytes, self.limits.max_output_bytes_per_batch, "max_output_bytes_per_batch"));
+            return Err(self.over_bytes_limit(
+                "emitted",
+                "output",
+                self.call.output_bytes,
+                self.limits.max_output_bytes_per_batch,
+                "max_output_bytes_per_batch",
+            ));
         }
         self.pending_bytes += bytes;
         self.outputs.push(record);
@@ -544,7 +588,11 @@ mod tests {
     use crate::state::MemoryStore;
 
     fn transaction(limits: Limits) -> Transaction {
-        Transaction::new(Arc::new(MemoryStore::default()), vec!["totals".to_string()].into(), limits)
+        Transaction::new(
+            Arc::new(MemoryStore::default()),
+            vec!["totals".to_string()].into(),
+            limits,
+        )
     }
 
     fn positions(n: u64) -> impl Iterator<Item = SourcePosition> {
@@ -558,7 +606,8 @@ mod tests {
         txn.emit_many("totals", [(1, None, b"a".to_vec())]).unwrap();
         txn.emit_many("totals", [(1, None, b"b".to_vec())]).unwrap();
         txn.emit_many("totals", [(0, None, b"c".to_vec())]).unwrap();
-        let got: Vec<(u64, u32)> = txn.outputs.iter().map(|o| (o.source.offset, o.sequence)).collect();
+        let got: Vec<(u64, u32)> =
+            txn.outputs.iter().map(|o| (o.source.offset, o.sequence)).collect();
         assert_eq!(got, vec![(1, 0), (1, 1), (0, 0)]);
     }
 
@@ -574,7 +623,13 @@ mod tests {
         txn.keep_batch();
         let mut changes = txn.overlay.changes();
         changes.sort();
-        assert_eq!(changes, vec![(b"p0/k".to_vec(), Some(b"zero".to_vec())), (b"p1/k".to_vec(), Some(b"one".to_vec()))]);
+        assert_eq!(
+            changes,
+            vec![
+                (b"p0/k".to_vec(), Some(b"zero".to_vec())),
+                (b"p1/k".to_vec(), Some(b"one".to_vec()))
+            ]
+        );
     }
 
     #[test]
@@ -593,7 +648,10 @@ mod tests {
     }
 
     fn emitted(txn: &Transaction) -> Vec<(Option<&[u8]>, &[u8], u64)> {
-        txn.outputs.iter().map(|o| (o.key.as_deref(), o.value.as_slice(), o.source.offset)).collect()
+        txn.outputs
+            .iter()
+            .map(|o| (o.key.as_deref(), o.value.as_slice(), o.source.offset))
+            .collect()
     }
 
     #[test]
@@ -602,20 +660,44 @@ mod tests {
         assert!(!txn.sends_outputs_early());
         txn.begin_batch(positions(3));
         let key = |k: &[u8]| Some(k.to_vec());
-        txn.emit_many("totals", [(0, key(b"a"), b"1".to_vec()), (1, key(b"b"), b"2".to_vec()), (2, key(b"a"), b"3".to_vec())]).unwrap();
+        txn.emit_many(
+            "totals",
+            [
+                (0, key(b"a"), b"1".to_vec()),
+                (1, key(b"b"), b"2".to_vec()),
+                (2, key(b"a"), b"3".to_vec()),
+            ],
+        )
+        .unwrap();
         txn.keep_batch();
         txn.begin_batch(positions(2));
-        txn.emit_many("totals", [(0, None, b"keyless".to_vec()), (1, key(b"b"), b"4".to_vec())]).unwrap();
+        txn.emit_many("totals", [(0, None, b"keyless".to_vec()), (1, key(b"b"), b"4".to_vec())])
+            .unwrap();
         txn.keep_batch();
-        assert_eq!(emitted(&txn), vec![(Some(&b"a"[..]), &b"3"[..], 2), (Some(&b"b"[..]), &b"4"[..], 1), (None, &b"keyless"[..], 0)]);
-        assert_eq!(txn.pending_bytes(), 2 + 2 + 7 + 3 * HELD_RECORD_BYTES, "replaced records no longer count");
+        assert_eq!(
+            emitted(&txn),
+            vec![
+                (Some(&b"a"[..]), &b"3"[..], 2),
+                (Some(&b"b"[..]), &b"4"[..], 1),
+                (None, &b"keyless"[..], 0)
+            ]
+        );
+        assert_eq!(
+            txn.pending_bytes(),
+            2 + 2 + 7 + 3 * HELD_RECORD_BYTES,
+            "replaced records no longer count"
+        );
 
         // A dropped batch, or a rejected event, replaces nothing.
         txn.begin_batch(positions(1));
         txn.emit_many("totals", [(0, key(b"a"), b"dropped".to_vec())]).unwrap();
         txn.drop_batch();
         txn.begin_batch(positions(2));
-        txn.emit_many("totals", [(0, key(b"b"), b"rejected".to_vec()), (1, key(b"c"), b"5".to_vec())]).unwrap();
+        txn.emit_many(
+            "totals",
+            [(0, key(b"b"), b"rejected".to_vec()), (1, key(b"c"), b"5".to_vec())],
+        )
+        .unwrap();
         txn.drop_outputs_of(&[0]);
         txn.keep_batch();
         let values: Vec<&[u8]> = txn.outputs.iter().map(|o| o.value.as_slice()).collect();
@@ -639,17 +721,31 @@ mod tests {
             txn.keep_batch();
         }
         let values: Vec<&[u8]> = txn.outputs.iter().map(|o| o.value.as_slice()).collect();
-        assert_eq!(values, vec![&b"3"[..], b"2"], "each partition's running total keeps its latest");
+        assert_eq!(
+            values,
+            vec![&b"3"[..], b"2"],
+            "each partition's running total keeps its latest"
+        );
     }
 
     #[test]
     fn only_outputs_emitted_latest_per_key_are_folded() {
         let names: Arc<[String]> = vec!["totals".to_string(), "alerts".to_string()].into();
-        let two = |emit| Transaction::new(Arc::new(MemoryStore::default()), names.clone(), Limits::default()).with_emit(emit);
+        let two = |emit| {
+            Transaction::new(Arc::new(MemoryStore::default()), names.clone(), Limits::default())
+                .with_emit(emit)
+        };
         let same_key_twice = |txn: &mut Transaction| {
             txn.begin_batch(positions(2));
             for output in ["totals", "alerts"] {
-                txn.emit_many(output, [(0, Some(b"a".to_vec()), b"1".to_vec()), (1, Some(b"a".to_vec()), b"2".to_vec())]).unwrap();
+                txn.emit_many(
+                    output,
+                    [
+                        (0, Some(b"a".to_vec()), b"1".to_vec()),
+                        (1, Some(b"a".to_vec()), b"2".to_vec()),
+                    ],
+                )
+                .unwrap();
             }
             txn.keep_batch();
             txn.outputs.iter().map(|o| (o.output, o.source.offset)).collect::<Vec<_>>()
@@ -658,25 +754,62 @@ mod tests {
         assert!(every.sends_outputs_early());
         assert_eq!(same_key_twice(&mut every), vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
         let mut mixed = two(vec![Emit::LatestPerKey, Emit::EveryUpdate]);
-        assert!(!mixed.sends_outputs_early(), "nothing leaves early while any output may still be replaced");
+        assert!(
+            !mixed.sends_outputs_early(),
+            "nothing leaves early while any output may still be replaced"
+        );
         assert_eq!(same_key_twice(&mut mixed), vec![(0, 1), (1, 0), (1, 1)]);
     }
 
     #[test]
     fn rule_breaking_calls_are_refused_with_the_rule_named() {
         // Two records of 8 bytes cost 2 * (8 + 128): one byte too many.
-        let limits = Limits { max_key_bytes: 4, max_value_bytes: 8, max_output_bytes_per_batch: 2 * (8 + HELD_RECORD_BYTES) - 1, ..Limits::default() };
+        let limits = Limits {
+            max_key_bytes: 4,
+            max_value_bytes: 8,
+            max_output_bytes_per_batch: 2 * (8 + HELD_RECORD_BYTES) - 1,
+            ..Limits::default()
+        };
         let mut txn = transaction(limits);
         txn.begin_batch(positions(1));
         let unknown = txn.emit_many("audit", [(0, None, b"x".to_vec())]).unwrap_err();
-        assert!(matches!(unknown, HostCallError::Misconfigured(_)), "an undeclared output stops the job: {unknown}");
-        assert!(unknown.to_string().contains("output `audit`, which the job does not declare (declared: totals)"), "{unknown}");
-        let missing_event = txn.emit_many("totals", [(3, None, b"x".to_vec())]).unwrap_err().to_string();
+        assert!(
+            matches!(unknown, HostCallError::Misconfigured(_)),
+            "an undeclared output stops the job: {unknown}"
+        );
+        assert!(
+            unknown
+                .to_string()
+                .contains("output `audit`, which the job does not declare (declared: totals)"),
+            "{unknown}"
+        );
+        let missing_event =
+            txn.emit_many("totals", [(3, None, b"x".to_vec())]).unwrap_err().to_string();
         assert!(missing_event.contains("event 3, but the batch has 1 events"), "{missing_event}");
-        assert!(txn.put_many(vec![(b"long-key".to_vec(), b"v".to_vec())]).unwrap_err().0.contains("max_key_bytes"));
-        assert!(txn.put_many(vec![(b"k".to_vec(), vec![0; 9])]).unwrap_err().0.contains("max_value_bytes"));
-        assert!(txn.emit_many("totals", [(0, Some(b"long-key".to_vec()), b"v".to_vec())]).unwrap_err().to_string().contains("max_key_bytes"));
+        assert!(
+            txn.put_many(vec![(b"long-key".to_vec(), b"v".to_vec())])
+                .unwrap_err()
+                .0
+                .contains("max_key_bytes")
+        );
+        assert!(
+            txn.put_many(vec![(b"k".to_vec(), vec![0; 9])])
+                .unwrap_err()
+                .0
+                .contains("max_value_bytes")
+        );
+        assert!(
+            txn.emit_many("totals", [(0, Some(b"long-key".to_vec()), b"v".to_vec())])
+                .unwrap_err()
+                .to_string()
+                .contains("max_key_bytes")
+        );
         txn.emit_many("totals", [(0, None, vec![0; 8])]).unwrap();
-        assert!(txn.emit_many("totals", [(0, None, vec![0; 8])]).unwrap_err().to_string().contains("max_output_bytes_per_batch"));
+        assert!(
+            txn.emit_many("totals", [(0, None, vec![0; 8])])
+                .unwrap_err()
+                .to_string()
+                .contains("max_output_bytes_per_batch")
+        );
     }
 }

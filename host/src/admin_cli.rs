@@ -45,7 +45,8 @@ pub fn jobs(admin: &Admin, command: JobsCommand) -> anyhow::Result<()> {
         JobsCommand::Status { job, json } => print_status(&client.status(&job)?, json),
         JobsCommand::Deploy { file, plugin, json } => {
             let (job_text, plugin_path) = deploy_parts(&file, plugin.as_deref())?;
-            let bytes = std::fs::read(&plugin_path).with_context(|| format!("cannot read plugin `{}`", plugin_path.display()))?;
+            let bytes = std::fs::read(&plugin_path)
+                .with_context(|| format!("cannot read plugin `{}`", plugin_path.display()))?;
             print_status(&client.deploy(&job_text, &bytes)?, json)
         }
         JobsCommand::Pause { job } => {
@@ -60,33 +61,48 @@ pub fn jobs(admin: &Admin, command: JobsCommand) -> anyhow::Result<()> {
         }
         JobsCommand::Delete { job } => {
             client.delete::<Deleted>(&job)?;
-            println!("job `{job}` deleted (a Kafka job's topics and consumer group stay on the brokers)");
+            println!(
+                "job `{job}` deleted (a Kafka job's topics and consumer group stay on the brokers)"
+            );
             Ok(())
         }
     }
 }
 
 /// The job file without its `plugin` line, and the plugin to upload.
-fn deploy_parts(file: &Path, plugin: Option<&Path>) -> anyhow::Result<(String, std::path::PathBuf)> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read job file `{}`", file.display()))?;
-    let mut table: toml::Table = toml::from_str(&text).with_context(|| format!("job file `{}` is not valid TOML", file.display()))?;
+fn deploy_parts(
+    file: &Path,
+    plugin: Option<&Path>,
+) -> anyhow::Result<(String, std::path::PathBuf)> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read job file `{}`", file.display()))?;
+    let mut table: toml::Table = toml::from_str(&text)
+        .with_context(|| format!("job file `{}` is not valid TOML", file.display()))?;
     let named = table.remove("plugin");
     let plugin = match (plugin, named) {
         (Some(plugin), _) => plugin.to_path_buf(),
-        (None, Some(toml::Value::String(named))) => file.parent().unwrap_or(Path::new(".")).join(named),
-        (None, _) => anyhow::bail!("give the plugin with --plugin <file> (or as `plugin = \"...\"` in the job file)"),
+        (None, Some(toml::Value::String(named))) => {
+            file.parent().unwrap_or(Path::new(".")).join(named)
+        }
+        (None, _) => anyhow::bail!(
+            "give the plugin with --plugin <file> (or as `plugin = \"...\"` in the job file)"
+        ),
     };
     Ok((toml::to_string(&table)?, plugin))
 }
 
 /// `tally plugin push`
 pub fn push(admin: &Admin, job: &str, file: &Path, json: bool) -> anyhow::Result<()> {
-    let bytes = std::fs::read(file).with_context(|| format!("cannot read plugin `{}`", file.display()))?;
+    let bytes =
+        std::fs::read(file).with_context(|| format!("cannot read plugin `{}`", file.display()))?;
     let version: PluginVersion = client(admin).push(job, &bytes)?;
     if json {
         return print_json(&version);
     }
-    println!("pushed {} to `{job}`: it is swapped in at the next commit, and rolled back if it fails there", version.digest);
+    println!(
+        "pushed {} to `{job}`: it is swapped in at the next commit, and rolled back if it fails there",
+        version.digest
+    );
     println!("see how it went with `tally jobs status {job}` or `tally plugin history {job}`");
     Ok(())
 }
@@ -101,7 +117,13 @@ pub fn history(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
         .iter()
         .map(|version| {
             let reason = version.reason.clone().unwrap_or_default();
-            vec![version.digest.clone(), version.size.to_string(), version.pushed_at.to_string(), wire_name(&version.status), reason]
+            vec![
+                version.digest.clone(),
+                version.size.to_string(),
+                version.pushed_at.to_string(),
+                wire_name(&version.status),
+                reason,
+            ]
         })
         .collect();
     print_table(&["DIGEST", "BYTES", "PUSHED (UNIX S)", "STATUS", "REASON"], &rows);
@@ -114,7 +136,10 @@ pub fn rollback(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(&version);
     }
-    println!("pushed the previous version {} to `{job}`: it is swapped in at the next commit", version.digest);
+    println!(
+        "pushed the previous version {} to `{job}`: it is swapped in at the next commit",
+        version.digest
+    );
     Ok(())
 }
 
@@ -184,7 +209,8 @@ fn wire_name<T: Serialize>(value: &T) -> String {
 
 /// A decimal as the API writes it (`0.0`, `12.5`).
 fn decimal(value: f64) -> String {
-    serde_json::Number::from_f64(value).map_or_else(|| value.to_string(), |number| number.to_string())
+    serde_json::Number::from_f64(value)
+        .map_or_else(|| value.to_string(), |number| number.to_string())
 }
 
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
@@ -203,7 +229,8 @@ fn print_table(headers: &[&str], rows: &[Vec<String>]) {
         }
     }
     let line = |cells: Vec<String>| {
-        let padded: Vec<String> = cells.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        let padded: Vec<String> =
+            cells.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
         println!("{}", padded.join("  ").trim_end());
     };
     line(headers.iter().map(|header| header.to_string()).collect());

@@ -7,7 +7,6 @@ use base64::Engine as _;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-
 /// The admin API's address when none is given.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
 
@@ -23,7 +22,9 @@ pub enum ClientError {
         message: String,
     },
     /// The host could not be reached or answered something unreadable.
-    #[error("cannot talk to the Tally host at {server}: {reason}; is `tally serve` running there? (--server or TALLY_SERVER)")]
+    #[error(
+        "cannot talk to the Tally host at {server}: {reason}; is `tally serve` running there? (--server or TALLY_SERVER)"
+    )]
     Unreachable {
         /// The host's address.
         server: String,
@@ -57,13 +58,23 @@ impl AdminClient {
             .timeout_global(Some(Duration::from_secs(200)))
             .build()
             .into();
-        AdminClient { server: server.trim_end_matches('/').to_string(), token: token.map(str::to_string), agent }
+        AdminClient {
+            server: server.trim_end_matches('/').to_string(),
+            token: token.map(str::to_string),
+            agent,
+        }
     }
 
     /// Sends a request; returns the JSON (or text, as a JSON string) answer.
-    pub fn request(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, ClientError> {
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<Value, ClientError> {
         let url = format!("{}{path}", self.server);
-        let unreachable = |reason: String| ClientError::Unreachable { server: self.server.clone(), reason };
+        let unreachable =
+            |reason: String| ClientError::Unreachable { server: self.server.clone(), reason };
         let mut builder = ureq::http::Request::builder().method(method).uri(&url);
         if let Some(token) = &self.token {
             builder = builder.header("Authorization", format!("Bearer {token}"));
@@ -75,7 +86,10 @@ impl AdminClient {
             // cutting the upload off halfway.
             builder = builder.header("Expect", "100-continue");
         }
-        let request = builder.header("Content-Type", content_type).body(bytes).map_err(|err| unreachable(err.to_string()))?;
+        let request = builder
+            .header("Content-Type", content_type)
+            .body(bytes)
+            .map_err(|err| unreachable(err.to_string()))?;
         let mut response = self.agent.run(request).map_err(|err| unreachable(err.to_string()))?;
         let status = response.status().as_u16();
         let text = response
@@ -86,7 +100,10 @@ impl AdminClient {
             .map_err(|err| unreachable(err.to_string()))?;
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if status >= 400 {
-            let message = value.get("error").and_then(Value::as_str).map_or_else(|| value.to_string(), str::to_string);
+            let message = value
+                .get("error")
+                .and_then(Value::as_str)
+                .map_or_else(|| value.to_string(), str::to_string);
             return Err(ClientError::Refused { status, message });
         }
         Ok(value)
@@ -95,7 +112,12 @@ impl AdminClient {
     /// Sends a request and reads the answer as `T`: one of
     /// [`crate::serve::wire`]'s types, or `serde_json::Value` for the JSON
     /// as it came.
-    fn typed<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<T, ClientError> {
+    fn typed<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<T, ClientError> {
         let value = self.request(method, path, body)?;
         serde_json::from_value(value).map_err(|err| ClientError::Unreachable {
             server: self.server.clone(),
@@ -114,7 +136,11 @@ impl AdminClient {
     }
 
     /// Deploys a job file with its plugin component: [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
-    pub fn deploy<T: DeserializeOwned>(&self, job_toml: &str, plugin: &[u8]) -> Result<T, ClientError> {
+    pub fn deploy<T: DeserializeOwned>(
+        &self,
+        job_toml: &str,
+        plugin: &[u8],
+    ) -> Result<T, ClientError> {
         let body = serde_json::json!({ "job": job_toml, "plugin": base64::engine::general_purpose::STANDARD.encode(plugin) });
         self.typed("POST", "/v1/jobs", Some(("application/json", body.to_string().into_bytes())))
     }
@@ -136,7 +162,11 @@ impl AdminClient {
 
     /// Pushes a plugin version into a running job: [`PluginVersion`](crate::serve::wire::PluginVersion) (or the JSON itself, as `serde_json::Value`).
     pub fn push<T: DeserializeOwned>(&self, job: &str, plugin: &[u8]) -> Result<T, ClientError> {
-        self.typed("POST", &format!("/v1/jobs/{job}/plugin"), Some(("application/wasm", plugin.to_vec())))
+        self.typed(
+            "POST",
+            &format!("/v1/jobs/{job}/plugin"),
+            Some(("application/wasm", plugin.to_vec())),
+        )
     }
 
     /// Every plugin version pushed to a job: [`PluginVersion`](crate::serve::wire::PluginVersion)s (or the JSON itself, as `serde_json::Value`).

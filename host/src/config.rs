@@ -26,9 +26,12 @@ use serde::Deserialize;
 
 pub use tally_core::limits::*;
 pub use tally_core::settings::{
-    InvalidJob, JobSettings, DEFAULT_BATCH_SIZE, DEFAULT_COMMIT_INTERVAL, DEFAULT_DEAD_LETTER_OUTPUT, MAX_BATCH_SIZE, MAX_OUTPUTS,
+    DEFAULT_BATCH_SIZE, DEFAULT_COMMIT_INTERVAL, DEFAULT_DEAD_LETTER_OUTPUT, InvalidJob,
+    JobSettings, MAX_BATCH_SIZE, MAX_OUTPUTS,
 };
-pub use tally_kafka::{Guarantee, KafkaConfig, DEFAULT_CREATE_PARTITIONS, DEFAULT_TRANSACTION_TIMEOUT_MS};
+pub use tally_kafka::{
+    DEFAULT_CREATE_PARTITIONS, DEFAULT_TRANSACTION_TIMEOUT_MS, Guarantee, KafkaConfig,
+};
 pub use tally_local::LocalConfig;
 
 /// A bad job configuration.
@@ -121,7 +124,9 @@ pub enum ModeError {
     #[error("give either a [local] or a [kafka] section, not both")]
     Both,
     /// Neither.
-    #[error("say where the job reads and writes: add a [local] section (files) or a [kafka] section (topics)")]
+    #[error(
+        "say where the job reads and writes: add a [local] section (files) or a [kafka] section (topics)"
+    )]
     Neither,
 }
 
@@ -171,8 +176,8 @@ pub(crate) fn default_transaction_timeout_ms() -> u64 {
 impl JobConfig {
     /// Reads a job file; relative paths in it are taken relative to the file.
     pub fn from_file(path: &Path) -> Result<JobConfig, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         let mut job: JobConfig = toml::from_str(&text)
             .map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -276,23 +281,40 @@ mod tests {
     #[test]
     fn emit_is_chosen_per_declared_output() {
         let two_outputs = JOB.replace(r#"["totals"]"#, r#"["totals", "alerts"]"#);
-        let (_dir, path) = write_job(&two_outputs.replace("outputs =", "emit = { totals = \"latest_per_key\" }\noutputs ="));
-        assert_eq!(JobConfig::from_file(&path).unwrap().settings.emit_per_output(), vec![Emit::LatestPerKey, Emit::EveryUpdate]);
-        let (_dir, path) = write_job(&JOB.replace("outputs =", "emit = { totals = \"latest\" }\noutputs ="));
+        let (_dir, path) = write_job(
+            &two_outputs.replace("outputs =", "emit = { totals = \"latest_per_key\" }\noutputs ="),
+        );
+        assert_eq!(
+            JobConfig::from_file(&path).unwrap().settings.emit_per_output(),
+            vec![Emit::LatestPerKey, Emit::EveryUpdate]
+        );
+        let (_dir, path) =
+            write_job(&JOB.replace("outputs =", "emit = { totals = \"latest\" }\noutputs ="));
         let err = JobConfig::from_file(&path).unwrap_err().to_string();
-        assert!(err.contains("unknown variant `latest`, expected `every_update` or `latest_per_key`"), "{err}");
-        let (_dir, path) = write_job(&JOB.replace("outputs =", "emit = { dead-letters = \"latest_per_key\" }\noutputs ="));
+        assert!(
+            err.contains("unknown variant `latest`, expected `every_update` or `latest_per_key`"),
+            "{err}"
+        );
+        let (_dir, path) = write_job(
+            &JOB.replace("outputs =", "emit = { dead-letters = \"latest_per_key\" }\noutputs ="),
+        );
         let err = JobConfig::from_file(&path).unwrap_err().to_string();
         assert!(err.contains("emit names output `dead-letters`, which the job does not declare (declared: totals)"), "{err}");
     }
 
     #[test]
     fn inconsistent_values_say_what_to_change() {
-        let (_dir, path) = write_job(&JOB.replace(r#"["totals"]"#, r#"["totals", "dead-letters"]"#));
+        let (_dir, path) =
+            write_job(&JOB.replace(r#"["totals"]"#, r#"["totals", "dead-letters"]"#));
         let err = JobConfig::from_file(&path).unwrap_err().to_string();
         assert!(err.contains("output `dead-letters` is declared twice"), "{err}");
         let (_dir, path) = write_job(&JOB.replace(r#"outputs = ["totals"]"#, "outputs = []"));
-        assert!(JobConfig::from_file(&path).unwrap_err().to_string().contains("declare at least one output"));
+        assert!(
+            JobConfig::from_file(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("declare at least one output")
+        );
     }
 
     const KAFKA_JOB: &str = r#"
@@ -321,14 +343,26 @@ mod tests {
     #[test]
     fn kafka_mistakes_say_what_to_change() {
         let cases = [
-            (KAFKA_JOB.replace("outputs = { totals", "outputs = { total"), "output `totals` has no topic"),
+            (
+                KAFKA_JOB.replace("outputs = { totals", "outputs = { total"),
+                "output `totals` has no topic",
+            ),
             (KAFKA_JOB.replace("\"usage\"", "\"billing-totals\""), "both an input and an output"),
             (KAFKA_JOB.replace("\"usage\"", "\"us age\""), "not a valid Kafka topic name"),
-            (KAFKA_JOB.replace("[kafka]", "guarantee = \"twice\"\n[kafka]"), "unknown field `guarantee`"),
+            (
+                KAFKA_JOB.replace("[kafka]", "guarantee = \"twice\"\n[kafka]"),
+                "unknown field `guarantee`",
+            ),
             (format!("{KAFKA_JOB}\nguarantee = \"twice\""), "unknown variant `twice`"),
             (format!("{JOB}\n{}", &KAFKA_JOB[KAFKA_JOB.find("[kafka]").unwrap()..]), "not both"),
-            (format!("{KAFKA_JOB}\n[kafka.client]\n\"isolation.level\" = \"read_uncommitted\""), "may not set `isolation.level`"),
-            (format!("{KAFKA_JOB}\n[kafka.client]\n\"producer.transactional.id\" = \"x\""), "may not set `producer.transactional.id`"),
+            (
+                format!("{KAFKA_JOB}\n[kafka.client]\n\"isolation.level\" = \"read_uncommitted\""),
+                "may not set `isolation.level`",
+            ),
+            (
+                format!("{KAFKA_JOB}\n[kafka.client]\n\"producer.transactional.id\" = \"x\""),
+                "may not set `producer.transactional.id`",
+            ),
             (format!("{KAFKA_JOB}\n[kafka.client]\n\"consumer.\" = \"x\""), "names no property"),
         ];
         for (text, expected) in cases {

@@ -2,8 +2,8 @@
 //! [`Job`] trait over the local and the Kafka driver, and [`JobError`],
 //! the retry policy every driver's error carries.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{JobObserver, RunSummary};
@@ -31,7 +31,11 @@ pub trait Job: Sized {
     type Error: JobError;
 
     /// Opens job `config` running `plugin`, its instances in `context`.
-    fn open(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<Self, Self::Error>;
+    fn open(
+        config: &JobConfig,
+        plugin: &LoadedPlugin,
+        context: JobContext,
+    ) -> Result<Self, Self::Error>;
 
     /// Lets pushed versions in at transaction boundaries, reporting to `observer`.
     fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>);
@@ -68,11 +72,20 @@ impl JobError for KafkaJobError {
 impl Job for LocalTask {
     type Error = TaskError;
 
-    fn open(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<Self, TaskError> {
+    fn open(
+        config: &JobConfig,
+        plugin: &LoadedPlugin,
+        context: JobContext,
+    ) -> Result<Self, TaskError> {
         LocalTask::open_in(&config.settings, config.local()?, plugin, context)
     }
 
-    fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
+    fn attach(
+        &mut self,
+        slot: Arc<PluginSlot>,
+        policy: SwapPolicy,
+        observer: Arc<dyn JobObserver>,
+    ) {
         LocalTask::attach(self, slot, policy, observer);
     }
 
@@ -88,11 +101,20 @@ impl Job for LocalTask {
 impl Job for KafkaJob {
     type Error = KafkaJobError;
 
-    fn open(config: &JobConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<Self, KafkaJobError> {
+    fn open(
+        config: &JobConfig,
+        plugin: &LoadedPlugin,
+        context: JobContext,
+    ) -> Result<Self, KafkaJobError> {
         KafkaJob::open_in(&config.settings, config.kafka()?, plugin, context)
     }
 
-    fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
+    fn attach(
+        &mut self,
+        slot: Arc<PluginSlot>,
+        policy: SwapPolicy,
+        observer: Arc<dyn JobObserver>,
+    ) {
         KafkaJob::attach(self, slot, policy, observer);
     }
 

@@ -6,19 +6,19 @@ mod scaffold;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use tally_host::config::{JobConfig, JobSettings, LocalConfig, Mode, DEFAULT_BATCH_SIZE};
-use tally_host::run_metrics::RunMetrics;
-use tally_kafka::{KafkaJob, KafkaRunOptions};
 use tally_core::hot_swap::PluginSlot;
 use tally_core::plugin::{JobContext, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
 use tally_core::state::StateStore;
-use tally_state_rocks::RocksStore;
+use tally_host::config::{DEFAULT_BATCH_SIZE, JobConfig, JobSettings, LocalConfig, Mode};
+use tally_host::run_metrics::RunMetrics;
+use tally_kafka::{KafkaJob, KafkaRunOptions};
 use tally_local::LocalTask;
+use tally_state_rocks::RocksStore;
 
 /// mimalloc instead of glibc's malloc: the job loop allocates and frees
 /// millions of small buffers a second, and glibc spent ~15% of the billing
@@ -279,11 +279,15 @@ fn error_chain(err: &anyhow::Error) -> String {
 }
 
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     // Colours only for a person at a terminal: a log file or a collector
     // gets plain `key=value` fields.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     if json {
         builder.json().init();
     } else {
@@ -302,10 +306,18 @@ fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
         Command::State(StateCommand::List { state_dir, json }) => list_state(&state_dir, json),
         Command::Serve { config } => serve(&config, stop_on_signals()?),
         Command::Jobs(command) => admin_cli::jobs(admin, command),
-        Command::Plugin(PluginCommand::Push { job, file, json }) => admin_cli::push(admin, &job, &file, json),
-        Command::Plugin(PluginCommand::History { job, json }) => admin_cli::history(admin, &job, json),
-        Command::Plugin(PluginCommand::Rollback { job, json }) => admin_cli::rollback(admin, &job, json),
-        Command::State(StateCommand::Get { job, key, json }) => admin_cli::state_get(admin, &job, &key, json),
+        Command::Plugin(PluginCommand::Push { job, file, json }) => {
+            admin_cli::push(admin, &job, &file, json)
+        }
+        Command::Plugin(PluginCommand::History { job, json }) => {
+            admin_cli::history(admin, &job, json)
+        }
+        Command::Plugin(PluginCommand::Rollback { job, json }) => {
+            admin_cli::rollback(admin, &job, json)
+        }
+        Command::State(StateCommand::Get { job, key, json }) => {
+            admin_cli::state_get(admin, &job, &key, json)
+        }
         // Handled in `main`, before logging starts.
         Command::CompileWorker { .. } => bail!("the compile worker runs before any other command"),
     }
@@ -319,7 +331,8 @@ pub(crate) struct Admin {
 
 fn serve(config: &Path, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let config = tally_host::serve::config::HostConfig::from_file(config)?;
-    let worker = std::env::current_exe().context("finding the `tally` binary, which compiles uploads")?;
+    let worker =
+        std::env::current_exe().context("finding the `tally` binary, which compiles uploads")?;
     let host = tally_host::serve::Host::open(config, worker)?;
     tally_host::serve::api::serve(host, stop)?;
     println!("stopped: every job committed what it had processed");
@@ -332,8 +345,14 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let job = match args.job {
         Some(path) => JobConfig::from_file(&path)?,
         None => {
-            let missing = |flag: &str| anyhow::anyhow!("give a job file, or --{flag} (see `tally run --help`)");
-            let mut settings = JobSettings::new(&args.name, args.plugin.ok_or_else(|| missing("plugin"))?, args.outputs);
+            let missing = |flag: &str| {
+                anyhow::anyhow!("give a job file, or --{flag} (see `tally run --help`)")
+            };
+            let mut settings = JobSettings::new(
+                &args.name,
+                args.plugin.ok_or_else(|| missing("plugin"))?,
+                args.outputs,
+            );
             settings.commit_interval_ms = args.commit_interval_ms;
             settings.batch_size = args.batch_size;
             let job = JobConfig {
@@ -355,12 +374,19 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         None => runtime.load_file(&job.settings.plugin)?,
     };
     let kafka = matches!(job.mode, Mode::Kafka(_));
-    let metrics = args.metrics.as_deref().map(|listen| RunMetrics::serve(listen, &job.settings.name, kafka)).transpose()?;
+    let metrics = args
+        .metrics
+        .as_deref()
+        .map(|listen| RunMetrics::serve(listen, &job.settings.name, kafka))
+        .transpose()?;
     if let Some(metrics) = &metrics {
         metrics.started(plugin.digest());
         eprintln!("metrics: http://{}/metrics", metrics.address());
     }
-    let context = metrics.as_ref().map_or_else(|| JobContext::new(&job.settings.name), |metrics| metrics.context(&job.settings.name));
+    let context = metrics.as_ref().map_or_else(
+        || JobContext::new(&job.settings.name),
+        |metrics| metrics.context(&job.settings.name),
+    );
     // No new plugin versions come to a job `tally run` runs: the slot stays empty.
     let observer = metrics.as_ref().map(RunMetrics::observer);
     let local = match &job.mode {
@@ -374,7 +400,9 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         Mode::Local(local) => local,
     };
     if args.until_caught_up {
-        bail!("--until-caught-up is for Kafka jobs; a local job always stops at the end of its inputs");
+        bail!(
+            "--until-caught-up is for Kafka jobs; a local job always stops at the end of its inputs"
+        );
     }
     let job = &job.settings;
     let mut task = LocalTask::open_in(job, local, &plugin, context)?;
@@ -383,7 +411,9 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     }
     let summary = task.run_until(&stop)?;
     if summary.stopped_early {
-        println!("stopped on request; everything processed so far is committed, and the next run resumes there");
+        println!(
+            "stopped on request; everything processed so far is committed, and the next run resumes there"
+        );
     }
     println!("{}", summary.describe(&job.name));
     for output in job.outputs.iter().chain([&job.dead_letter_output]) {
@@ -404,7 +434,11 @@ fn compile_cache_dir() -> Option<PathBuf> {
         None => std::env::var_os("XDG_CACHE_HOME")
             .filter(|dir| !dir.is_empty())
             .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").filter(|home| !home.is_empty()).map(|home| PathBuf::from(home).join(".cache")))
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|home| !home.is_empty())
+                    .map(|home| PathBuf::from(home).join(".cache"))
+            })
             .map(|cache| cache.join("tally").join("compiled")),
     }
 }
@@ -414,17 +448,26 @@ fn compile_cache_dir() -> Option<PathBuf> {
 fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone()).context("installing the signal handler")?;
-        signal_hook::flag::register(signal, stop.clone()).context("installing the signal handler")?;
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
+            .context("installing the signal handler")?;
+        signal_hook::flag::register(signal, stop.clone())
+            .context("installing the signal handler")?;
     }
     Ok(stop)
 }
 
-fn run_kafka_job(job: &JobSettings, mut kafka_job: KafkaJob, until_caught_up: bool, stop: &AtomicBool) -> anyhow::Result<()> {
+fn run_kafka_job(
+    job: &JobSettings,
+    mut kafka_job: KafkaJob,
+    until_caught_up: bool,
+    stop: &AtomicBool,
+) -> anyhow::Result<()> {
     let summary = kafka_job.run_until(stop, KafkaRunOptions { until_caught_up })?;
     println!("{}", summary.describe(&job.name));
     if summary.stopped_early {
-        println!("stopped on request; whatever was not committed is processed again by the next run");
+        println!(
+            "stopped on request; whatever was not committed is processed again by the next run"
+        );
     }
     Ok(())
 }
@@ -435,9 +478,11 @@ fn build_plugin(dir: &Path, out: Option<&Path>) -> anyhow::Result<()> {
     let path = match out {
         Some(out) => {
             if let Some(parent) = out.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).with_context(|| format!("creating `{}`", parent.display()))?;
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating `{}`", parent.display()))?;
             }
-            std::fs::copy(&built.component, out).with_context(|| format!("copying the component to `{}`", out.display()))?;
+            std::fs::copy(&built.component, out)
+                .with_context(|| format!("copying the component to `{}`", out.display()))?;
             out.to_path_buf()
         }
         None => built.component,
@@ -449,7 +494,13 @@ fn build_plugin(dir: &Path, out: Option<&Path>) -> anyhow::Result<()> {
         Some(cache) => runtime.load_file_cached(&path, &cache)?,
         None => runtime.load_file(&path)?,
     };
-    println!("built `{}`: {} ({} bytes, {})", built.package, path.display(), plugin.size(), plugin.digest());
+    println!(
+        "built `{}`: {} ({} bytes, {})",
+        built.package,
+        path.display(),
+        plugin.size(),
+        plugin.digest()
+    );
     println!("imports: {}", plugin.info().imports.join(", "));
     Ok(())
 }
@@ -461,7 +512,9 @@ fn inspect_plugin(file: &Path, json: bool) -> anyhow::Result<()> {
         .imports
         .iter()
         .chain(&inspection.info.exports)
-        .filter_map(|name| name.strip_prefix(WIT_PACKAGE)?.split_once('@').map(|(_, version)| version))
+        .filter_map(|name| {
+            name.strip_prefix(WIT_PACKAGE)?.split_once('@').map(|(_, version)| version)
+        })
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
@@ -485,7 +538,10 @@ fn inspect_plugin(file: &Path, json: bool) -> anyhow::Result<()> {
         println!("file:     {}", inspection.name);
         println!("size:     {} bytes", inspection.size);
         println!("digest:   {}", inspection.digest);
-        println!("contract: {WIT_PACKAGE}@{} (this host: {WIT_PACKAGE}@{WIT_VERSION})", tally_versions.join(", "));
+        println!(
+            "contract: {WIT_PACKAGE}@{} (this host: {WIT_PACKAGE}@{WIT_VERSION})",
+            tally_versions.join(", ")
+        );
         println!("imports:  {}", list_or_none(&inspection.info.imports));
         println!("exports:  {}", list_or_none(&inspection.info.exports));
         println!("verdict:  {verdict}");
@@ -503,7 +559,10 @@ fn list_or_none(items: &[String]) -> String {
 fn list_state(state_dir: &Path, json: bool) -> anyhow::Result<()> {
     let db = state_dir.join("db");
     if !db.exists() {
-        bail!("`{}` holds no Tally state (no `db` inside); pass the --state-dir of a job that has run", state_dir.display());
+        bail!(
+            "`{}` holds no Tally state (no `db` inside); pass the --state-dir of a job that has run",
+            state_dir.display()
+        );
     }
     // RocksDB admits one process at a time: take the job's lock, so a
     // running job is reported rather than raced.
@@ -519,14 +578,20 @@ fn list_state(state_dir: &Path, json: bool) -> anyhow::Result<()> {
             _ => (None, &key[..]),
         };
         if json {
-            let mut entry = serde_json::json!({ "key": json_or_text(key), "value": json_or_text(&value) });
+            let mut entry =
+                serde_json::json!({ "key": json_or_text(key), "value": json_or_text(&value) });
             if let Some(partition) = partition {
                 entry["partition"] = partition.into();
             }
             writeln!(out, "{entry}")
         } else {
             let prefix = partition.map(|partition| format!("{partition}\t")).unwrap_or_default();
-            writeln!(out, "{prefix}{}\t{}", String::from_utf8_lossy(key), String::from_utf8_lossy(&value))
+            writeln!(
+                out,
+                "{prefix}{}\t{}",
+                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(&value)
+            )
         }
         .or_else(ignore_closed_pipe)?;
     }
@@ -543,5 +608,6 @@ fn ignore_closed_pipe(err: std::io::Error) -> std::io::Result<()> {
 
 /// Bytes as JSON when they are JSON (as the Rust SDK stores them), else as a string.
 fn json_or_text(bytes: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(bytes).unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }

@@ -2,19 +2,19 @@
 //! `tally serve`. Counts are of committed work: a transaction that is
 //! aborted (and redone) is counted once, when its redo commits.
 
-use tally_core::sync::lock;
 use std::sync::{Arc, Mutex};
+use tally_core::sync::lock;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use tally_core::batch::BatchOutcome;
 use tally_core::hot_swap::SwapEvent;
 use tally_core::observe::{CommitReport, RestoreProgress};
-use tally_core::batch::BatchOutcome;
 use tally_core::plugin::context::PluginMeters;
 
 /// The content type of [`HostMetrics::render`]'s text.
@@ -105,34 +105,111 @@ impl HostMetrics {
             restore_records_per_second: Family::default(),
             registry: Registry::default(),
         };
-        registry.register("records_in", "Input records in committed transactions (dead-lettered ones included)", metrics.records_in.clone());
-        registry.register("records_out", "Output records committed (dead letters not included)", metrics.records_out.clone());
-        registry.register("dead_letters", "Records committed to the dead-letter output", metrics.dead_letters.clone());
+        registry.register(
+            "records_in",
+            "Input records in committed transactions (dead-lettered ones included)",
+            metrics.records_in.clone(),
+        );
+        registry.register(
+            "records_out",
+            "Output records committed (dead letters not included)",
+            metrics.records_out.clone(),
+        );
+        registry.register(
+            "dead_letters",
+            "Records committed to the dead-letter output",
+            metrics.dead_letters.clone(),
+        );
         registry.register("commits", "Transactions committed", metrics.commits.clone());
-        registry.register("aborts", "Transactions aborted and redone (Kafka errors, plugin rollbacks)", metrics.aborts.clone());
-        registry.register("commit_seconds", "Time to commit one transaction", metrics.commit_seconds.clone());
-        registry.register("consumer_lag_records", "Kafka jobs: records between the consumer and the ends of its partitions", metrics.consumer_lag.clone());
-        registry.register("input_lag_bytes", "Local jobs: bytes of the input files not read yet", metrics.input_lag_bytes.clone());
-        registry.register("plugin_cpu_seconds", "CPU time spent in plugin calls, counted as they run", metrics.plugin_cpu_seconds.clone());
-        registry.register("plugin_memory_bytes", "Memory (linear memories, tables) the plugin instance holds", metrics.plugin_memory.clone());
-        registry.register("plugin_traps", "Plugin calls that trapped or broke a limit, counted as they happen", metrics.traps.clone());
-        registry.register("plugin_cpu_budget_breaches", "Plugin calls stopped for exceeding their CPU budget", metrics.cpu_budget_breaches.clone());
-        registry.register("plugin_log_lines_dropped", "Plugin log lines dropped by the job's rate limit", metrics.log_lines_dropped.clone());
-        registry.register("plugin_swaps", "Plugin versions activated by a hot swap", metrics.swaps.clone());
-        registry.register("plugin_rollbacks", "Plugin versions rolled back after failing their first transaction", metrics.rollbacks.clone());
-        registry.register("job_running", "1 while the job is processing, 0 when paused, failed or stopped", metrics.running.clone());
-        registry.register("plugin_info", "The plugin version a job runs (value 1)", metrics.plugin_info.clone());
-        registry.register("restoring", "Kafka jobs: 1 while the job rebuilds its state from the changelog", metrics.restoring.clone());
-        registry.register("restore_records_done", "Kafka jobs: changelog records applied by the restore running (or the last one)", metrics.restore_records_done.clone());
+        registry.register(
+            "aborts",
+            "Transactions aborted and redone (Kafka errors, plugin rollbacks)",
+            metrics.aborts.clone(),
+        );
+        registry.register(
+            "commit_seconds",
+            "Time to commit one transaction",
+            metrics.commit_seconds.clone(),
+        );
+        registry.register(
+            "consumer_lag_records",
+            "Kafka jobs: records between the consumer and the ends of its partitions",
+            metrics.consumer_lag.clone(),
+        );
+        registry.register(
+            "input_lag_bytes",
+            "Local jobs: bytes of the input files not read yet",
+            metrics.input_lag_bytes.clone(),
+        );
+        registry.register(
+            "plugin_cpu_seconds",
+            "CPU time spent in plugin calls, counted as they run",
+            metrics.plugin_cpu_seconds.clone(),
+        );
+        registry.register(
+            "plugin_memory_bytes",
+            "Memory (linear memories, tables) the plugin instance holds",
+            metrics.plugin_memory.clone(),
+        );
+        registry.register(
+            "plugin_traps",
+            "Plugin calls that trapped or broke a limit, counted as they happen",
+            metrics.traps.clone(),
+        );
+        registry.register(
+            "plugin_cpu_budget_breaches",
+            "Plugin calls stopped for exceeding their CPU budget",
+            metrics.cpu_budget_breaches.clone(),
+        );
+        registry.register(
+            "plugin_log_lines_dropped",
+            "Plugin log lines dropped by the job's rate limit",
+            metrics.log_lines_dropped.clone(),
+        );
+        registry.register(
+            "plugin_swaps",
+            "Plugin versions activated by a hot swap",
+            metrics.swaps.clone(),
+        );
+        registry.register(
+            "plugin_rollbacks",
+            "Plugin versions rolled back after failing their first transaction",
+            metrics.rollbacks.clone(),
+        );
+        registry.register(
+            "job_running",
+            "1 while the job is processing, 0 when paused, failed or stopped",
+            metrics.running.clone(),
+        );
+        registry.register(
+            "plugin_info",
+            "The plugin version a job runs (value 1)",
+            metrics.plugin_info.clone(),
+        );
+        registry.register(
+            "restoring",
+            "Kafka jobs: 1 while the job rebuilds its state from the changelog",
+            metrics.restoring.clone(),
+        );
+        registry.register(
+            "restore_records_done",
+            "Kafka jobs: changelog records applied by the restore running (or the last one)",
+            metrics.restore_records_done.clone(),
+        );
         registry.register("restore_records_to_go", "Kafka jobs: changelog offsets the restore running has left to read (an upper bound on its records)", metrics.restore_records_to_go.clone());
-        registry.register("restore_records_per_second", "Kafka jobs: records the restore running (or the last one) applied per second", metrics.restore_records_per_second.clone());
+        registry.register(
+            "restore_records_per_second",
+            "Kafka jobs: records the restore running (or the last one) applied per second",
+            metrics.restore_records_per_second.clone(),
+        );
         HostMetrics { registry, ..metrics }
     }
 
     /// The registry in Prometheus text format.
     pub fn render(&self) -> String {
         let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
         text
     }
 
@@ -184,7 +261,15 @@ impl HostMetrics {
         ] {
             family.remove(labels);
         }
-        for family in [&self.consumer_lag, &self.input_lag_bytes, &self.plugin_memory, &self.running, &self.restoring, &self.restore_records_done, &self.restore_records_to_go] {
+        for family in [
+            &self.consumer_lag,
+            &self.input_lag_bytes,
+            &self.plugin_memory,
+            &self.running,
+            &self.restoring,
+            &self.restore_records_done,
+            &self.restore_records_to_go,
+        ] {
             family.remove(labels);
         }
         self.commit_seconds.remove(labels);
@@ -195,7 +280,11 @@ impl HostMetrics {
 }
 
 fn plugin_labels(labels: &JobLabels, digest: &str) -> PluginLabels {
-    PluginLabels { tenant: labels.tenant.clone(), job: labels.job.clone(), digest: digest.to_string() }
+    PluginLabels {
+        tenant: labels.tenant.clone(),
+        job: labels.job.clone(),
+        digest: digest.to_string(),
+    }
 }
 
 /// One job's metrics; updated by the job's observer.
@@ -344,7 +433,11 @@ mod tests {
     #[test]
     fn a_commit_counts_its_own_transaction_and_leaves_the_next_one_pending() {
         let metrics = HostMetrics::new().job("acme", "billing");
-        let batch = |events: u64| BatchOutcome { applied: events, outputs: events, ..BatchOutcome::default() };
+        let batch = |events: u64| BatchOutcome {
+            applied: events,
+            outputs: events,
+            ..BatchOutcome::default()
+        };
         metrics.batch(10, &batch(10));
         // Kafka mode: the next transaction runs while this one commits.
         metrics.batch(4, &batch(4));
@@ -355,6 +448,9 @@ mod tests {
         assert_eq!((metrics.records_in.get(), metrics.aborts.get()), (10, 1));
         metrics.batch(4, &batch(4));
         assert_eq!(metrics.committed(&commit_of(4, 4), true), 4);
-        assert_eq!((metrics.records_in.get(), metrics.records_out.get(), metrics.commits.get()), (14, 14, 2));
+        assert_eq!(
+            (metrics.records_in.get(), metrics.records_out.get(), metrics.commits.get()),
+            (14, 14, 2)
+        );
     }
 }

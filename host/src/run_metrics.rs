@@ -4,14 +4,14 @@
 //! progress while it rebuilds its state.
 
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Context as _;
+use axum::Router;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::Router;
 
 use tally_core::batch::BatchOutcome;
 use tally_core::hot_swap::SwapEvent;
@@ -32,19 +32,27 @@ impl RunMetrics {
     /// `GET /metrics` for job `name` from a thread of its own, for as
     /// long as the process runs.
     pub fn serve(listen: &str, name: &str, kafka: bool) -> anyhow::Result<RunMetrics> {
-        let listener = TcpListener::bind(listen).with_context(|| format!("listening for metrics on `{listen}` (--metrics): is the address free?"))?;
+        let listener = TcpListener::bind(listen).with_context(|| {
+            format!("listening for metrics on `{listen}` (--metrics): is the address free?")
+        })?;
         listener.set_nonblocking(true).context("setting up the metrics listener")?;
         let address = listener.local_addr().context("setting up the metrics listener")?;
         let host = Arc::new(HostMetrics::new());
         let job = Arc::new(host.job("", name));
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the metrics server")?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the metrics server")?;
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
                 runtime.block_on(async move {
                     let render = move || {
                         let host = host.clone();
-                        async move { ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], host.render()).into_response() }
+                        async move {
+                            ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], host.render())
+                                .into_response()
+                        }
                     };
                     let app = Router::new().route("/metrics", get(render));
                     match tokio::net::TcpListener::from_std(listener) {
@@ -53,7 +61,9 @@ impl RunMetrics {
                                 tracing::warn!(%address, "the metrics server stopped: {err}");
                             }
                         }
-                        Err(err) => tracing::warn!(%address, "the metrics server could not start: {err}"),
+                        Err(err) => {
+                            tracing::warn!(%address, "the metrics server could not start: {err}")
+                        }
                     }
                 })
             })
@@ -76,8 +86,10 @@ impl RunMetrics {
     /// The job's context, with its plugin's meters and its restore
     /// progress counting into the metrics.
     pub fn context(&self, name: &str) -> JobContext {
-        let log = PluginLog::new(None, name, LogLimits::default()).count_drops_in(self.job.log_lines_dropped());
-        let mut context = JobContext::with(Arc::new(AtomicBool::new(false)), None, log, self.job.plugin_meters());
+        let log = PluginLog::new(None, name, LogLimits::default())
+            .count_drops_in(self.job.log_lines_dropped());
+        let mut context =
+            JobContext::with(Arc::new(AtomicBool::new(false)), None, log, self.job.plugin_meters());
         context.restore = self.job.restore.clone();
         context
     }

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 
 /// The languages `tally plugin new` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -27,17 +27,30 @@ pub enum Lang {
 
 /// The Tally source tree this binary was built from.
 fn source_tree() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ sits in the source tree").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ sits in the source tree")
+        .to_path_buf()
 }
 
 /// Writes a new plugin into `dir` (which must not exist or be empty).
 pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
-    if dir.exists() && std::fs::read_dir(dir).with_context(|| format!("reading `{}`", dir.display()))?.next().is_some() {
+    if dir.exists()
+        && std::fs::read_dir(dir)
+            .with_context(|| format!("reading `{}`", dir.display()))?
+            .next()
+            .is_some()
+    {
         bail!("`{}` is not empty; give a new directory", dir.display());
     }
     let name = dir.file_name().and_then(|name| name.to_str()).unwrap_or("plugin").to_string();
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') || name.starts_with(|c: char| c.is_ascii_digit()) {
-        bail!("the plugin's directory name {name:?} is its package name: use letters, digits, `-` and `_`, not starting with a digit");
+    if name.is_empty()
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        || name.starts_with(|c: char| c.is_ascii_digit())
+    {
+        bail!(
+            "the plugin's directory name {name:?} is its package name: use letters, digits, `-` and `_`, not starting with a digit"
+        );
     }
     let tree = source_tree();
     let files: Vec<(&str, String)> = match lang {
@@ -49,12 +62,15 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
     };
     for (path, text) in files {
         let path = dir.join(path);
-        std::fs::create_dir_all(path.parent().expect("files sit in a directory")).with_context(|| format!("creating `{}`", dir.display()))?;
+        std::fs::create_dir_all(path.parent().expect("files sit in a directory"))
+            .with_context(|| format!("creating `{}`", dir.display()))?;
         std::fs::write(&path, text).with_context(|| format!("writing `{}`", path.display()))?;
     }
     let next = match lang {
         Lang::Rust => "cargo test",
-        Lang::Python => "python3 -m venv .venv && .venv/bin/pip install -r requirements-dev.txt && .venv/bin/pytest",
+        Lang::Python => {
+            "python3 -m venv .venv && .venv/bin/pip install -r requirements-dev.txt && .venv/bin/pytest"
+        }
         Lang::Js | Lang::Ts => "npm install && npm test",
         Lang::Go => "go test",
         Lang::C => "make test",
@@ -67,7 +83,10 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
         Lang::Go => "Go",
         Lang::C => "C",
     };
-    println!("new {language} plugin `{name}` in {}: `cd {0} && {next}`, then `tally plugin build {0}`", dir.display());
+    println!(
+        "new {language} plugin `{name}` in {}: `cd {0} && {next}`, then `tally plugin build {0}`",
+        dir.display()
+    );
     Ok(())
 }
 

@@ -19,12 +19,12 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::QuietEof;
 use super::fetch::{ConsumerQueue, FetchQueue, Fetched, Router};
-use super::keys::{checkpoint_key, included_key, namespace, ChangelogKey};
 use super::fetch_wire::{FetchAnswer, PartitionAnswer};
+use super::keys::{ChangelogKey, checkpoint_key, included_key, namespace};
 use super::leader_fetch::{FetchSettings, LeaderConnection, LeaderError};
 use super::record_batch::{self, BatchError, Batches, ReadCommitted};
-use super::QuietEof;
 use tally_core::observe::RestoreProgress;
 use tally_core::state::{BulkLoad, StateError, StateStore};
 
@@ -44,9 +44,13 @@ const MAX_STALE_EVENTS: usize = 10_000;
 pub fn read_offset(store: &dyn StateStore, key: &[u8]) -> Result<Option<i64>, StateError> {
     match store.get_meta(key)? {
         None => Ok(None),
-        Some(bytes) => std::str::from_utf8(&bytes).ok().and_then(|text| text.parse().ok()).map(Some).ok_or_else(|| {
-            StateError::Damaged { what: format!("metadata `{}` is not an offset", String::from_utf8_lossy(key)) }
-        }),
+        Some(bytes) => std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .map(Some)
+            .ok_or_else(|| StateError::Damaged {
+                what: format!("metadata `{}` is not an offset", String::from_utf8_lossy(key)),
+            }),
     }
 }
 
@@ -71,8 +75,10 @@ pub enum RestoreError {
     },
     /// Neither a record nor a partition's end arrived for the stall limit
     /// (retry later; a slow restore that makes progress never fails).
-    #[error("restoring from changelog `{topic}` stalled: nothing arrived from partition(s) {partitions:?} for {seconds} s \
-             (kafka.restore_stall_ms); is the broker up?")]
+    #[error(
+        "restoring from changelog `{topic}` stalled: nothing arrived from partition(s) {partitions:?} for {seconds} s \
+             (kafka.restore_stall_ms); is the broker up?"
+    )]
     Stuck {
         /// The topic.
         topic: String,
@@ -82,8 +88,10 @@ pub enum RestoreError {
         seconds: u64,
     },
     /// The changelog holds a record Tally did not write.
-    #[error("changelog `{topic}` partition {partition} offset {offset} holds a record Tally did not write; \
-             the changelog topic must belong to this job alone")]
+    #[error(
+        "changelog `{topic}` partition {partition} offset {offset} holds a record Tally did not write; \
+             the changelog topic must belong to this job alone"
+    )]
     Foreign {
         /// The topic.
         topic: String,
@@ -221,7 +229,15 @@ impl Restorer {
         leader_fetch: Option<FetchSettings>,
         progress: Arc<RestoreProgress>,
     ) -> Restorer {
-        Restorer { queue: ConsumerQueue::of(&consumer), consumer, store, topic, limits, leader_fetch, progress }
+        Restorer {
+            queue: ConsumerQueue::of(&consumer),
+            consumer,
+            store,
+            topic,
+            limits,
+            leader_fetch,
+            progress,
+        }
     }
 
     /// The consumer, for reading the group's committed offsets.
@@ -244,10 +260,20 @@ impl Restorer {
         let mut restoring = Vec::with_capacity(partitions.len());
         for &partition in partitions {
             let checkpoint = read_offset(&*self.store, &checkpoint_key(partition))?.unwrap_or(0);
-            let (low, end) = self.consumer.fetch_watermarks(&self.topic, partition, super::topics::ADMIN_TIMEOUT).map_err(kafka)?;
+            let (low, end) = self
+                .consumer
+                .fetch_watermarks(&self.topic, partition, super::topics::ADMIN_TIMEOUT)
+                .map_err(kafka)?;
             let next = checkpoint.max(low);
             if next < end {
-                restoring.push(Restoring { partition, next, end, finished: false, touched: false, included: Vec::new() });
+                restoring.push(Restoring {
+                    partition,
+                    next,
+                    end,
+                    finished: false,
+                    touched: false,
+                    included: Vec::new(),
+                });
             }
         }
         if restoring.is_empty() {
@@ -273,7 +299,11 @@ impl Restorer {
     /// Reads every partition of `restoring` to its end into a bulk load
     /// of the store: from the leaders where it can, the rest through the
     /// consumer.
-    fn read_to_end(&self, restoring: &mut [Restoring], started: Instant) -> Result<RestoreReport, RestoreError> {
+    fn read_to_end(
+        &self,
+        restoring: &mut [Restoring],
+        started: Instant,
+    ) -> Result<RestoreReport, RestoreError> {
         let mut run = Run::new(self);
         if let Some(settings) = &self.leader_fetch
             && let Some(why) = self.read_from_leaders(&mut run, restoring, settings)?
@@ -302,14 +332,24 @@ impl Restorer {
 
     /// Reads the unfinished partitions of `restoring` to their ends through
     /// the consumer, from each one's next offset.
-    fn read_from_consumer(&self, run: &mut Run<'_>, restoring: &mut [Restoring]) -> Result<(), RestoreError> {
+    fn read_from_consumer(
+        &self,
+        run: &mut Run<'_>,
+        restoring: &mut [Restoring],
+    ) -> Result<(), RestoreError> {
         let kafka = |source| RestoreError::Kafka { topic: self.topic.clone(), source };
         let router = Arc::new(Router::default());
         let mut fetch = FetchQueue::open(&self.consumer, router.clone(), READ_BATCH);
         let mut assignment = TopicPartitionList::new();
         for partition in restoring.iter().filter(|partition| !partition.finished) {
             router.route(&self.consumer, &self.topic, partition.partition);
-            assignment.add_partition_offset(&self.topic, partition.partition, Offset::Offset(partition.next)).map_err(kafka)?;
+            assignment
+                .add_partition_offset(
+                    &self.topic,
+                    partition.partition,
+                    Offset::Offset(partition.next),
+                )
+                .map_err(kafka)?;
         }
         self.consumer.assign(&assignment).map_err(kafka)?;
         let result = self.consume_until_end(run, &mut fetch, restoring);
@@ -318,7 +358,12 @@ impl Restorer {
         result
     }
 
-    fn consume_until_end(&self, run: &mut Run<'_>, fetch: &mut FetchQueue<'_>, restoring: &mut [Restoring]) -> Result<(), RestoreError> {
+    fn consume_until_end(
+        &self,
+        run: &mut Run<'_>,
+        fetch: &mut FetchQueue<'_>,
+        restoring: &mut [Restoring],
+    ) -> Result<(), RestoreError> {
         let mut failure: Option<RestoreError> = None;
         let mut current = 0usize;
         while restoring.iter().any(|partition| !partition.finished) {
@@ -330,7 +375,10 @@ impl Restorer {
                     Fetched::Record(record) => record.partition(),
                     Fetched::End(_, partition, _) => *partition,
                     Fetched::Error(_, text) => {
-                        failure = Some(RestoreError::Consumer { topic: self.topic.clone(), error: text.clone() });
+                        failure = Some(RestoreError::Consumer {
+                            topic: self.topic.clone(),
+                            error: text.clone(),
+                        });
                         return;
                     }
                 };
@@ -345,10 +393,12 @@ impl Restorer {
                     Fetched::End(_, _, offset) => slot.ended_at(offset.unwrap_or(slot.next)),
                     // Past the end taken up front: not this restore's.
                     Fetched::Record(_) if slot.finished => {}
-                    Fetched::Record(record) => match run.record(slot, record.offset(), record.key(), record.payload()) {
-                        Ok(()) => slot.ended_at(slot.next),
-                        Err(err) => failure = Some(err),
-                    },
+                    Fetched::Record(record) => {
+                        match run.record(slot, record.offset(), record.key(), record.payload()) {
+                            Ok(()) => slot.ended_at(slot.next),
+                            Err(err) => failure = Some(err),
+                        }
+                    }
                     Fetched::Error(..) => {}
                 }
             });
@@ -363,7 +413,12 @@ impl Restorer {
     /// Reads the unfinished partitions of `restoring` from their leaders
     /// until each is read to its end. Returns why it stopped early if the
     /// rest must be read through the consumer.
-    fn read_from_leaders(&self, run: &mut Run<'_>, restoring: &mut [Restoring], settings: &FetchSettings) -> Result<Option<String>, RestoreError> {
+    fn read_from_leaders(
+        &self,
+        run: &mut Run<'_>,
+        restoring: &mut [Restoring],
+        settings: &FetchSettings,
+    ) -> Result<Option<String>, RestoreError> {
         let mut leaders: Vec<Leader> = Vec::new();
         let mut turn = 0usize;
         // Failures are logged once per LOG_EVERY: a broker being restarted
@@ -388,7 +443,11 @@ impl Restorer {
             match step {
                 Ok(arrived) => run.step(restoring, arrived)?,
                 Err(Interrupted::Retry(why)) => {
-                    let what = if leaders.is_empty() { "connecting to the changelog's leaders failed, retrying" } else { "fetching from the changelog's leaders failed, connecting again" };
+                    let what = if leaders.is_empty() {
+                        "connecting to the changelog's leaders failed, retrying"
+                    } else {
+                        "fetching from the changelog's leaders failed, connecting again"
+                    };
                     warn(what, &why);
                     leaders.clear();
                     std::thread::sleep(RECONNECT_BACKOFF);
@@ -403,25 +462,45 @@ impl Restorer {
 
     /// Connects to the leader of each unfinished partition (the cluster's
     /// metadata, from the consumer, says who leads).
-    fn connect_leaders(&self, restoring: &[Restoring], settings: &FetchSettings) -> Result<Vec<Leader>, Interrupted> {
-        let metadata = self
-            .consumer
-            .fetch_metadata(Some(&self.topic), super::topics::ADMIN_TIMEOUT)
-            .map_err(|err| Interrupted::Retry(format!("asking the cluster's metadata failed: {err}")))?;
+    fn connect_leaders(
+        &self,
+        restoring: &[Restoring],
+        settings: &FetchSettings,
+    ) -> Result<Vec<Leader>, Interrupted> {
+        let metadata =
+            self.consumer.fetch_metadata(Some(&self.topic), super::topics::ADMIN_TIMEOUT).map_err(
+                |err| Interrupted::Retry(format!("asking the cluster's metadata failed: {err}")),
+            )?;
         let topic = metadata.topics().iter().find(|topic| topic.name() == self.topic);
         let mut leaders: Vec<Leader> = Vec::new();
-        for (slot, partition) in restoring.iter().enumerate().filter(|(_, partition)| !partition.finished) {
-            let leader = topic.and_then(|topic| topic.partitions().iter().find(|found| found.id() == partition.partition)).map(|found| found.leader());
-            let broker = leader.and_then(|leader| metadata.brokers().iter().find(|broker| broker.id() == leader));
+        for (slot, partition) in
+            restoring.iter().enumerate().filter(|(_, partition)| !partition.finished)
+        {
+            let leader = topic
+                .and_then(|topic| {
+                    topic.partitions().iter().find(|found| found.id() == partition.partition)
+                })
+                .map(|found| found.leader());
+            let broker = leader
+                .and_then(|leader| metadata.brokers().iter().find(|broker| broker.id() == leader));
             let Some(broker) = broker else {
-                return Err(Interrupted::Retry(format!("partition {} has no leader the metadata names", partition.partition)));
+                return Err(Interrupted::Retry(format!(
+                    "partition {} has no leader the metadata names",
+                    partition.partition
+                )));
             };
             match leaders.iter_mut().find(|known| known.id == broker.id()) {
                 Some(known) => known.slots.push(slot),
                 None => {
                     let address = format!("{}:{}", broker.host(), broker.port());
-                    let connection = LeaderConnection::connect(&address, settings, CONNECT_TIMEOUT).map_err(Interrupted::from_leader)?;
-                    leaders.push(Leader { id: broker.id(), connection, slots: vec![slot], fetches: 0 });
+                    let connection = LeaderConnection::connect(&address, settings, CONNECT_TIMEOUT)
+                        .map_err(Interrupted::from_leader)?;
+                    leaders.push(Leader {
+                        id: broker.id(),
+                        connection,
+                        slots: vec![slot],
+                        fetches: 0,
+                    });
                 }
             }
         }
@@ -445,16 +524,30 @@ impl Restorer {
         for leader in leaders.iter_mut().filter(|leader| !leader.connection.is_fetching()) {
             let wanted = leader.fetch_list(restoring, &[]);
             if !wanted.is_empty() {
-                leader.connection.send_fetch(&self.topic, &wanted, settings).map_err(Interrupted::from_leader)?;
+                leader
+                    .connection
+                    .send_fetch(&self.topic, &wanted, settings)
+                    .map_err(Interrupted::from_leader)?;
             }
         }
         let fetching = leaders.iter().filter(|leader| leader.connection.is_fetching()).count();
-        let Some(leader) = leaders.iter_mut().filter(|leader| leader.connection.is_fetching()).nth(turn % fetching.max(1)) else { return Ok(false) };
-        let Some(answer) = leader.connection.receive_fetch(LEADER_WAIT).map_err(Interrupted::from_leader)? else {
+        let Some(leader) = leaders
+            .iter_mut()
+            .filter(|leader| leader.connection.is_fetching())
+            .nth(turn % fetching.max(1))
+        else {
+            return Ok(false);
+        };
+        let Some(answer) =
+            leader.connection.receive_fetch(LEADER_WAIT).map_err(Interrupted::from_leader)?
+        else {
             return Ok(leader.connection.partial_progress(PARTIAL_PROGRESS));
         };
-        let read = answer.read().map_err(|err| Interrupted::Fallback(format!("broker {} {err}", leader.connection.broker())));
-        let arrived = read.and_then(|read| self.apply_fetch_answer(run, restoring, leader, &read, settings));
+        let read = answer.read().map_err(|err| {
+            Interrupted::Fallback(format!("broker {} {err}", leader.connection.broker()))
+        });
+        let arrived =
+            read.and_then(|read| self.apply_fetch_answer(run, restoring, leader, &read, settings));
         leader.connection.reuse(answer);
         arrived
     }
@@ -470,22 +563,42 @@ impl Restorer {
         settings: &FetchSettings,
     ) -> Result<bool, Interrupted> {
         if read.error_code != 0 {
-            return Err(Interrupted::Retry(format!("broker {} answered a fetch with error code {}", leader.connection.broker(), read.error_code)));
+            return Err(Interrupted::Retry(format!(
+                "broker {} answered a fetch with error code {}",
+                leader.connection.broker(),
+                read.error_code
+            )));
         }
         // Where each partition stands after this answer, from its batch
         // headers alone.
         let mut answers: Vec<Answer<'_>> = Vec::new();
         for data in read.partitions.iter().filter(|data| data.topic == self.topic.as_bytes()) {
-            let Some(slot) = leader.slots.iter().copied().find(|&slot| restoring[slot].partition == data.partition) else { continue };
+            let Some(slot) = leader
+                .slots
+                .iter()
+                .copied()
+                .find(|&slot| restoring[slot].partition == data.partition)
+            else {
+                continue;
+            };
             match data.error_code {
                 0 => {}
                 code if RETRIABLE_PARTITION_ERRORS.contains(&code) => {
-                    return Err(Interrupted::Retry(format!("partition {} answered with error code {code}", data.partition)));
+                    return Err(Interrupted::Retry(format!(
+                        "partition {} answered with error code {code}",
+                        data.partition
+                    )));
                 }
-                code => return Err(Interrupted::Fallback(format!("partition {} answered with error code {code}", data.partition))),
+                code => {
+                    return Err(Interrupted::Fallback(format!(
+                        "partition {} answered with error code {code}",
+                        data.partition
+                    )));
+                }
             }
             let partition = &restoring[slot];
-            let next = record_batch::next_offset_after(data.records).map_or(partition.next, |next| next.max(partition.next));
+            let next = record_batch::next_offset_after(data.records)
+                .map_or(partition.next, |next| next.max(partition.next));
             // Read to the end taken up front. Nothing less is an end: a
             // leader answering with less (newly elected, not caught up)
             // has more to come (see docs/kafka-mode.md, "Restoring state").
@@ -493,7 +606,10 @@ impl Restorer {
         }
         let next_fetch = leader.fetch_list(restoring, &answers);
         if !next_fetch.is_empty() {
-            leader.connection.send_fetch(&self.topic, &next_fetch, settings).map_err(Interrupted::from_leader)?;
+            leader
+                .connection
+                .send_fetch(&self.topic, &next_fetch, settings)
+                .map_err(Interrupted::from_leader)?;
         }
         let mut arrived = false;
         for answer in &answers {
@@ -512,13 +628,24 @@ impl Restorer {
     /// `read_committed` consumer would be handed. Returns whether it moved
     /// the partition on (a broker sending what was read already is not
     /// progress, for the stall limit).
-    fn apply_answer(&self, run: &mut Run<'_>, slot: &mut Restoring, data: &PartitionAnswer<'_>) -> Result<bool, Interrupted> {
+    fn apply_answer(
+        &self,
+        run: &mut Run<'_>,
+        slot: &mut Restoring,
+        data: &PartitionAnswer<'_>,
+    ) -> Result<bool, Interrupted> {
         let mut filter = ReadCommitted::new(data.aborted.iter().copied());
         let before = slot.next;
         let partition = slot.partition;
         let batch_error = |err: BatchError| match err {
-            BatchError::Unsupported { .. } => Interrupted::Fallback(format!("changelog partition {partition}: {err}")),
-            BatchError::Corrupt { .. } => Interrupted::Failed(RestoreError::Corrupt { topic: self.topic.clone(), partition, source: err }),
+            BatchError::Unsupported { .. } => {
+                Interrupted::Fallback(format!("changelog partition {partition}: {err}"))
+            }
+            BatchError::Corrupt { .. } => Interrupted::Failed(RestoreError::Corrupt {
+                topic: self.topic.clone(),
+                partition,
+                source: err,
+            }),
         };
         for batch in Batches::new(data.records) {
             let batch = batch.map_err(batch_error)?;
@@ -526,7 +653,8 @@ impl Restorer {
                 for record in batch.records().map_err(batch_error)? {
                     let record = record.map_err(batch_error)?;
                     if record.offset >= slot.next {
-                        run.record(slot, record.offset, record.key, record.value).map_err(Interrupted::Failed)?;
+                        run.record(slot, record.offset, record.key, record.value)
+                            .map_err(Interrupted::Failed)?;
                     }
                 }
             }
@@ -564,7 +692,11 @@ enum Interrupted {
 
 impl Interrupted {
     fn from_leader(err: LeaderError) -> Interrupted {
-        if err.is_retriable() { Interrupted::Retry(err.to_string()) } else { Interrupted::Fallback(err.to_string()) }
+        if err.is_retriable() {
+            Interrupted::Retry(err.to_string())
+        } else {
+            Interrupted::Fallback(err.to_string())
+        }
     }
 }
 
@@ -643,7 +775,13 @@ impl<'r> Run<'r> {
     }
 
     /// Loads one changelog record of `slot`'s partition.
-    fn record(&mut self, slot: &mut Restoring, offset: i64, key: Option<&[u8]>, value: Option<&[u8]>) -> Result<(), RestoreError> {
+    fn record(
+        &mut self,
+        slot: &mut Restoring,
+        offset: i64,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Result<(), RestoreError> {
         match apply(&mut *self.load, &mut self.key, slot, key, value) {
             Some(bytes) => {
                 self.report.records += 1;
@@ -652,7 +790,11 @@ impl<'r> Run<'r> {
                 slot.touched = true;
                 Ok(())
             }
-            None => Err(RestoreError::Foreign { topic: self.restorer.topic.clone(), partition: slot.partition, offset }),
+            None => Err(RestoreError::Foreign {
+                topic: self.restorer.topic.clone(),
+                partition: slot.partition,
+                offset,
+            }),
         }
     }
 
@@ -660,13 +802,18 @@ impl<'r> Run<'r> {
     /// restore, checkpoints every `checkpoint_bytes`, publishes and logs
     /// progress.
     fn step(&mut self, restoring: &mut [Restoring], arrived: bool) -> Result<(), RestoreError> {
-        let (topic, limits, progress) = (&self.restorer.topic, &self.restorer.limits, &self.restorer.progress);
+        let (topic, limits, progress) =
+            (&self.restorer.topic, &self.restorer.limits, &self.restorer.progress);
         if arrived {
             self.last_arrival = Instant::now();
         } else if self.last_arrival.elapsed() >= limits.stall {
             return Err(RestoreError::Stuck {
                 topic: topic.clone(),
-                partitions: restoring.iter().filter(|partition| !partition.finished).map(|partition| partition.partition).collect(),
+                partitions: restoring
+                    .iter()
+                    .filter(|partition| !partition.finished)
+                    .map(|partition| partition.partition)
+                    .collect(),
                 seconds: limits.stall.as_secs(),
             });
         }
@@ -694,7 +841,11 @@ impl<'r> Run<'r> {
 
     /// The last checkpoint, once every partition is read to its end; waits
     /// until the load is durable.
-    fn finish(mut self, restoring: &mut [Restoring], started: Instant) -> Result<RestoreReport, RestoreError> {
+    fn finish(
+        mut self,
+        restoring: &mut [Restoring],
+        started: Instant,
+    ) -> Result<RestoreReport, RestoreError> {
         self.report.read = started.elapsed();
         checkpoint(&mut *self.load, restoring)?;
         self.load.finish()?;
@@ -705,7 +856,11 @@ impl<'r> Run<'r> {
 
 /// Offsets left to read in `restoring`.
 fn to_go(restoring: &[Restoring]) -> u64 {
-    restoring.iter().filter(|partition| !partition.finished).map(|partition| partition.end.saturating_sub(partition.next).max(0) as u64).sum()
+    restoring
+        .iter()
+        .filter(|partition| !partition.finished)
+        .map(|partition| partition.end.saturating_sub(partition.next).max(0) as u64)
+        .sum()
 }
 
 /// Makes the restore durable up to each partition's next offset: the
@@ -729,7 +884,13 @@ fn checkpoint(load: &mut dyn BulkLoad, restoring: &mut [Restoring]) -> Result<()
 /// `load` (its key built in `key`, reused), or an included offset kept for
 /// the next checkpoint. Returns the record's key and value bytes; `None`
 /// if it is not a record Tally writes.
-fn apply(load: &mut dyn BulkLoad, key: &mut Vec<u8>, slot: &mut Restoring, record_key: Option<&[u8]>, value: Option<&[u8]>) -> Option<usize> {
+fn apply(
+    load: &mut dyn BulkLoad,
+    key: &mut Vec<u8>,
+    slot: &mut Restoring,
+    record_key: Option<&[u8]>,
+    value: Option<&[u8]>,
+) -> Option<usize> {
     let record_key = record_key?;
     let bytes = record_key.len() + value.map_or(0, <[u8]>::len);
     match ChangelogKey::parse(record_key)? {
@@ -757,7 +918,14 @@ mod tests {
     use tally_core::state::MemoryStore;
 
     fn restoring(partition: i32) -> Restoring {
-        Restoring { partition, next: 0, end: 100, finished: false, touched: false, included: Vec::new() }
+        Restoring {
+            partition,
+            next: 0,
+            end: 100,
+            finished: false,
+            touched: false,
+            included: Vec::new(),
+        }
     }
 
     #[test]
@@ -765,19 +933,66 @@ mod tests {
         let store = MemoryStore::default();
         let mut load = store.bulk_load();
         let (mut key, mut slot) = (Vec::new(), restoring(2));
-        assert_eq!(apply(&mut *load, &mut key, &mut slot, Some(&ChangelogKey::State(b"acme").to_bytes()), Some(b"7")), Some(6));
-        assert_eq!(apply(&mut *load, &mut key, &mut slot, Some(&ChangelogKey::State(b"gone").to_bytes()), None), Some(5));
-        assert_eq!(apply(&mut *load, &mut key, &mut slot, Some(&ChangelogKey::Offset("usage").to_bytes()), Some(b"41")), Some(8));
-        assert_eq!(apply(&mut *load, &mut key, &mut slot, Some(&ChangelogKey::Offset("usage").to_bytes()), Some(b"42")), Some(8));
-        assert_eq!(slot.included, vec![("usage".to_string(), 42)], "only the latest included offset is kept");
-        assert_eq!(store.get_meta(&included_key("usage", 2)).unwrap(), None, "included offsets wait for the checkpoint");
+        assert_eq!(
+            apply(
+                &mut *load,
+                &mut key,
+                &mut slot,
+                Some(&ChangelogKey::State(b"acme").to_bytes()),
+                Some(b"7")
+            ),
+            Some(6)
+        );
+        assert_eq!(
+            apply(
+                &mut *load,
+                &mut key,
+                &mut slot,
+                Some(&ChangelogKey::State(b"gone").to_bytes()),
+                None
+            ),
+            Some(5)
+        );
+        assert_eq!(
+            apply(
+                &mut *load,
+                &mut key,
+                &mut slot,
+                Some(&ChangelogKey::Offset("usage").to_bytes()),
+                Some(b"41")
+            ),
+            Some(8)
+        );
+        assert_eq!(
+            apply(
+                &mut *load,
+                &mut key,
+                &mut slot,
+                Some(&ChangelogKey::Offset("usage").to_bytes()),
+                Some(b"42")
+            ),
+            Some(8)
+        );
+        assert_eq!(
+            slot.included,
+            vec![("usage".to_string(), 42)],
+            "only the latest included offset is kept"
+        );
+        assert_eq!(
+            store.get_meta(&included_key("usage", 2)).unwrap(),
+            None,
+            "included offsets wait for the checkpoint"
+        );
         slot.next = 4;
         slot.touched = true;
         let mut slots = [slot];
         checkpoint(&mut *load, &mut slots).unwrap();
         load.finish().unwrap();
         drop(load);
-        assert_eq!(store.get_many(&[&namespaced(2, b"acme"), &namespaced(2, b"gone")]).unwrap(), vec![Some(b"7".to_vec()), None]);
+        assert_eq!(
+            store.get_many(&[&namespaced(2, b"acme"), &namespaced(2, b"gone")]).unwrap(),
+            vec![Some(b"7".to_vec()), None]
+        );
         assert_eq!(store.get_meta(&included_key("usage", 2)).unwrap(), Some(b"42".to_vec()));
         assert_eq!(store.get_meta(&checkpoint_key(2)).unwrap(), Some(b"4".to_vec()));
         assert!(!slots[0].touched && slots[0].included.is_empty());
@@ -790,7 +1005,16 @@ mod tests {
         let (mut key, mut slot) = (Vec::new(), restoring(0));
         assert!(apply(&mut *load, &mut key, &mut slot, Some(b"xkey"), Some(b"1")).is_none());
         assert!(apply(&mut *load, &mut key, &mut slot, None, Some(b"1")).is_none());
-        assert!(apply(&mut *load, &mut key, &mut slot, Some(&ChangelogKey::Offset("usage").to_bytes()), Some(b"not a number")).is_none());
+        assert!(
+            apply(
+                &mut *load,
+                &mut key,
+                &mut slot,
+                Some(&ChangelogKey::Offset("usage").to_bytes()),
+                Some(b"not a number")
+            )
+            .is_none()
+        );
     }
 
     #[test]
@@ -800,7 +1024,10 @@ mod tests {
         slot.ended_at(60); // a leader not caught up yet
         assert!(!slot.finished && slot.next == 40, "offsets 40 to 99 are still to read");
         slot.ended_at(100);
-        assert!(slot.finished && slot.next == 100 && slot.touched, "read to its end: the checkpoint moves to it");
+        assert!(
+            slot.finished && slot.next == 100 && slot.touched,
+            "read to its end: the checkpoint moves to it"
+        );
     }
 
     #[test]

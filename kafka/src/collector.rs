@@ -58,7 +58,8 @@ impl KafkaCommitter {
         for output in txn.outputs.drain(..) {
             let headers = self.lineage(output.source, output.sequence, digest);
             let topic = &self.addresses.outputs[output.output];
-            let mut record = BaseRecord::<[u8], [u8]>::to(topic).payload(&output.value[..]).headers(headers);
+            let mut record =
+                BaseRecord::<[u8], [u8]>::to(topic).payload(&output.value[..]).headers(headers);
             if let Some(key) = &output.key {
                 record = record.key(&key[..]);
             }
@@ -69,20 +70,32 @@ impl KafkaCommitter {
             // be refused, and the job would retry it forever: keep its
             // start, and say how long it was.
             let reason = truncate_utf8(&dead.reason, MAX_REASON_BYTES);
-            let mut headers = self.lineage(dead.source, 0, digest).insert(Header { key: HEADER_REASON, value: Some(reason) });
+            let mut headers = self
+                .lineage(dead.source, 0, digest)
+                .insert(Header { key: HEADER_REASON, value: Some(reason) });
             let mut payload = &dead.record[..];
             let original_length = payload.len().to_string();
             if payload.len() > MAX_DEAD_LETTER_BYTES {
                 payload = &payload[..MAX_DEAD_LETTER_BYTES];
-                headers = headers.insert(Header { key: HEADER_TRUNCATED_FROM, value: Some(original_length.as_str()) });
+                headers = headers.insert(Header {
+                    key: HEADER_TRUNCATED_FROM,
+                    value: Some(original_length.as_str()),
+                });
             }
-            let record = BaseRecord::<[u8], [u8]>::to(&self.addresses.dead_letter).payload(payload).headers(headers);
+            let record = BaseRecord::<[u8], [u8]>::to(&self.addresses.dead_letter)
+                .payload(payload)
+                .headers(headers);
             self.send(record)?;
         }
         Ok(())
     }
 
-    pub(super) fn lineage(&self, source: SourcePosition, sequence: u32, plugin_digest: &str) -> OwnedHeaders {
+    pub(super) fn lineage(
+        &self,
+        source: SourcePosition,
+        sequence: u32,
+        plugin_digest: &str,
+    ) -> OwnedHeaders {
         let (topic, partition) = split_source_id(source.partition);
         let topic = &self.addresses.inputs[topic];
         let mut partition_text = itoa::Buffer::new();
@@ -94,7 +107,17 @@ impl KafkaCommitter {
         // `<job>/<topic>/<partition>/<offset>/<n>`, built without `format!`:
         // this runs once per output record.
         let mut key = String::with_capacity(self.addresses.job.len() + topic.len() + 40);
-        for part in [self.addresses.job.as_str(), "/", topic, "/", partition_text, "/", offset_text, "/", sequence_text] {
+        for part in [
+            self.addresses.job.as_str(),
+            "/",
+            topic,
+            "/",
+            partition_text,
+            "/",
+            offset_text,
+            "/",
+            sequence_text,
+        ] {
             key.push_str(part);
         }
         OwnedHeaders::new_with_capacity(6)

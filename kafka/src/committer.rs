@@ -5,17 +5,19 @@
 //! offsets), and only then applies the state to RocksDB.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, ConsumerGroupMetadata};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, ConsumerGroupMetadata,
+};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-pub use super::producer::{classify, DeliveryTracker, JobProducer, Recovery};
-use super::keys::{checkpoint_key, included_key, split_namespaced, split_source_id, ChangelogKey};
+use super::keys::{ChangelogKey, checkpoint_key, included_key, split_namespaced, split_source_id};
+pub use super::producer::{DeliveryTracker, JobProducer, Recovery, classify};
 use crate::config::Guarantee;
 use tally_core::commit::TwoPhaseCommitter;
 use tally_core::state::{StateError, StateStore, StoreCommit};
@@ -127,7 +129,9 @@ impl KafkaCommitter {
             let (partition, user_key) = split_namespaced(key).unwrap_or((0, key));
             touched.insert(partition);
             let record_key = ChangelogKey::State(user_key).to_bytes();
-            let mut record = BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog).partition(partition).key(&record_key[..]);
+            let mut record = BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog)
+                .partition(partition)
+                .key(&record_key[..]);
             if let Some(value) = value {
                 record = record.payload(&value[..]);
             }
@@ -141,14 +145,20 @@ impl KafkaCommitter {
             let topic = &self.addresses.inputs[topic];
             let next_text = next.to_string();
             let marker_key = ChangelogKey::Offset(topic).to_bytes();
-            let marker =
-                BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog).partition(partition).key(&marker_key[..]).payload(next_text.as_bytes());
+            let marker = BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog)
+                .partition(partition)
+                .key(&marker_key[..])
+                .payload(next_text.as_bytes());
             self.send(marker)?;
             offsets.add_partition_offset(topic, partition, Offset::Offset(next))?;
             meta.push((included_key(topic, partition), next_text.into_bytes()));
         }
         let group = match self.guarantee {
-            Guarantee::ExactlyOnce => Some(consumer.group_metadata().ok_or(KafkaError::Global(RDKafkaErrorCode::InvalidGroupId))?),
+            Guarantee::ExactlyOnce => Some(
+                consumer
+                    .group_metadata()
+                    .ok_or(KafkaError::Global(RDKafkaErrorCode::InvalidGroupId))?,
+            ),
             Guarantee::AtLeastOnce => None,
         };
         Ok(Some(SentTransaction { changes, offsets, group, meta, touched }))
@@ -159,7 +169,11 @@ impl KafkaCommitter {
     /// records, then commits the offsets), then applies its state to
     /// RocksDB. The producer must not be used for anything else meanwhile.
     /// On success the caller calls [`Transaction::commit_finished`].
-    pub fn commit_sent<C: ConsumerContext>(&self, sent: SentTransaction, consumer: &BaseConsumer<C>) -> Result<(), KafkaCommitError> {
+    pub fn commit_sent<C: ConsumerContext>(
+        &self,
+        sent: SentTransaction,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<(), KafkaCommitError> {
         let SentTransaction { changes, offsets, group, mut meta, touched } = sent;
         match self.guarantee {
             Guarantee::ExactlyOnce => {
@@ -262,7 +276,11 @@ impl<C: ConsumerContext> TwoPhaseCommitter for KafkaTransactions<'_, C> {
     type Prepared = Option<SentTransaction>;
     type Error = KafkaCommitError;
 
-    fn prepare(&mut self, txn: &mut Transaction, positions: &BTreeMap<u32, i64>) -> Result<Option<SentTransaction>, KafkaCommitError> {
+    fn prepare(
+        &mut self,
+        txn: &mut Transaction,
+        positions: &BTreeMap<u32, i64>,
+    ) -> Result<Option<SentTransaction>, KafkaCommitError> {
         self.committer.send_transaction(txn, positions, self.consumer)
     }
 

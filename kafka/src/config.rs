@@ -157,24 +157,35 @@ impl KafkaConfig {
         }
         for output in &job.outputs {
             if !kafka.outputs.contains_key(output) {
-                return invalid(format!("output `{output}` has no topic: add `{output} = \"<topic>\"` to kafka.outputs"));
+                return invalid(format!(
+                    "output `{output}` has no topic: add `{output} = \"<topic>\"` to kafka.outputs"
+                ));
             }
         }
         if let Some(extra) = kafka.outputs.keys().find(|name| !job.outputs.contains(name)) {
-            return invalid(format!("kafka.outputs maps `{extra}`, which is not in the job's outputs; add it there or remove it"));
+            return invalid(format!(
+                "kafka.outputs maps `{extra}`, which is not in the job's outputs; add it there or remove it"
+            ));
         }
         let mut topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
         topics.extend(kafka.outputs.values().map(String::as_str));
         topics.push(&kafka.dead_letter_topic);
         if let Some(bad) = topics.iter().find(|topic| !valid_topic(topic)) {
-            return invalid(format!("{bad:?} is not a valid Kafka topic name (letters, digits, `.`, `_`, `-`; 1 to 249 characters)"));
+            return invalid(format!(
+                "{bad:?} is not a valid Kafka topic name (letters, digits, `.`, `_`, `-`; 1 to 249 characters)"
+            ));
         }
-        let inputs: std::collections::HashSet<&str> = kafka.inputs.iter().map(String::as_str).collect();
+        let inputs: std::collections::HashSet<&str> =
+            kafka.inputs.iter().map(String::as_str).collect();
         if inputs.len() != kafka.inputs.len() {
             return invalid("kafka.inputs names a topic twice".into());
         }
-        if let Some(loop_topic) = topics[kafka.inputs.len()..].iter().find(|topic| inputs.contains(*topic)) {
-            return invalid(format!("topic `{loop_topic}` is both an input and an output; a job must not read what it writes"));
+        if let Some(loop_topic) =
+            topics[kafka.inputs.len()..].iter().find(|topic| inputs.contains(*topic))
+        {
+            return invalid(format!(
+                "topic `{loop_topic}` is both an input and an output; a job must not read what it writes"
+            ));
         }
         if kafka.transaction_timeout_ms < 1_000
             || kafka.transaction_timeout_ms < 2 * job.commit_interval_ms
@@ -187,8 +198,18 @@ impl KafkaConfig {
             );
         }
         for (name, value, range, words) in [
-            ("restore_stall_ms", kafka.restore_stall_ms, RESTORE_STALL_MS_RANGE, ("one second", "one hour")),
-            ("restore_checkpoint_bytes", kafka.restore_checkpoint_bytes, RESTORE_CHECKPOINT_BYTES_RANGE, ("64 KiB", "256 MiB")),
+            (
+                "restore_stall_ms",
+                kafka.restore_stall_ms,
+                RESTORE_STALL_MS_RANGE,
+                ("one second", "one hour"),
+            ),
+            (
+                "restore_checkpoint_bytes",
+                kafka.restore_checkpoint_bytes,
+                RESTORE_CHECKPOINT_BYTES_RANGE,
+                ("64 KiB", "256 MiB"),
+            ),
         ] {
             if !range.contains(&value) {
                 return invalid(format!(
@@ -200,12 +221,17 @@ impl KafkaConfig {
                 ));
             }
         }
-        use super::topics::{property_name as property, OWNED_PROPERTIES};
-        if let Some(key) = kafka.client.keys().find(|key| OWNED_PROPERTIES.contains(&property(key))) {
-            return invalid(format!("kafka.client may not set `{key}`: Tally sets it itself, and the guarantee depends on it"));
+        use super::topics::{OWNED_PROPERTIES, property_name as property};
+        if let Some(key) = kafka.client.keys().find(|key| OWNED_PROPERTIES.contains(&property(key)))
+        {
+            return invalid(format!(
+                "kafka.client may not set `{key}`: Tally sets it itself, and the guarantee depends on it"
+            ));
         }
         if let Some(key) = kafka.client.keys().find(|key| property(key).is_empty()) {
-            return invalid(format!("kafka.client key `{key}` names no property: write `{key}<property>`, e.g. `{key}linger.ms`"));
+            return invalid(format!(
+                "kafka.client key `{key}` names no property: write `{key}<property>`, e.g. `{key}linger.ms`"
+            ));
         }
         if kafka.create_partitions == 0 {
             return invalid("kafka.create_partitions must be at least 1".into());
@@ -248,25 +274,38 @@ mod tests {
     #[test]
     fn restore_limits_out_of_their_range_are_refused_naming_the_range() {
         let job = JobSettings::new("billing", "billing.wasm".into(), vec!["totals".into()]);
-        let refusal = |line: &str| section(&format!("{KAFKA_JOB}\n{line}\n")).validate(&job).err().map(|err| err.to_string());
+        let refusal = |line: &str| {
+            section(&format!("{KAFKA_JOB}\n{line}\n"))
+                .validate(&job)
+                .err()
+                .map(|err| err.to_string())
+        };
         assert_eq!(refusal("restore_stall_ms = 1000"), None);
         assert_eq!(refusal("restore_checkpoint_bytes = 268435456"), None);
         let stall = refusal("restore_stall_ms = 999").expect("under a second is refused");
         assert!(stall.contains("kafka.restore_stall_ms is 999; it must be between 1000 (one second) and 3600000 (one hour)"), "{stall}");
-        let bytes = refusal("restore_checkpoint_bytes = 268435457").expect("over 256 MiB is refused");
+        let bytes =
+            refusal("restore_checkpoint_bytes = 268435457").expect("over 256 MiB is refused");
         assert!(bytes.contains("kafka.restore_checkpoint_bytes is 268435457; it must be between 65536 (64 KiB) and 268435456 (256 MiB)"), "{bytes}");
     }
 
     #[test]
     fn prefixed_client_settings_reach_only_their_clients() {
-        use crate::topics::{client_settings, ClientRole};
+        use crate::topics::{ClientRole, client_settings};
         let text = format!(
             "{KAFKA_JOB}\n[kafka.client]\n\"socket.timeout.ms\" = \"9000\"\n\"producer.linger.ms\" = \"2\"\n\"consumer.session.timeout.ms\" = \"7000\"\n"
         );
         let kafka = section(&text);
-        let settings = |role| client_settings(&kafka, role).map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>();
+        let settings = |role| {
+            client_settings(&kafka, role)
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(settings(ClientRole::Producer), ["linger.ms=2", "socket.timeout.ms=9000"]);
-        assert_eq!(settings(ClientRole::Consumer), ["session.timeout.ms=7000", "socket.timeout.ms=9000"]);
+        assert_eq!(
+            settings(ClientRole::Consumer),
+            ["session.timeout.ms=7000", "socket.timeout.ms=9000"]
+        );
         assert_eq!(settings(ClientRole::Admin), ["socket.timeout.ms=9000"]);
     }
 
@@ -282,13 +321,27 @@ mod tests {
         assert_eq!(start(""), Offset::Beginning, "Tally's default is the earliest record");
         assert_eq!(start("\"auto.offset.reset\" = \"latest\""), Offset::End);
         assert_eq!(start("\"auto.offset.reset\" = \"smallest\""), Offset::Beginning);
-        assert_eq!(start("\"auto.offset.reset\" = \"earliest\"\n\"consumer.auto.offset.reset\" = \"largest\""), Offset::End);
-        assert_eq!(start("\"producer.auto.offset.reset\" = \"latest\""), Offset::Beginning, "a producer setting is not the consumer's");
-        assert_eq!(start("\"auto.offset.reset\" = \"error\""), Offset::Invalid, "librdkafka raises the error itself");
+        assert_eq!(
+            start(
+                "\"auto.offset.reset\" = \"earliest\"\n\"consumer.auto.offset.reset\" = \"largest\""
+            ),
+            Offset::End
+        );
+        assert_eq!(
+            start("\"producer.auto.offset.reset\" = \"latest\""),
+            Offset::Beginning,
+            "a producer setting is not the consumer's"
+        );
+        assert_eq!(
+            start("\"auto.offset.reset\" = \"error\""),
+            Offset::Invalid,
+            "librdkafka raises the error itself"
+        );
     }
 
     #[test]
-    fn restores_fetch_from_the_leaders_with_the_consumers_sizes_unless_told_or_the_listener_needs_tls_or_sasl() {
+    fn restores_fetch_from_the_leaders_with_the_consumers_sizes_unless_told_or_the_listener_needs_tls_or_sasl()
+     {
         use crate::topics::{leader_fetch_settings, restore_config};
         let job = JobSettings::new("billing", "billing.wasm".into(), vec!["totals".into()]);
         let settings = |kafka_lines: &str, client: &str| {
@@ -296,24 +349,47 @@ mod tests {
             leader_fetch_settings(&kafka, &restore_config(&job, &kafka))
         };
         let default = settings("", "").expect("leaders by default");
-        let restore_default = |key: &str| crate::RESTORE_DEFAULTS.iter().find(|(name, _)| *name == key).unwrap().1.parse::<i32>().unwrap();
+        let restore_default = |key: &str| {
+            crate::RESTORE_DEFAULTS
+                .iter()
+                .find(|(name, _)| *name == key)
+                .unwrap()
+                .1
+                .parse::<i32>()
+                .unwrap()
+        };
         assert_eq!(default.partition_max_bytes, restore_default("max.partition.fetch.bytes"));
         assert_eq!(default.max_bytes, restore_default("fetch.max.bytes"));
         assert_eq!(default.max_wait.as_millis() as i32, restore_default("fetch.wait.max.ms"));
         let small = settings("", "\"consumer.max.partition.fetch.bytes\" = \"65536\"").unwrap();
-        assert_eq!(small.partition_max_bytes, 65536, "the job's fetch sizes hold for the leaders' fetches too");
+        assert_eq!(
+            small.partition_max_bytes, 65536,
+            "the job's fetch sizes hold for the leaders' fetches too"
+        );
         let huge = settings("", "\"consumer.fetch.max.bytes\" = \"2000000000\"\n\"consumer.max.partition.fetch.bytes\" = \"2000000000\"").unwrap();
-        assert_eq!((huge.max_bytes, huge.partition_max_bytes), (crate::topics::LEADER_FETCH_MAX_BYTES, crate::topics::LEADER_FETCH_MAX_BYTES), "an answer is held whole: capped");
+        assert_eq!(
+            (huge.max_bytes, huge.partition_max_bytes),
+            (crate::topics::LEADER_FETCH_MAX_BYTES, crate::topics::LEADER_FETCH_MAX_BYTES),
+            "an answer is held whole: capped"
+        );
         assert!(settings("restore_fetch = \"consumer\"", "").is_none());
-        assert!(settings("", "\"security.protocol\" = \"SASL_SSL\"").is_none(), "only librdkafka speaks TLS and SASL here");
+        assert!(
+            settings("", "\"security.protocol\" = \"SASL_SSL\"").is_none(),
+            "only librdkafka speaks TLS and SASL here"
+        );
         assert!(settings("", "\"security.protocol\" = \"PLAINTEXT\"").is_some());
         #[derive(Debug, Deserialize)]
         #[allow(dead_code)] // parsed only to be refused
         struct File {
             kafka: KafkaConfig,
         }
-        let refused = toml::from_str::<File>(&format!("{KAFKA_JOB}\nrestore_fetch = \"sideways\"\n")).unwrap_err().to_string();
-        assert!(refused.contains("unknown variant `sideways`, expected `leaders` or `consumer`"), "{refused}");
+        let refused =
+            toml::from_str::<File>(&format!("{KAFKA_JOB}\nrestore_fetch = \"sideways\"\n"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            refused.contains("unknown variant `sideways`, expected `leaders` or `consumer`"),
+            "{refused}"
+        );
     }
-
 }

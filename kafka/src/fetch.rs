@@ -45,7 +45,12 @@ impl Router {
     /// partition is assigned. Without an open fetch queue, or for a topic
     /// name with a NUL byte, records stay on the consumer's queue, where the
     /// job loop reads them too.
-    pub fn route<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, topic: &str, partition: i32) {
+    pub fn route<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+        partition: i32,
+    ) {
         let guard = self.queue.lock().expect("fetch router lock");
         let (Some(queue), Ok(topic)) = (guard.as_ref(), CString::new(topic)) else { return };
         // SAFETY: the client pointer is valid while `consumer` lives, `topic`
@@ -53,7 +58,11 @@ impl Router {
         // The partition handle is only a reference: destroying it keeps the
         // routing, which the partition's queue holds on to.
         unsafe {
-            let partition_queue = rd::rd_kafka_queue_get_partition(consumer.client().native_ptr(), topic.as_ptr(), partition);
+            let partition_queue = rd::rd_kafka_queue_get_partition(
+                consumer.client().native_ptr(),
+                topic.as_ptr(),
+                partition,
+            );
             if !partition_queue.is_null() {
                 rd::rd_kafka_queue_forward(partition_queue, queue.0);
                 rd::rd_kafka_queue_destroy(partition_queue);
@@ -126,14 +135,24 @@ pub struct FetchedRecord<'m>(&'m rd::rd_kafka_message_t);
 impl<'c> FetchQueue<'c> {
     /// Opens the fetch queue of `consumer`, whose context routes assigned
     /// partitions through `router`; room for batches of `batch_size`.
-    pub fn open<C: ConsumerContext>(consumer: &'c BaseConsumer<C>, router: Arc<Router>, batch_size: usize) -> FetchQueue<'c> {
+    pub fn open<C: ConsumerContext>(
+        consumer: &'c BaseConsumer<C>,
+        router: Arc<Router>,
+        batch_size: usize,
+    ) -> FetchQueue<'c> {
         // SAFETY: the client pointer is valid while `consumer` lives; the
         // queue is destroyed in `drop`, which the borrow puts first.
         let queue = unsafe { rd::rd_kafka_queue_new(consumer.client().native_ptr()) };
         assert!(!queue.is_null(), "librdkafka could not create a queue");
         let consumer_queue = ConsumerQueue::of(consumer);
         *router.queue.lock().expect("fetch router lock") = Some(QueuePtr(queue));
-        FetchQueue { router, queue, consumer_queue, batch: vec![std::ptr::null_mut(); batch_size.max(1)], _consumer: std::marker::PhantomData }
+        FetchQueue {
+            router,
+            queue,
+            consumer_queue,
+            batch: vec![std::ptr::null_mut(); batch_size.max(1)],
+            _consumer: std::marker::PhantomData,
+        }
     }
 
     /// Whether the consumer's own queue holds events to serve (rebalances,
@@ -146,13 +165,25 @@ impl<'c> FetchQueue<'c> {
     /// Reads up to `max` items (at most the batch size), waiting up to
     /// `timeout` for the first, and hands each to `each`; returns how many
     /// were read.
-    pub fn read(&mut self, timeout: Duration, max: usize, mut each: impl FnMut(Fetched<'_>)) -> usize {
+    pub fn read(
+        &mut self,
+        timeout: Duration,
+        max: usize,
+        mut each: impl FnMut(Fetched<'_>),
+    ) -> usize {
         let max = max.min(self.batch.len());
         if max == 0 {
             return 0;
         }
         // SAFETY: `batch` has room for `max` pointers, and the queue is open.
-        let read = unsafe { rd::rd_kafka_consume_batch_queue(self.queue, super::timeout_ms(timeout), self.batch.as_mut_ptr(), max) };
+        let read = unsafe {
+            rd::rd_kafka_consume_batch_queue(
+                self.queue,
+                super::timeout_ms(timeout),
+                self.batch.as_mut_ptr(),
+                max,
+            )
+        };
         let read = usize::try_from(read).unwrap_or(0);
         // Destroys what `each` did not get to if it panics: a message kept
         // holds its partition, and closing the consumer would wait for it.
@@ -162,11 +193,17 @@ impl<'c> FetchQueue<'c> {
             // destroy once, after its last use.
             let item = unsafe { &*message };
             match item.err {
-                rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => each(Fetched::Record(FetchedRecord(item))),
-                rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PARTITION_EOF => each(Fetched::End(topic_name(item), item.partition, Some(item.offset))),
+                rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => {
+                    each(Fetched::Record(FetchedRecord(item)))
+                }
+                rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
+                    each(Fetched::End(topic_name(item), item.partition, Some(item.offset)))
+                }
                 code => {
                     // SAFETY: an error message's text is a NUL-terminated string it owns.
-                    let text = unsafe { CStr::from_ptr(rd::rd_kafka_message_errstr(message)) }.to_string_lossy().into_owned();
+                    let text = unsafe { CStr::from_ptr(rd::rd_kafka_message_errstr(message)) }
+                        .to_string_lossy()
+                        .into_owned();
                     each(Fetched::Error(code.into(), text))
                 }
             }
@@ -229,13 +266,15 @@ impl<'m> FetchedRecord<'m> {
     /// The record's key, if it has one.
     pub fn key(&self) -> Option<&[u8]> {
         // SAFETY: librdkafka keeps `key_len` bytes at `key` while the message lives.
-        (!self.0.key.is_null()).then(|| unsafe { std::slice::from_raw_parts(self.0.key as *const u8, self.0.key_len) })
+        (!self.0.key.is_null())
+            .then(|| unsafe { std::slice::from_raw_parts(self.0.key as *const u8, self.0.key_len) })
     }
 
     /// The record's value, if it has one.
     pub fn payload(&self) -> Option<&[u8]> {
         // SAFETY: as for the key.
-        (!self.0.payload.is_null()).then(|| unsafe { std::slice::from_raw_parts(self.0.payload as *const u8, self.0.len) })
+        (!self.0.payload.is_null())
+            .then(|| unsafe { std::slice::from_raw_parts(self.0.payload as *const u8, self.0.len) })
     }
 
     /// The record's timestamp (create or log-append time), in ms since the epoch.
@@ -243,7 +282,8 @@ impl<'m> FetchedRecord<'m> {
         let mut kind = rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
         // SAFETY: the message is valid, and `kind` a place to write to.
         let millis = unsafe { rd::rd_kafka_message_timestamp(self.0, &mut kind) };
-        (kind != rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE && millis >= 0).then_some(millis)
+        (kind != rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE && millis >= 0)
+            .then_some(millis)
     }
 }
 

@@ -41,15 +41,21 @@ impl<'a> Reader<'a> {
     }
 
     fn i16(&mut self) -> Result<i16, Malformed> {
-        Ok(i16::from_be_bytes(self.take(2, "cut off in a 16-bit field")?.try_into().expect("two bytes")))
+        Ok(i16::from_be_bytes(
+            self.take(2, "cut off in a 16-bit field")?.try_into().expect("two bytes"),
+        ))
     }
 
     fn i32(&mut self) -> Result<i32, Malformed> {
-        Ok(i32::from_be_bytes(self.take(4, "cut off in a 32-bit field")?.try_into().expect("four bytes")))
+        Ok(i32::from_be_bytes(
+            self.take(4, "cut off in a 32-bit field")?.try_into().expect("four bytes"),
+        ))
     }
 
     fn i64(&mut self) -> Result<i64, Malformed> {
-        Ok(i64::from_be_bytes(self.take(8, "cut off in a 64-bit field")?.try_into().expect("eight bytes")))
+        Ok(i64::from_be_bytes(
+            self.take(8, "cut off in a 64-bit field")?.try_into().expect("eight bytes"),
+        ))
     }
 
     /// A string (its length as i16; -1: null, read as empty).
@@ -75,14 +81,23 @@ impl<'a> Reader<'a> {
     fn array(&mut self, min_size: usize) -> Result<usize, Malformed> {
         match self.i32()? {
             -1 => Ok(0),
-            len if len >= 0 && (len as usize).saturating_mul(min_size) <= self.rest.len() => Ok(len as usize),
+            len if len >= 0 && (len as usize).saturating_mul(min_size) <= self.rest.len() => {
+                Ok(len as usize)
+            }
             _ => Err(Malformed("an array longer than the answer")),
         }
     }
 }
 
 /// Appends a request (size, header v1, `body`) to `out`.
-fn request(out: &mut Vec<u8>, api_key: i16, version: i16, correlation: i32, client_id: &str, body: impl FnOnce(&mut Vec<u8>)) {
+fn request(
+    out: &mut Vec<u8>,
+    api_key: i16,
+    version: i16,
+    correlation: i32,
+    client_id: &str,
+    body: impl FnOnce(&mut Vec<u8>),
+) {
     let start = out.len();
     out.extend_from_slice(&0i32.to_be_bytes()); // the size, once known
     out.extend_from_slice(&api_key.to_be_bytes());
@@ -147,7 +162,13 @@ pub struct FetchRequest<'r> {
 
 /// Appends a `read_committed` Fetch request (`version` in
 /// [`FETCH_VERSIONS`]), outside any fetch session, to `out`.
-pub fn fetch_request(out: &mut Vec<u8>, version: i16, correlation: i32, client_id: &str, fetch: &FetchRequest<'_>) {
+pub fn fetch_request(
+    out: &mut Vec<u8>,
+    version: i16,
+    correlation: i32,
+    client_id: &str,
+    fetch: &FetchRequest<'_>,
+) {
     debug_assert!(FETCH_VERSIONS.contains(&version));
     request(out, FETCH, version, correlation, client_id, |out| {
         out.extend_from_slice(&(-1i32).to_be_bytes()); // replica id: a consumer
@@ -281,7 +302,14 @@ mod tests {
     #[test]
     fn fetch_answers_of_every_version_read_in_place() {
         for version in FETCH_VERSIONS {
-            let bytes = answer(version, "changelog", &[(0, 0, 500, vec![(9, 40), (3, 10)], b"batches".to_vec()), (3, 6, -1, vec![], vec![])]);
+            let bytes = answer(
+                version,
+                "changelog",
+                &[
+                    (0, 0, 500, vec![(9, 40), (3, 10)], b"batches".to_vec()),
+                    (3, 6, -1, vec![], vec![]),
+                ],
+            );
             let read = fetch_answer(&bytes, version).unwrap();
             assert_eq!(read.partitions.len(), 2, "v{version}");
             let first = &read.partitions[0];
@@ -307,7 +335,11 @@ mod tests {
         for at in [topics_at, partitions_at, aborted_at] {
             let mut huge = bytes.clone();
             huge[at..at + 4].copy_from_slice(&i32::MAX.to_be_bytes());
-            assert_eq!(fetch_answer(&huge, version).unwrap_err(), Malformed("an array longer than the answer"), "count at {at}");
+            assert_eq!(
+                fetch_answer(&huge, version).unwrap_err(),
+                Malformed("an array longer than the answer"),
+                "count at {at}"
+            );
         }
         let mut many_versions = 0i16.to_be_bytes().to_vec();
         many_versions.extend_from_slice(&i32::MAX.to_be_bytes());
@@ -318,11 +350,21 @@ mod tests {
     fn requests_are_framed_with_their_size_and_header() {
         let mut out = Vec::new();
         let partitions = [(2, 77)];
-        let fetch = FetchRequest { max_wait_ms: 10, max_bytes: 1 << 20, partition_max_bytes: 1 << 16, topic: "changelog", partitions: &partitions };
+        let fetch = FetchRequest {
+            max_wait_ms: 10,
+            max_bytes: 1 << 20,
+            partition_max_bytes: 1 << 16,
+            topic: "changelog",
+            partitions: &partitions,
+        };
         fetch_request(&mut out, 10, 5, "tally", &fetch);
         let size = i32::from_be_bytes(out[..4].try_into().unwrap()) as usize;
         assert_eq!(size, out.len() - 4);
-        assert_eq!(&out[4..12], &[0, 1, 0, 10, 0, 0, 0, 5], "API key 1 (Fetch), v10, correlation 5");
+        assert_eq!(
+            &out[4..12],
+            &[0, 1, 0, 10, 0, 0, 0, 5],
+            "API key 1 (Fetch), v10, correlation 5"
+        );
         // The fixed fields of a v4 request: 4 + 4 + 4 + 4 + 1 after the header.
         let mut v4 = Vec::new();
         fetch_request(&mut v4, 4, 5, "tally", &fetch);

@@ -37,7 +37,8 @@ pub fn namespaced(partition: i32, key: &[u8]) -> Vec<u8> {
 /// Splits a stored state key into its partition and the plugin's key;
 /// `None` for a key too short to hold a namespace (Tally writes none).
 pub fn split_namespaced(key: &[u8]) -> Option<(i32, &[u8])> {
-    key.split_first_chunk::<4>().map(|(namespace, rest)| (u32::from_be_bytes(*namespace) as i32, rest))
+    key.split_first_chunk::<4>()
+        .map(|(namespace, rest)| (u32::from_be_bytes(*namespace) as i32, rest))
 }
 
 /// Metadata key of the next offset of `topic`/`partition` the state includes.

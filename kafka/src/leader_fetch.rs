@@ -15,7 +15,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::fetch_wire::{self, FetchAnswer, FetchRequest, FETCH_VERSIONS};
+use crate::fetch_wire::{self, FETCH_VERSIONS, FetchAnswer, FetchRequest};
 
 /// A response may exceed the fetch's byte limit by one record batch
 /// (KIP-74); one larger than the limit plus this is refused.
@@ -78,7 +78,10 @@ pub struct Answer {
 
 impl std::fmt::Debug for Answer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Answer").field("bytes", &self.bytes.len()).field("version", &self.version).finish()
+        f.debug_struct("Answer")
+            .field("bytes", &self.bytes.len())
+            .field("version", &self.version)
+            .finish()
     }
 }
 
@@ -113,18 +116,26 @@ pub struct LeaderConnection {
 impl LeaderConnection {
     /// Connects to `broker` (`host:port`) within `timeout` and asks which
     /// Fetch versions it serves.
-    pub fn connect(broker: &str, settings: &FetchSettings, timeout: Duration) -> Result<LeaderConnection, LeaderError> {
+    pub fn connect(
+        broker: &str,
+        settings: &FetchSettings,
+        timeout: Duration,
+    ) -> Result<LeaderConnection, LeaderError> {
         let io = |source| LeaderError::Io { broker: broker.to_string(), source };
         // Each address the name resolves to, in turn (a name may resolve
         // to an IPv6 address first and the broker listen on IPv4 only),
         // all within `timeout`.
         let deadline = Instant::now() + timeout;
-        let mut failed = std::io::Error::new(ErrorKind::NotFound, "the address resolves to nothing");
+        let mut failed =
+            std::io::Error::new(ErrorKind::NotFound, "the address resolves to nothing");
         let mut connected = None;
         for address in broker.to_socket_addrs().map_err(io)? {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                failed = std::io::Error::new(ErrorKind::TimedOut, format!("no address answered within {timeout:?}"));
+                failed = std::io::Error::new(
+                    ErrorKind::TimedOut,
+                    format!("no address answered within {timeout:?}"),
+                );
                 break;
             }
             match TcpStream::connect_timeout(&address, left) {
@@ -138,7 +149,9 @@ impl LeaderConnection {
         let stream = connected.ok_or_else(|| io(failed))?;
         stream.set_nodelay(true).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
-        let largest_response = usize::try_from(settings.max_bytes.max(settings.partition_max_bytes)).unwrap_or(0) + RESPONSE_SLACK;
+        let largest_response =
+            usize::try_from(settings.max_bytes.max(settings.partition_max_bytes)).unwrap_or(0)
+                + RESPONSE_SLACK;
         let mut connection = LeaderConnection {
             stream,
             broker: broker.to_string(),
@@ -175,7 +188,11 @@ impl LeaderConnection {
     }
 
     /// Asks the broker's API versions; picks the Fetch version to use.
-    fn negotiate(&mut self, settings: &FetchSettings, timeout: Duration) -> Result<i16, LeaderError> {
+    fn negotiate(
+        &mut self,
+        settings: &FetchSettings,
+        timeout: Duration,
+    ) -> Result<i16, LeaderError> {
         let correlation = self.correlation();
         self.outgoing.clear();
         fetch_wire::api_versions_request(&mut self.outgoing, correlation, &settings.client_id);
@@ -184,15 +201,21 @@ impl LeaderConnection {
         let answer = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(self.io(std::io::Error::new(ErrorKind::TimedOut, "no answer to ApiVersions")));
+                return Err(
+                    self.io(std::io::Error::new(ErrorKind::TimedOut, "no answer to ApiVersions"))
+                );
             }
             if let Some(answer) = self.receive(left, API_VERSIONS_MAX)? {
                 break answer;
             }
         };
-        let versions = fetch_wire::fetch_versions(&answer[BODY_AT..]).map_err(|err| self.unsupported(format!("answered ApiVersions: {err}")))?;
-        let fetch = versions.map_err(|code| self.unsupported(format!("answered ApiVersions with error code {code}")))?;
-        let usable = fetch.map(|(min, max)| (min.max(*FETCH_VERSIONS.start()), max.min(*FETCH_VERSIONS.end())));
+        let versions = fetch_wire::fetch_versions(&answer[BODY_AT..])
+            .map_err(|err| self.unsupported(format!("answered ApiVersions: {err}")))?;
+        let fetch = versions.map_err(|code| {
+            self.unsupported(format!("answered ApiVersions with error code {code}"))
+        })?;
+        let usable = fetch
+            .map(|(min, max)| (min.max(*FETCH_VERSIONS.start()), max.min(*FETCH_VERSIONS.end())));
         match usable {
             Some((low, high)) if low <= high => Ok(high),
             _ => Err(self.unsupported(format!(
@@ -221,7 +244,12 @@ impl LeaderConnection {
     /// its offset, in the order given (a broker always returns the first
     /// partition with data, whatever its size: rotate the order so each
     /// gets to be first).
-    pub fn send_fetch(&mut self, topic: &str, partitions: &[(i32, i64)], settings: &FetchSettings) -> Result<(), LeaderError> {
+    pub fn send_fetch(
+        &mut self,
+        topic: &str,
+        partitions: &[(i32, i64)],
+        settings: &FetchSettings,
+    ) -> Result<(), LeaderError> {
         let correlation = self.correlation();
         let fetch = FetchRequest {
             max_wait_ms: i32::try_from(settings.max_wait.as_millis()).unwrap_or(i32::MAX),
@@ -231,14 +259,22 @@ impl LeaderConnection {
             partitions,
         };
         self.outgoing.clear();
-        fetch_wire::fetch_request(&mut self.outgoing, self.fetch_version, correlation, &settings.client_id, &fetch);
+        fetch_wire::fetch_request(
+            &mut self.outgoing,
+            self.fetch_version,
+            correlation,
+            &settings.client_id,
+            &fetch,
+        );
         self.send()
     }
 
     /// The answer to the fetch in flight, if it arrives within `wait`;
     /// `None` otherwise (what arrived of it is kept for the next call).
     pub fn receive_fetch(&mut self, wait: Duration) -> Result<Option<Answer>, LeaderError> {
-        Ok(self.receive(wait, self.largest_response)?.map(|bytes| Answer { bytes, version: self.fetch_version }))
+        Ok(self
+            .receive(wait, self.largest_response)?
+            .map(|bytes| Answer { bytes, version: self.fetch_version }))
     }
 
     /// Whether at least `bytes` more of the answer being received came
@@ -266,7 +302,9 @@ impl LeaderConnection {
     /// then its bytes, whose correlation id must be the request's.
     /// Returns all of it, from its size on.
     fn receive(&mut self, wait: Duration, largest: usize) -> Result<Option<Vec<u8>>, LeaderError> {
-        let Some(expected) = self.in_flight else { return Err(self.unsupported("sent an answer nobody asked for".into())) };
+        let Some(expected) = self.in_flight else {
+            return Err(self.unsupported("sent an answer nobody asked for".into()));
+        };
         let wait = wait.max(Duration::from_millis(1));
         self.stream.set_read_timeout(Some(wait)).map_err(|err| self.io(err))?;
         let deadline = Instant::now() + wait;
@@ -289,9 +327,12 @@ impl LeaderConnection {
                 let answer = std::mem::take(&mut self.incoming);
                 self.received = 0;
                 self.counted = 0;
-                let (correlation, _) = fetch_wire::split_header(&answer[4..]).map_err(|err| self.unsupported(err.to_string()))?;
+                let (correlation, _) = fetch_wire::split_header(&answer[4..])
+                    .map_err(|err| self.unsupported(err.to_string()))?;
                 if correlation != expected {
-                    return Err(self.unsupported(format!("answered request {correlation} while request {expected} was in flight")));
+                    return Err(self.unsupported(format!(
+                        "answered request {correlation} while request {expected} was in flight"
+                    )));
                 }
                 self.in_flight = None;
                 return Ok(Some(answer));
@@ -300,14 +341,21 @@ impl LeaderConnection {
                 self.incoming.resize(wanted, 0);
             }
             match self.stream.read(&mut self.incoming[self.received..wanted]) {
-                Ok(0) => return Err(self.io(std::io::Error::new(ErrorKind::UnexpectedEof, "the broker closed the connection"))),
+                Ok(0) => {
+                    return Err(self.io(std::io::Error::new(
+                        ErrorKind::UnexpectedEof,
+                        "the broker closed the connection",
+                    )));
+                }
                 Ok(read) => {
                     self.received += read;
                     if self.received < wanted && Instant::now() >= deadline {
                         return Ok(None); // what came is kept for the next call
                     }
                 }
-                Err(err) if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Ok(None),
+                Err(err) if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Ok(None);
+                }
                 Err(err) if err.kind() == ErrorKind::Interrupted => {}
                 Err(err) => return Err(self.io(err)),
             }
@@ -321,7 +369,12 @@ mod tests {
     use std::net::TcpListener;
 
     fn settings() -> FetchSettings {
-        FetchSettings { max_wait: Duration::from_millis(10), max_bytes: 1 << 20, partition_max_bytes: 1 << 20, client_id: "test".into() }
+        FetchSettings {
+            max_wait: Duration::from_millis(10),
+            max_bytes: 1 << 20,
+            partition_max_bytes: 1 << 20,
+            client_id: "test".into(),
+        }
     }
 
     /// Reads one request frame; returns its correlation id.
@@ -378,11 +431,19 @@ mod tests {
                 }
             }
         });
-        let mut connection = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
+        let mut connection =
+            LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
         connection.send_fetch("changelog", &[(0, 0)], &settings()).unwrap();
         let started = Instant::now();
-        assert!(connection.receive_fetch(Duration::from_millis(100)).unwrap().is_none(), "the answer is not whole yet");
-        assert!(started.elapsed() < Duration::from_secs(5), "held for {:?}: the restore's stall limit could not act", started.elapsed());
+        assert!(
+            connection.receive_fetch(Duration::from_millis(100)).unwrap().is_none(),
+            "the answer is not whole yet"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "held for {:?}: the restore's stall limit could not act",
+            started.elapsed()
+        );
         assert!(connection.is_fetching(), "what came is kept for the next call");
     }
 
@@ -396,11 +457,15 @@ mod tests {
             let _ = stream.write_all(&[0; 100]);
             std::thread::sleep(Duration::from_secs(2));
         });
-        let mut connection = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
+        let mut connection =
+            LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
         connection.send_fetch("changelog", &[(0, 0)], &settings()).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while connection.received < 4 + (256 << 10) {
-            assert!(connection.receive_fetch(Duration::from_millis(50)).unwrap().is_none(), "half an answer is not whole");
+            assert!(
+                connection.receive_fetch(Duration::from_millis(50)).unwrap().is_none(),
+                "half an answer is not whole"
+            );
             assert!(Instant::now() < deadline, "256 KiB of the answer never came");
         }
         assert!(connection.partial_progress(64 << 10), "256 KiB of an answer are progress");
@@ -415,9 +480,15 @@ mod tests {
             let correlation = read_request(&mut stream);
             stream.write_all(&api_versions(correlation, (0, 3))).unwrap();
         });
-        let Err(err) = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)) else { panic!("connected") };
+        let Err(err) = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5))
+        else {
+            panic!("connected")
+        };
         assert!(!err.is_retriable());
-        assert!(err.to_string().contains("serves Fetch versions 0..=3, none of 4..=10 spoken here"), "{err}");
+        assert!(
+            err.to_string().contains("serves Fetch versions 0..=3, none of 4..=10 spoken here"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -426,21 +497,33 @@ mod tests {
             stream.write_all(&i32::MAX.to_be_bytes()).unwrap();
             std::thread::sleep(Duration::from_secs(1));
         });
-        let mut connection = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
-        assert_eq!(connection.fetch_version, 10, "the highest version spoken here that the broker serves");
+        let mut connection =
+            LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            connection.fetch_version, 10,
+            "the highest version spoken here that the broker serves"
+        );
         connection.send_fetch("changelog", &[(0, 0)], &settings()).unwrap();
         let err = connection.receive_fetch(Duration::from_secs(5)).expect_err("refused");
         assert!(!err.is_retriable());
-        assert!(err.to_string().contains("sent a response of 2147483647 bytes; one takes 4 to 17825792"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("sent a response of 2147483647 bytes; one takes 4 to 17825792"),
+            "{err}"
+        );
 
         let address = fetch_broker(drop); // and hang up
-        let mut connection = LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
+        let mut connection =
+            LeaderConnection::connect(&address, &settings(), Duration::from_secs(5)).unwrap();
         connection.send_fetch("changelog", &[(0, 0)], &settings()).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         let err = loop {
             match connection.receive_fetch(Duration::from_millis(100)) {
                 Err(err) => break err,
-                Ok(_) => assert!(std::time::Instant::now() < deadline, "the closed connection was never noticed"),
+                Ok(_) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the closed connection was never noticed"
+                ),
             }
         };
         assert!(err.is_retriable(), "{err}");

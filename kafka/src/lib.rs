@@ -42,13 +42,13 @@ mod producer;
 mod record_batch;
 mod topics;
 
-pub use config::{
-    default_restore_stall_ms, Guarantee, KafkaConfig, RestoreFetch, DEFAULT_CREATE_PARTITIONS, DEFAULT_RESTORE_CHECKPOINT_BYTES, DEFAULT_RESTORE_STALL_MS,
-    DEFAULT_TRANSACTION_TIMEOUT_MS,
-};
-pub use topics::{prepare as prepare_topics, TopicLayout, RESTORE_DEFAULTS};
 pub use changelog::RestoreError;
+pub use config::{
+    DEFAULT_CREATE_PARTITIONS, DEFAULT_RESTORE_CHECKPOINT_BYTES, DEFAULT_RESTORE_STALL_MS,
+    DEFAULT_TRANSACTION_TIMEOUT_MS, Guarantee, KafkaConfig, RestoreFetch, default_restore_stall_ms,
+};
 pub use job::{InstanceIdError, KafkaJob, KafkaRunOptions};
+pub use topics::{RESTORE_DEFAULTS, TopicLayout, prepare as prepare_topics};
 
 /// Why a Kafka job stopped.
 #[derive(Debug, thiserror::Error)]
@@ -141,7 +141,9 @@ pub enum SetupError {
     #[error("cannot create a Kafka client: {0}; check kafka.client and kafka.brokers")]
     Client(#[source] rdkafka::error::KafkaError),
     /// The cluster's topics could not be listed.
-    #[error("cannot read topic metadata from {brokers}: {source}; check that the brokers run and are reachable (locally: scripts/kafka start)")]
+    #[error(
+        "cannot read topic metadata from {brokers}: {source}; check that the brokers run and are reachable (locally: scripts/kafka start)"
+    )]
     Metadata {
         /// The brokers asked.
         brokers: String,
@@ -245,8 +247,14 @@ impl KafkaJobError {
     pub fn is_retryable(&self) -> bool {
         match self {
             KafkaJobError::Run(run) => run.is_retryable(),
-            KafkaJobError::Rewind { .. } | KafkaJobError::GroupRewound { .. } | KafkaJobError::Setup { .. } | KafkaJobError::Config(_) => false,
-            KafkaJobError::Kafka { .. } | KafkaJobError::Lock(_) | KafkaJobError::State(_) | KafkaJobError::Plugin(_) => true,
+            KafkaJobError::Rewind { .. }
+            | KafkaJobError::GroupRewound { .. }
+            | KafkaJobError::Setup { .. }
+            | KafkaJobError::Config(_) => false,
+            KafkaJobError::Kafka { .. }
+            | KafkaJobError::Lock(_)
+            | KafkaJobError::State(_)
+            | KafkaJobError::Plugin(_) => true,
         }
     }
 

@@ -60,7 +60,9 @@ impl ProducerContext for DeliveryTracker {
             }
             Ok(_) => {}
             Err((err, record)) => {
-                deliveries.first_error.get_or_insert_with(|| format!("sending to `{}` failed: {err}", record.topic()));
+                deliveries.first_error.get_or_insert_with(|| {
+                    format!("sending to `{}` failed: {err}", record.topic())
+                });
             }
         }
     }
@@ -87,8 +89,12 @@ pub struct JobProducer {
 }
 
 impl FromClientConfigAndContext<DeliveryTracker> for JobProducer {
-    fn from_config_and_context(config: &ClientConfig, tracker: DeliveryTracker) -> KafkaResult<JobProducer> {
-        let producer: Arc<BaseProducer<DeliveryTracker>> = Arc::new(config.create_with_context(tracker)?);
+    fn from_config_and_context(
+        config: &ClientConfig,
+        tracker: DeliveryTracker,
+    ) -> KafkaResult<JobProducer> {
+        let producer: Arc<BaseProducer<DeliveryTracker>> =
+            Arc::new(config.create_with_context(tracker)?);
         let stop = Arc::new(AtomicBool::new(false));
         let deliveries = {
             let (producer, stop) = (producer.clone(), stop.clone());
@@ -99,7 +105,11 @@ impl FromClientConfigAndContext<DeliveryTracker> for JobProducer {
                         producer.poll(DELIVERY_POLL);
                     }
                 })
-                .map_err(|err| KafkaError::ClientCreation(format!("cannot start the delivery report thread: {err}")))?
+                .map_err(|err| {
+                    KafkaError::ClientCreation(format!(
+                        "cannot start the delivery report thread: {err}"
+                    ))
+                })?
         };
         Ok(JobProducer { producer, stop, deliveries: Some(deliveries) })
     }
@@ -136,7 +146,9 @@ pub enum Recovery {
 /// Classifies a Kafka error of a transactional operation.
 pub fn classify(err: &KafkaError) -> Recovery {
     match err {
-        KafkaError::Transaction(err) if err.txn_requires_abort() && !err.is_fatal() => Recovery::Abort,
+        KafkaError::Transaction(err) if err.txn_requires_abort() && !err.is_fatal() => {
+            Recovery::Abort
+        }
         _ => Recovery::Restart,
     }
 }
@@ -163,7 +175,9 @@ mod tests {
         // Nothing listens there: the producer stays idle (loopback only).
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", "127.0.0.1:1").set("log_level", "0");
-        let producer = JobProducer::from_config_and_context(&config, DeliveryTracker::new("changelog".into())).unwrap();
+        let producer =
+            JobProducer::from_config_and_context(&config, DeliveryTracker::new("changelog".into()))
+                .unwrap();
         let thread = producer.deliveries.as_ref().unwrap();
         let before = thread_cpu_time(thread);
         std::thread::sleep(Duration::from_secs(1));
@@ -171,6 +185,9 @@ mod tests {
         println!("the delivery thread used {used:?} of CPU in one idle second");
         // Spinning at the end of each poll window used 50-100 ms of each
         // second here; waiting uses under 10.
-        assert!(used < Duration::from_millis(30), "the delivery thread used {used:?} of CPU in one idle second");
+        assert!(
+            used < Duration::from_millis(30),
+            "the delivery thread used {used:?} of CPU in one idle second"
+        );
     }
 }

@@ -106,7 +106,10 @@ impl<'r> Iterator for Batches<'r> {
         let magic = bytes[MAGIC_AT];
         if magic != 2 {
             self.rest = &[];
-            return Some(Err(BatchError::Unsupported { offset, what: format!("in message format v{magic} (Kafka before 0.11)") }));
+            return Some(Err(BatchError::Unsupported {
+                offset,
+                what: format!("in message format v{magic} (Kafka before 0.11)"),
+            }));
         }
         if bytes.len() < HEADER_LEN {
             self.rest = &[];
@@ -123,7 +126,12 @@ impl<'r> Iterator for Batches<'r> {
             self.rest = &[];
             return corrupt("a negative record count or offset delta");
         }
-        Some(Ok(Batch { bytes, base_offset: offset, last_offset: offset.saturating_add(last_offset_delta as i64), count: count as u32 }))
+        Some(Ok(Batch {
+            bytes,
+            base_offset: offset,
+            last_offset: offset.saturating_add(last_offset_delta as i64),
+            count: count as u32,
+        }))
     }
 }
 
@@ -139,7 +147,8 @@ pub fn next_offset_after(records: &[u8]) -> Option<i64> {
         if total < HEADER_LEN || total > rest.len() || rest[MAGIC_AT] != 2 {
             break;
         }
-        let last = be_i64(rest, 0).saturating_add(i64::from(be_i32(rest, LAST_OFFSET_DELTA_AT).max(0)));
+        let last =
+            be_i64(rest, 0).saturating_add(i64::from(be_i32(rest, LAST_OFFSET_DELTA_AT).max(0)));
         next = Some(last.saturating_add(1));
         rest = &rest[total..];
     }
@@ -198,9 +207,14 @@ impl<'r> Batch<'r> {
         // (the last batch of a producer): it marks nothing any more.
         match self.records()?.next() {
             None => Ok(false),
-            Some(Ok(Record { key: Some(key), .. })) if key.len() >= 4 => Ok(be_i16(key, 2) == CONTROL_ABORT),
+            Some(Ok(Record { key: Some(key), .. })) if key.len() >= 4 => {
+                Ok(be_i16(key, 2) == CONTROL_ABORT)
+            }
             Some(Err(err)) => Err(err),
-            Some(Ok(_)) => Err(BatchError::Corrupt { offset: self.base_offset, why: "a control record without a type" }),
+            Some(Ok(_)) => Err(BatchError::Corrupt {
+                offset: self.base_offset,
+                why: "a control record without a type",
+            }),
         }
     }
 
@@ -215,10 +229,18 @@ impl<'r> Batch<'r> {
                 4 => "zstd",
                 _ => "an unknown codec",
             };
-            return Err(BatchError::Unsupported { offset: self.base_offset, what: format!("compressed ({name})") });
+            return Err(BatchError::Unsupported {
+                offset: self.base_offset,
+                what: format!("compressed ({name})"),
+            });
         }
         let last_delta = self.last_offset - self.base_offset;
-        Ok(Records { rest: &self.bytes[HEADER_LEN..], left: self.count, base_offset: self.base_offset, last_delta })
+        Ok(Records {
+            rest: &self.bytes[HEADER_LEN..],
+            left: self.count,
+            base_offset: self.base_offset,
+            last_delta,
+        })
     }
 }
 
@@ -246,8 +268,11 @@ impl<'r> Iterator for Records<'r> {
             return None;
         }
         self.left -= 1;
-        let Some(length) = read_varint(&mut self.rest) else { return self.corrupt("a record's length is cut off") };
-        let Some(body) = usize::try_from(length).ok().filter(|&length| length <= self.rest.len()) else {
+        let Some(length) = read_varint(&mut self.rest) else {
+            return self.corrupt("a record's length is cut off");
+        };
+        let Some(body) = usize::try_from(length).ok().filter(|&length| length <= self.rest.len())
+        else {
             return self.corrupt("a record is longer than its batch");
         };
         let (mut body, rest) = self.rest.split_at(body);
@@ -262,7 +287,9 @@ impl<'r> Iterator for Records<'r> {
             let value = read_bytes(&mut body)?;
             Some((offset_delta, key, value))
         })();
-        let Some((offset_delta, key, value)) = fields else { return self.corrupt("a record's fields run past its length") };
+        let Some((offset_delta, key, value)) = fields else {
+            return self.corrupt("a record's fields run past its length");
+        };
         if !(0..=self.last_delta).contains(&offset_delta) {
             return self.corrupt("a record's offset lies outside its batch");
         }
@@ -311,7 +338,8 @@ impl ReadCommitted {
     /// The filter for a partition the broker listed `aborted` for, as
     /// (producer id, first offset) pairs in any order.
     pub fn new(aborted: impl IntoIterator<Item = (i64, i64)>) -> ReadCommitted {
-        let mut pending: Vec<(i64, i64)> = aborted.into_iter().map(|(producer, first)| (first, producer)).collect();
+        let mut pending: Vec<(i64, i64)> =
+            aborted.into_iter().map(|(producer, first)| (first, producer)).collect();
         pending.sort_unstable_by(|a, b| b.cmp(a));
         ReadCommitted { pending, aborted: HashSet::new() }
     }
@@ -443,7 +471,11 @@ mod tests {
             if filter.keeps(&batch)? {
                 for record in batch.records()? {
                     let record = record?;
-                    out.push((record.offset, record.key.unwrap_or_default().to_vec(), record.value.map(<[u8]>::to_vec)));
+                    out.push((
+                        record.offset,
+                        record.key.unwrap_or_default().to_vec(),
+                        record.value.map(<[u8]>::to_vec),
+                    ));
                 }
             }
         }
@@ -452,7 +484,11 @@ mod tests {
 
     #[test]
     fn records_are_read_in_place_with_their_offsets_keys_values_and_tombstones() {
-        let mut records = batch(100, Kind::default(), &[(0, Some(b"a"), Some(b"1")), (1, Some(b"b"), None), (3, None, Some(b""))]);
+        let mut records = batch(
+            100,
+            Kind::default(),
+            &[(0, Some(b"a"), Some(b"1")), (1, Some(b"b"), None), (3, None, Some(b""))],
+        );
         records.extend(batch(104, Kind::default(), &[(0, Some(b"c"), Some(&[7u8; 300]))]));
         let read = read(&records, &[]).unwrap();
         assert_eq!(
@@ -464,7 +500,8 @@ mod tests {
                 (104, b"c".to_vec(), Some(vec![7; 300]))
             ]
         );
-        let last: Vec<i64> = Batches::new(&records).map(|batch| batch.unwrap().last_offset()).collect();
+        let last: Vec<i64> =
+            Batches::new(&records).map(|batch| batch.unwrap().last_offset()).collect();
         assert_eq!(last, vec![103, 104], "a batch's last offset is where the next fetch starts");
     }
 
@@ -476,7 +513,11 @@ mod tests {
         for cut in whole..records.len() {
             let batches: Vec<_> = Batches::new(&records[..cut]).collect();
             assert_eq!(batches.len(), 1, "cut at {cut}");
-            assert_eq!(next_offset_after(&records[..cut]), Some(1), "the next fetch starts after the whole batch (cut at {cut})");
+            assert_eq!(
+                next_offset_after(&records[..cut]),
+                Some(1),
+                "the next fetch starts after the whole batch (cut at {cut})"
+            );
         }
         assert_eq!(next_offset_after(&records), Some(2));
         assert_eq!(next_offset_after(&records[..whole - 1]), None, "no whole batch");
@@ -484,7 +525,10 @@ mod tests {
 
     #[test]
     fn aborted_transactions_and_markers_are_skipped_as_a_read_committed_consumer_does() {
-        let (p1, p2) = (Kind { producer: 1, transactional: true, ..Kind::default() }, Kind { producer: 2, transactional: true, ..Kind::default() });
+        let (p1, p2) = (
+            Kind { producer: 1, transactional: true, ..Kind::default() },
+            Kind { producer: 2, transactional: true, ..Kind::default() },
+        );
         let abort = |producer| Kind { producer, control: Some(true), ..Kind::default() };
         let commit = |producer| Kind { producer, control: Some(false), ..Kind::default() };
         let mut records = Vec::new();
@@ -496,13 +540,21 @@ mod tests {
         records.extend(batch(5, p1, &[(0, Some(b"p1-committed"), Some(b"z"))]));
         records.extend(batch(6, commit(1), &[]));
         records.extend(batch(7, Kind::default(), &[(0, Some(b"plain"), Some(b"w"))]));
-        let keys = |read: Vec<Read>| read.into_iter().map(|(offset, key, _)| (offset, String::from_utf8(key).unwrap())).collect::<Vec<_>>();
+        let keys = |read: Vec<Read>| {
+            read.into_iter()
+                .map(|(offset, key, _)| (offset, String::from_utf8(key).unwrap()))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
             keys(read(&records, &[(1, 0)]).unwrap()),
             vec![(1, "p2-committed".into()), (5, "p1-committed".into()), (7, "plain".into())],
             "p1's transaction from offset 0 to its abort marker is skipped; its next one is not"
         );
-        assert_eq!(keys(read(&records, &[]).unwrap()).len(), 5, "without the abort listed, only markers are skipped");
+        assert_eq!(
+            keys(read(&records, &[]).unwrap()).len(),
+            5,
+            "without the abort listed, only markers are skipped"
+        );
     }
 
     #[test]
@@ -511,21 +563,46 @@ mod tests {
         let emptied = Kind { producer: 1, control: Some(true), cleaned: true, ..Kind::default() };
         let mut records = batch(10, emptied, &[]);
         records.extend(batch(11, p1, &[(0, Some(b"committed"), Some(b"v"))]));
-        records.extend(batch(12, Kind { producer: 1, control: Some(false), ..Kind::default() }, &[]));
+        records.extend(batch(
+            12,
+            Kind { producer: 1, control: Some(false), ..Kind::default() },
+            &[],
+        ));
         let read = read(&records, &[]).unwrap();
         assert_eq!(read, vec![(11, b"committed".to_vec(), Some(b"v".to_vec()))]);
     }
 
     #[test]
     fn a_record_whose_offset_lies_outside_its_batch_is_corrupt() {
-        let records = batch(100, Kind::default(), &[(0, Some(b"a"), Some(b"1")), (-1, Some(b"b"), Some(b"2"))]);
-        assert_eq!(read(&records, &[]), Err(BatchError::Corrupt { offset: 100, why: "a record's offset lies outside its batch" }));
-        let mut records = batch(i64::MAX - 1, Kind::default(), &[(0, Some(b"a"), Some(b"1")), (1, Some(b"b"), Some(b"2"))]);
+        let records = batch(
+            100,
+            Kind::default(),
+            &[(0, Some(b"a"), Some(b"1")), (-1, Some(b"b"), Some(b"2"))],
+        );
+        assert_eq!(
+            read(&records, &[]),
+            Err(BatchError::Corrupt {
+                offset: 100,
+                why: "a record's offset lies outside its batch"
+            })
+        );
+        let mut records = batch(
+            i64::MAX - 1,
+            Kind::default(),
+            &[(0, Some(b"a"), Some(b"1")), (1, Some(b"b"), Some(b"2"))],
+        );
         // The header's last offset delta says 0; the second record says 1.
-        records[LAST_OFFSET_DELTA_AT..LAST_OFFSET_DELTA_AT + 4].copy_from_slice(&0i32.to_be_bytes());
+        records[LAST_OFFSET_DELTA_AT..LAST_OFFSET_DELTA_AT + 4]
+            .copy_from_slice(&0i32.to_be_bytes());
         let crc = crc32c::crc32c(&records[ATTRIBUTES_AT..]);
         records[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
-        assert_eq!(read(&records, &[]), Err(BatchError::Corrupt { offset: i64::MAX - 1, why: "a record's offset lies outside its batch" }));
+        assert_eq!(
+            read(&records, &[]),
+            Err(BatchError::Corrupt {
+                offset: i64::MAX - 1,
+                why: "a record's offset lies outside its batch"
+            })
+        );
     }
 
     #[test]
@@ -534,14 +611,20 @@ mod tests {
         fn batch_of(bytes: &[u8]) -> Result<Batch<'_>, BatchError> {
             Batches::new(bytes).next().unwrap()
         }
-        assert_eq!(batch_of(&gzip).unwrap().records().err(), Some(BatchError::Unsupported { offset: 5, what: "compressed (gzip)".into() }));
+        assert_eq!(
+            batch_of(&gzip).unwrap().records().err(),
+            Some(BatchError::Unsupported { offset: 5, what: "compressed (gzip)".into() })
+        );
         let mut old = batch(5, Kind::default(), &[(0, Some(b"k"), Some(b"v"))]);
         old[MAGIC_AT] = 1;
         assert!(matches!(batch_of(&old), Err(BatchError::Unsupported { offset: 5, .. })));
         let mut flipped = batch(5, Kind::default(), &[(0, Some(b"k"), Some(b"v"))]);
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
-        assert_eq!(batch_of(&flipped).err(), Some(BatchError::Corrupt { offset: 5, why: "its CRC does not match its bytes" }));
+        assert_eq!(
+            batch_of(&flipped).err(),
+            Some(BatchError::Corrupt { offset: 5, why: "its CRC does not match its bytes" })
+        );
     }
 
     /// Re-signs a batch whose bytes a test changed after its CRC.
@@ -552,7 +635,11 @@ mod tests {
 
     #[test]
     fn hostile_lengths_are_corrupt_never_a_panic_or_a_read_past_the_batch() {
-        let good = batch(0, Kind::default(), &[(0, Some(b"key"), Some(b"value")), (1, Some(b"k2"), Some(b"v2"))]);
+        let good = batch(
+            0,
+            Kind::default(),
+            &[(0, Some(b"key"), Some(b"value")), (1, Some(b"k2"), Some(b"v2"))],
+        );
         // Every byte of the records, set to every interesting value, re-signed.
         for at in HEADER_LEN..good.len() {
             for value in [0x00, 0x01, 0x7f, 0x80, 0xff] {
@@ -575,7 +662,20 @@ mod tests {
 
     #[test]
     fn varints_read_as_kafka_writes_them() {
-        for value in [0i64, 1, -1, 63, -64, 64, 300, -300, i32::MAX as i64, i32::MIN as i64, i64::MAX, i64::MIN] {
+        for value in [
+            0i64,
+            1,
+            -1,
+            63,
+            -64,
+            64,
+            300,
+            -300,
+            i32::MAX as i64,
+            i32::MIN as i64,
+            i64::MAX,
+            i64::MIN,
+        ] {
             let mut out = Vec::new();
             put_varint(&mut out, value);
             let mut bytes = &out[..];

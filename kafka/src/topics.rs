@@ -9,9 +9,9 @@ use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext, Offset};
 
-use crate::{KafkaJobError, SetupError};
 use crate::config::{Guarantee, KafkaConfig, RestoreFetch};
 use crate::leader_fetch::FetchSettings;
+use crate::{KafkaJobError, SetupError};
 use tally_core::settings::JobSettings;
 
 /// How long metadata and admin requests may take.
@@ -55,7 +55,10 @@ pub enum ClientRole {
 /// Streams' prefixes) only to the producer or to the consumers, without
 /// their prefix, so librdkafka does not warn about a property the other
 /// kind of client ignores.
-pub fn client_settings(kafka: &KafkaConfig, role: ClientRole) -> impl Iterator<Item = (&str, &str)> {
+pub fn client_settings(
+    kafka: &KafkaConfig,
+    role: ClientRole,
+) -> impl Iterator<Item = (&str, &str)> {
     kafka.client.iter().filter_map(move |(key, value)| {
         let key = match split_role(key) {
             None => key.as_str(),
@@ -139,8 +142,11 @@ pub fn start_without_commit(consumer: &ClientConfig) -> Offset {
 /// With the short backoff, 20,000 records queued per partition keep the
 /// loop fed as well as 1,000,000 did, in a third of the memory (a 1M-event
 /// backlog took 470 MB resident with 1,000,000, 170–210 MB with 20,000).
-pub const CONSUMER_DEFAULTS: &[(&str, &str)] =
-    &[("auto.offset.reset", "earliest"), ("fetch.queue.backoff.ms", "10"), ("queued.min.messages", "20000")];
+pub const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
+    ("auto.offset.reset", "earliest"),
+    ("fetch.queue.backoff.ms", "10"),
+    ("queued.min.messages", "20000"),
+];
 
 /// The consumer that restores changelogs and reads the group's committed
 /// offsets; it never joins the group.
@@ -189,12 +195,20 @@ pub const LEADER_FETCH_MAX_BYTES: i32 = 256 << 20;
 /// the job reads through the consumer only, or its brokers' listeners
 /// need TLS or SASL (which only librdkafka speaks here).
 pub fn leader_fetch_settings(kafka: &KafkaConfig, restore: &ClientConfig) -> Option<FetchSettings> {
-    let plaintext = restore.get("security.protocol").is_none_or(|protocol| protocol.eq_ignore_ascii_case("plaintext"));
+    let plaintext = restore
+        .get("security.protocol")
+        .is_none_or(|protocol| protocol.eq_ignore_ascii_case("plaintext"));
     if kafka.restore_fetch != RestoreFetch::Leaders || !plaintext {
         return None;
     }
     // librdkafka's own defaults where neither Tally nor the job sets one.
-    let number = |key: &str, default: i32| restore.get(key).and_then(|value| value.trim().parse().ok()).filter(|&value: &i32| value > 0).unwrap_or(default);
+    let number = |key: &str, default: i32| {
+        restore
+            .get(key)
+            .and_then(|value| value.trim().parse().ok())
+            .filter(|&value: &i32| value > 0)
+            .unwrap_or(default)
+    };
     let max_bytes = number("fetch.max.bytes", 52_428_800).min(LEADER_FETCH_MAX_BYTES);
     Some(FetchSettings {
         max_wait: Duration::from_millis(number("fetch.wait.max.ms", 500) as u64),
@@ -248,8 +262,18 @@ fn answering_broker<C: ClientContext>(client: &Client<C>, timeout: Duration) -> 
     // `metadata` is a place to write to. Not all topics and no topic handle:
     // the request names the topics this client has handles for (none, for a
     // session's new clients), not every topic in the cluster.
-    let error = unsafe { rdkafka::bindings::rd_kafka_metadata(client.native_ptr(), 0, std::ptr::null_mut(), &mut metadata, super::timeout_ms(timeout)) };
-    if error != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || metadata.is_null() {
+    let error = unsafe {
+        rdkafka::bindings::rd_kafka_metadata(
+            client.native_ptr(),
+            0,
+            std::ptr::null_mut(),
+            &mut metadata,
+            super::timeout_ms(timeout),
+        )
+    };
+    if error != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        || metadata.is_null()
+    {
         return None;
     }
     // SAFETY: librdkafka returned valid metadata, ours to destroy once.
@@ -272,9 +296,11 @@ pub struct TopicLayout {
 /// Checks that the job's topics exist (creating what the job allows) and
 /// that the inputs and the changelog agree on their partition count.
 pub fn prepare(job: &JobSettings, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
-    let admin: AdminClient<DefaultClientContext> = base_config(kafka, ClientRole::Admin).create().map_err(|err| {
-        KafkaJobError::Setup { job: job.name.clone(), source: SetupError::Client(err) }
-    })?;
+    let admin: AdminClient<DefaultClientContext> =
+        base_config(kafka, ClientRole::Admin).create().map_err(|err| KafkaJobError::Setup {
+            job: job.name.clone(),
+            source: SetupError::Client(err),
+        })?;
     let layout = prepare_with(&admin, job, kafka);
     // rust-rdkafka's drop joins the client's polling thread, which wakes
     // every 100 ms: the job need not wait for it, nothing is left to do.
@@ -282,12 +308,20 @@ pub fn prepare(job: &JobSettings, kafka: &KafkaConfig) -> Result<TopicLayout, Ka
     layout
 }
 
-fn prepare_with(admin: &AdminClient<DefaultClientContext>, job: &JobSettings, kafka: &KafkaConfig) -> Result<TopicLayout, KafkaJobError> {
+fn prepare_with(
+    admin: &AdminClient<DefaultClientContext>,
+    job: &JobSettings,
+    kafka: &KafkaConfig,
+) -> Result<TopicLayout, KafkaJobError> {
     let setup = |source: SetupError| KafkaJobError::Setup { job: job.name.clone(), source };
-    let existing = topic_partitions(admin).map_err(|source| setup(SetupError::Metadata { brokers: kafka.brokers.clone(), source }))?;
+    let existing = topic_partitions(admin)
+        .map_err(|source| setup(SetupError::Metadata { brokers: kafka.brokers.clone(), source }))?;
 
-    let input_counts: Vec<(&str, i32)> =
-        kafka.inputs.iter().filter_map(|topic| existing.get(topic).map(|&count| (topic.as_str(), count))).collect();
+    let input_counts: Vec<(&str, i32)> = kafka
+        .inputs
+        .iter()
+        .filter_map(|topic| existing.get(topic).map(|&count| (topic.as_str(), count)))
+        .collect();
     if let Some(pair) = input_counts.windows(2).find(|pair| pair[0].1 != pair[1].1) {
         return Err(setup(SetupError::InputsDiffer {
             first: pair[0].0.to_string(),
@@ -296,28 +330,40 @@ fn prepare_with(admin: &AdminClient<DefaultClientContext>, job: &JobSettings, ka
             second_partitions: pair[1].1,
         }));
     }
-    let partitions = input_counts.first().map_or(kafka.create_partitions as i32, |&(_, count)| count);
+    let partitions =
+        input_counts.first().map_or(kafka.create_partitions as i32, |&(_, count)| count);
 
     let mut user_topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
     user_topics.extend(kafka.outputs.values().map(String::as_str));
     user_topics.push(&kafka.dead_letter_topic);
-    let missing: Vec<&str> = user_topics.iter().copied().filter(|topic| !existing.contains_key(*topic)).collect();
+    let missing: Vec<&str> =
+        user_topics.iter().copied().filter(|topic| !existing.contains_key(*topic)).collect();
     if !missing.is_empty() && !kafka.create_topics {
-        return Err(setup(SetupError::TopicsMissing { missing: missing.iter().map(|topic| topic.to_string()).collect(), partitions }));
+        return Err(setup(SetupError::TopicsMissing {
+            missing: missing.iter().map(|topic| topic.to_string()).collect(),
+            partitions,
+        }));
     }
 
     let changelog = changelog_topic(&job.name);
     match existing.get(&changelog) {
         Some(&count) if count != partitions => {
-            return Err(setup(SetupError::ChangelogPartitions { changelog: changelog.clone(), count, partitions }));
+            return Err(setup(SetupError::ChangelogPartitions {
+                changelog: changelog.clone(),
+                count,
+                partitions,
+            }));
         }
         _ => {}
     }
-    let mut to_create: Vec<NewTopic<'_>> =
-        missing.iter().map(|topic| NewTopic::new(topic, partitions, TopicReplication::Fixed(-1))).collect();
+    let mut to_create: Vec<NewTopic<'_>> = missing
+        .iter()
+        .map(|topic| NewTopic::new(topic, partitions, TopicReplication::Fixed(-1)))
+        .collect();
     if !existing.contains_key(&changelog) {
         to_create.push(
-            NewTopic::new(&changelog, partitions, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact"),
+            NewTopic::new(&changelog, partitions, TopicReplication::Fixed(-1))
+                .set("cleanup.policy", "compact"),
         );
     }
     if !to_create.is_empty() {
@@ -337,7 +383,9 @@ fn prepare_with(admin: &AdminClient<DefaultClientContext>, job: &JobSettings, ka
 }
 
 /// Partition counts of every topic the cluster has.
-fn topic_partitions(admin: &AdminClient<DefaultClientContext>) -> Result<BTreeMap<String, i32>, rdkafka::error::KafkaError> {
+fn topic_partitions(
+    admin: &AdminClient<DefaultClientContext>,
+) -> Result<BTreeMap<String, i32>, rdkafka::error::KafkaError> {
     let metadata = admin.inner().fetch_metadata(None, ADMIN_TIMEOUT)?;
     Ok(metadata
         .topics()

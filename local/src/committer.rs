@@ -73,9 +73,13 @@ impl LocalCommitter {
             let len = len.ok_or_else(|| damaged(&key))?;
             committed_lengths.insert(key[OUTPUT_PREFIX.len()..].to_vec(), len);
         }
-        let lengths: Vec<Option<u64>> =
-            output_names.iter().map(|name| committed_lengths.get(name.as_bytes()).copied()).collect();
-        let committed_inputs = read_indexed(&*store, INPUT_PREFIX, |bytes| serde_json::from_slice::<CommittedInput>(bytes).ok())?;
+        let lengths: Vec<Option<u64>> = output_names
+            .iter()
+            .map(|name| committed_lengths.get(name.as_bytes()).copied())
+            .collect();
+        let committed_inputs = read_indexed(&*store, INPUT_PREFIX, |bytes| {
+            serde_json::from_slice::<CommittedInput>(bytes).ok()
+        })?;
         if committed_inputs.len() > lineage.partitions.len() {
             return Err(CommitError::Metadata(format!(
                 "this state directory has committed positions for {} inputs, but the job names {}; \
@@ -151,17 +155,27 @@ impl TwoPhaseCommitter for LocalCommitter {
     /// the input positions and the output files' new lengths. A crash after
     /// this leaves output bytes past the committed lengths, which recovery
     /// cuts off.
-    fn prepare(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<StoreCommit, CommitError> {
+    fn prepare(
+        &mut self,
+        txn: &mut Transaction,
+        positions: &[LocalPosition],
+    ) -> Result<StoreCommit, CommitError> {
         self.format(txn);
         let lengths = self.sink.sync()?;
         let mut meta = Vec::with_capacity(positions.len() + lengths.len());
         for (index, position) in positions.iter().enumerate() {
-            let committed = CommittedInput { file: self.lineage.partitions[index].clone(), position: *position };
+            let committed = CommittedInput {
+                file: self.lineage.partitions[index].clone(),
+                position: *position,
+            };
             let value = serde_json::to_vec(&committed).expect("positions serialize");
             meta.push((format!("{INPUT_PREFIX}{index:08}").into_bytes(), value));
         }
         for (name, len) in self.output_names.iter().zip(&lengths) {
-            meta.push((format!("{OUTPUT_PREFIX}{name}").into_bytes(), len.to_string().into_bytes()));
+            meta.push((
+                format!("{OUTPUT_PREFIX}{name}").into_bytes(),
+                len.to_string().into_bytes(),
+            ));
         }
         Ok(StoreCommit { state: txn.overlay.changes(), meta })
     }
@@ -184,7 +198,11 @@ impl LocalCommitter {
     /// Both phases, then the transaction is emptied: `txn` is committed
     /// with the input `positions`. On error the commit point was not
     /// reached: stop, and reopen the job, which recovers from the last commit.
-    pub fn commit_all(&mut self, txn: &mut Transaction, positions: &[LocalPosition]) -> Result<(), CommitError> {
+    pub fn commit_all(
+        &mut self,
+        txn: &mut Transaction,
+        positions: &[LocalPosition],
+    ) -> Result<(), CommitError> {
         let prepared = self.prepare(txn, positions)?;
         self.commit(prepared)?;
         txn.committed();
@@ -215,10 +233,10 @@ fn damaged(key: &[u8]) -> CommitError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use tally_core::limits::Limits;
     use tally_core::state::{MemoryStore, StateError};
     use tally_core::transaction::SourcePosition;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     /// A store whose commits fail on demand: the crash window between the
     /// output fsync and the state commit, made deterministic.
@@ -270,7 +288,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(FailingStore::default());
         let names = vec!["totals".to_string(), "dead-letters".to_string()];
-        let (mut committer, recovered) = LocalCommitter::recover(store.clone(), dir.path(), &names, lineage()).unwrap();
+        let (mut committer, recovered) =
+            LocalCommitter::recover(store.clone(), dir.path(), &names, lineage()).unwrap();
         assert!(recovered.positions.is_empty());
 
         let first = LocalPosition { next_line: 1, byte: 10, last_line: None };
@@ -279,15 +298,20 @@ mod tests {
 
         store.fail_commits.store(true, Ordering::Relaxed);
         let second = LocalPosition { next_line: 2, byte: 20, last_line: None };
-        let err = committer.commit_all(&mut txn_with_one_output(store.clone(), 1), &[second]).unwrap_err();
+        let err = committer
+            .commit_all(&mut txn_with_one_output(store.clone(), 1), &[second])
+            .unwrap_err();
         assert!(err.to_string().contains("injected failure"));
         // The output bytes of the failed commit reached the file...
-        assert!(std::fs::read(dir.path().join("totals.ndjson")).unwrap().len() > committed_output.len());
+        assert!(
+            std::fs::read(dir.path().join("totals.ndjson")).unwrap().len() > committed_output.len()
+        );
 
         // ...and recovery cuts them, resuming from the first commit.
         store.fail_commits.store(false, Ordering::Relaxed);
         drop(committer);
-        let (_, recovered) = LocalCommitter::recover(store.clone(), dir.path(), &names, lineage()).unwrap();
+        let (_, recovered) =
+            LocalCommitter::recover(store.clone(), dir.path(), &names, lineage()).unwrap();
         assert_eq!(recovered.positions, vec![first]);
         assert_eq!(std::fs::read(dir.path().join("totals.ndjson")).unwrap(), committed_output);
         assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"0".to_vec())]);

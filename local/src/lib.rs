@@ -18,14 +18,22 @@ mod sink;
 mod source;
 mod task;
 
-pub use config::LocalConfig;
 pub use committer::CommitError;
+pub use config::LocalConfig;
 pub use sink::SinkError;
 pub use source::SourceError;
 pub use task::{LocalTask, TaskError};
 
 /// Opens `input` the way a job confined to `input_dir` would (a regular
 /// file inside it, readable), and closes it again.
-pub fn check_confined_input(input: &std::path::Path, input_dir: &std::path::Path) -> Result<(), SourceError> {
-    source::LocalSource::open_confined(std::slice::from_ref(&input.to_path_buf()), &[], Some(input_dir)).map(drop)
+pub fn check_confined_input(
+    input: &std::path::Path,
+    input_dir: &std::path::Path,
+) -> Result<(), SourceError> {
+    source::LocalSource::open_confined(
+        std::slice::from_ref(&input.to_path_buf()),
+        &[],
+        Some(input_dir),
+    )
+    .map(drop)
 }

@@ -90,8 +90,16 @@ impl Lineage {
     /// Lineage of `job` over `partitions`, run by the plugin with `digest`
     /// (`sha256:<hex>`, shortened on lines).
     pub fn new(job: &str, partitions: Vec<String>, digest: &str) -> Lineage {
-        let quoted_partitions = partitions.iter().map(|name| serde_json::to_string(name).expect("a string serializes")).collect();
-        Lineage { job: job.to_string(), partitions, quoted_partitions, plugin_digest: short_digest(digest).to_string() }
+        let quoted_partitions = partitions
+            .iter()
+            .map(|name| serde_json::to_string(name).expect("a string serializes"))
+            .collect();
+        Lineage {
+            job: job.to_string(),
+            partitions,
+            quoted_partitions,
+            plugin_digest: short_digest(digest).to_string(),
+        }
     }
 
     /// Records that the plugin version with `digest` runs (a no-op, without
@@ -107,7 +115,9 @@ impl Lineage {
 /// `sha256:<hex>` shortened to the digits written on lines: a prefix.
 fn short_digest(digest: &str) -> &str {
     match digest.split_once(':') {
-        Some((algorithm, hex)) if hex.len() > LINE_DIGEST_HEX => digest.get(..algorithm.len() + 1 + LINE_DIGEST_HEX).unwrap_or(digest),
+        Some((algorithm, hex)) if hex.len() > LINE_DIGEST_HEX => {
+            digest.get(..algorithm.len() + 1 + LINE_DIGEST_HEX).unwrap_or(digest)
+        }
         _ => digest,
     }
 }
@@ -167,8 +177,13 @@ impl LocalSink {
     /// Opens (creating) `<dir>/<name>.ndjson` for each of `names`, cut back
     /// to `committed[i]` bytes. `None` means nothing was ever committed to
     /// it: the file must then be missing or empty.
-    pub fn open(dir: &Path, names: &[String], committed: &[Option<u64>]) -> Result<LocalSink, SinkError> {
-        std::fs::create_dir_all(dir).map_err(|source| SinkError::Write { path: dir.to_path_buf(), source })?;
+    pub fn open(
+        dir: &Path,
+        names: &[String],
+        committed: &[Option<u64>],
+    ) -> Result<LocalSink, SinkError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|source| SinkError::Write { path: dir.to_path_buf(), source })?;
         let files = names
             .iter()
             .enumerate()
@@ -203,7 +218,12 @@ impl LocalSink {
     }
 
     /// Formats `outputs` and `dead_letters` into the pending bytes of their files.
-    pub fn format(&mut self, outputs: &[PendingOutput], dead_letters: &[DeadLetter], lineage: &Lineage) {
+    pub fn format(
+        &mut self,
+        outputs: &[PendingOutput],
+        dead_letters: &[DeadLetter],
+        lineage: &Lineage,
+    ) {
         for record in outputs {
             let line = &mut self.files[record.output].pending;
             line.extend_from_slice(b"{\"key\":");
@@ -236,7 +256,11 @@ impl LocalSink {
             if output.pending.len() >= STAGE_BYTES {
                 let staged_before = output.staged;
                 output.write_pending()?;
-                start_writeback(&output.file, output.len + staged_before, output.staged - staged_before);
+                start_writeback(
+                    &output.file,
+                    output.len + staged_before,
+                    output.staged - staged_before,
+                );
             }
         }
         Ok(())
@@ -249,7 +273,10 @@ impl LocalSink {
             if output.staged == 0 {
                 continue;
             }
-            output.file.sync_data().map_err(|source| SinkError::Write { path: output.path.clone(), source })?;
+            output
+                .file
+                .sync_data()
+                .map_err(|source| SinkError::Write { path: output.path.clone(), source })?;
             output.len += output.staged;
             output.staged = 0;
         }
@@ -262,7 +289,10 @@ impl LocalSink {
         for output in &mut self.files {
             output.pending.clear();
             if output.staged > 0 {
-                output.file.set_len(output.len).map_err(|source| SinkError::Write { path: output.path.clone(), source })?;
+                output
+                    .file
+                    .set_len(output.len)
+                    .map_err(|source| SinkError::Write { path: output.path.clone(), source })?;
                 output.staged = 0;
             }
         }
@@ -274,7 +304,9 @@ impl OutputFile {
     /// Appends the pending bytes to the file (uncommitted until synced).
     fn write_pending(&mut self) -> Result<(), SinkError> {
         if !self.pending.is_empty() {
-            (&self.file).write_all(&self.pending).map_err(|source| SinkError::Write { path: self.path.clone(), source })?;
+            (&self.file)
+                .write_all(&self.pending)
+                .map_err(|source| SinkError::Write { path: self.path.clone(), source })?;
             self.staged += self.pending.len() as u64;
             self.pending.clear();
         }
@@ -291,7 +323,12 @@ fn start_writeback(file: &File, offset: u64, len: u64) {
         use std::os::fd::AsRawFd as _;
         // SAFETY: sync_file_range only reads the descriptor and the numbers.
         unsafe {
-            libc::sync_file_range(file.as_raw_fd(), offset as libc::off64_t, len as libc::off64_t, libc::SYNC_FILE_RANGE_WRITE);
+            libc::sync_file_range(
+                file.as_raw_fd(),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
         }
     }
     #[cfg(not(target_os = "linux"))]
@@ -330,7 +367,8 @@ fn write_json_or_text(line: &mut Vec<u8>, bytes: &[u8]) {
 
 /// Whether `bytes` are one JSON value, in UTF-8, on one line.
 fn is_one_line_json(bytes: &[u8]) -> bool {
-    std::str::from_utf8(bytes).is_ok_and(|text| !text.contains(['\n', '\r'])) && serde_json::from_slice::<IgnoredAny>(bytes).is_ok()
+    std::str::from_utf8(bytes).is_ok_and(|text| !text.contains(['\n', '\r']))
+        && serde_json::from_slice::<IgnoredAny>(bytes).is_ok()
 }
 
 fn write_json_string(line: &mut Vec<u8>, text: &str) {
@@ -357,7 +395,11 @@ mod tests {
             source: SourcePosition { partition: 0, offset: 7 },
             sequence: 1,
         };
-        let dead = DeadLetter { source: SourcePosition { partition: 0, offset: 8 }, reason: "bad".into(), record: b"x\"y".to_vec() };
+        let dead = DeadLetter {
+            source: SourcePosition { partition: 0, offset: 8 },
+            reason: "bad".into(),
+            record: b"x\"y".to_vec(),
+        };
         sink.format(std::slice::from_ref(&output), &[dead], &lineage());
         let lengths = sink.sync().unwrap();
         let totals = std::fs::read_to_string(sink.path(0)).unwrap();
@@ -365,7 +407,8 @@ mod tests {
             totals,
             "{\"key\":\"acme\",\"value\":{\"total\":3},\"source\":{\"partition\":\"p0.ndjson\",\"offset\":7},\"plugin\":\"sha256:ab\",\"idempotency_key\":\"billing/0/7/1\"}\n"
         );
-        let dead_line: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(sink.path(1)).unwrap()).unwrap();
+        let dead_line: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(sink.path(1)).unwrap()).unwrap();
         assert_eq!(dead_line["reason"], "bad");
         assert_eq!(dead_line["record"], "x\"y");
 
@@ -398,7 +441,10 @@ mod tests {
 
         sink.format(&many, &[], &lineage());
         sink.stage().unwrap();
-        assert!(file_len(&sink) >= STAGE_BYTES as u64, "staged lines are written before the commit");
+        assert!(
+            file_len(&sink) >= STAGE_BYTES as u64,
+            "staged lines are written before the commit"
+        );
         sink.discard().unwrap();
         assert_eq!(file_len(&sink), 0, "an abort cuts them");
 
@@ -422,7 +468,8 @@ mod tests {
 
     #[test]
     fn lines_carry_a_short_plugin_digest() {
-        let lineage = Lineage::new("job", vec![], &format!("sha256:{}", "0123456789abcdef".repeat(4)));
+        let lineage =
+            Lineage::new("job", vec![], &format!("sha256:{}", "0123456789abcdef".repeat(4)));
         assert_eq!(lineage.plugin_digest, "sha256:0123456789abcdef");
     }
 
@@ -461,7 +508,8 @@ mod tests {
     #[test]
     fn a_shrunk_output_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let err = LocalSink::open(dir.path(), &["totals".into()], &[Some(10)]).err().unwrap().to_string();
+        let err =
+            LocalSink::open(dir.path(), &["totals".into()], &[Some(10)]).err().unwrap().to_string();
         assert!(err.contains("has 0 bytes, but 10 bytes were committed"), "{err}");
     }
 
@@ -469,8 +517,15 @@ mod tests {
     fn an_output_this_job_never_committed_is_not_overwritten() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("totals.ndjson"), "someone else's line\n").unwrap();
-        let err = LocalSink::open(dir.path(), &["totals".into()], &[None]).err().unwrap().to_string();
-        assert!(err.contains("already holds 20 bytes that this job's state directory never committed"), "{err}");
-        assert_eq!(std::fs::read_to_string(dir.path().join("totals.ndjson")).unwrap(), "someone else's line\n");
+        let err =
+            LocalSink::open(dir.path(), &["totals".into()], &[None]).err().unwrap().to_string();
+        assert!(
+            err.contains("already holds 20 bytes that this job's state directory never committed"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("totals.ndjson")).unwrap(),
+            "someone else's line\n"
+        );
     }
 }

@@ -157,7 +157,13 @@ struct Skipped {
 
 impl Skipped {
     fn new(start: &[u8]) -> Skipped {
-        let mut skipped = Skipped { size: 0, consumed: 0, prefix: Vec::with_capacity(OVERSIZED_PREFIX_BYTES), hasher: Sha256::new(), held_cr: false };
+        let mut skipped = Skipped {
+            size: 0,
+            consumed: 0,
+            prefix: Vec::with_capacity(OVERSIZED_PREFIX_BYTES),
+            hasher: Sha256::new(),
+            held_cr: false,
+        };
         skipped.feed(start);
         skipped.consumed = start.len() as u64;
         skipped
@@ -194,10 +200,14 @@ impl Skipped {
                 self.hasher.update(b"\r");
             }
         }
-        LineRead::Oversized { bytes: self.consumed, size: self.size, prefix: self.prefix, fingerprint: fingerprint_of(self.hasher) }
+        LineRead::Oversized {
+            bytes: self.consumed,
+            size: self.size,
+            prefix: self.prefix,
+            fingerprint: fingerprint_of(self.hasher),
+        }
     }
 }
-
 
 /// What reading one line gave.
 enum LineRead {
@@ -227,7 +237,12 @@ impl Partition {
     /// Reads the next line into `line` (empty), holding at most `max`
     /// bytes of it (plus its line ending): a longer line is read past, not
     /// into memory.
-    fn read_line(&mut self, line: &mut Vec<u8>, max: u64, follow: bool) -> std::io::Result<LineRead> {
+    fn read_line(
+        &mut self,
+        line: &mut Vec<u8>,
+        max: u64,
+        follow: bool,
+    ) -> std::io::Result<LineRead> {
         loop {
             let buf = self.reader.fill_buf()?;
             if buf.is_empty() {
@@ -299,7 +314,10 @@ impl LocalSource {
     /// Opens `paths`, each positioned at `positions[i]` (or the start),
     /// unconfined (the tests' shorthand; jobs use [`LocalSource::open_confined`]).
     #[cfg(test)]
-    pub fn open(paths: &[PathBuf], positions: &[LocalPosition]) -> Result<LocalSource, SourceError> {
+    pub fn open(
+        paths: &[PathBuf],
+        positions: &[LocalPosition],
+    ) -> Result<LocalSource, SourceError> {
         LocalSource::open_confined(paths, positions, None)
     }
 
@@ -307,7 +325,11 @@ impl LocalSource {
     /// (after all links) must be a regular file inside `root`, or it is
     /// refused: checked on the open file, so no link swapped in between a
     /// check and the open can lead out.
-    pub fn open_confined(paths: &[PathBuf], positions: &[LocalPosition], root: Option<&Path>) -> Result<LocalSource, SourceError> {
+    pub fn open_confined(
+        paths: &[PathBuf],
+        positions: &[LocalPosition],
+        root: Option<&Path>,
+    ) -> Result<LocalSource, SourceError> {
         let partitions = paths
             .iter()
             .enumerate()
@@ -347,7 +369,11 @@ impl LocalSource {
 
     /// Reads up to `max` records into `out`, taking an equal share from each
     /// partition that has records left; reads nothing once all are exhausted.
-    pub fn next_batch(&mut self, max: usize, out: &mut Vec<InputRecord>) -> Result<(), SourceError> {
+    pub fn next_batch(
+        &mut self,
+        max: usize,
+        out: &mut Vec<InputRecord>,
+    ) -> Result<(), SourceError> {
         let live = self.partitions.iter().filter(|p| !p.exhausted).count();
         if live == 0 {
             return Ok(());
@@ -361,12 +387,19 @@ impl LocalSource {
             let partition = &mut self.partitions[index];
             let mut taken = 0;
             let mut last_fingerprint = None;
-            while taken < share && !partition.exhausted && out.len() < max && bytes < self.max_batch_bytes {
+            while taken < share
+                && !partition.exhausted
+                && out.len() < max
+                && bytes < self.max_batch_bytes
+            {
                 self.line.clear();
                 let read = partition
                     .read_line(&mut self.line, self.max_record_bytes, self.follow)
                     .map_err(|source| SourceError::Read { path: partition.path.clone(), source })?;
-                let position = SourcePosition { partition: index as u32, offset: partition.position.next_line };
+                let position = SourcePosition {
+                    partition: index as u32,
+                    offset: partition.position.next_line,
+                };
                 let record = match read {
                     LineRead::End | LineRead::Partial => {
                         partition.exhausted = true;
@@ -400,7 +433,8 @@ impl LocalSource {
             // Once per partition and batch, not per line: the last line read.
             if taken > 0 {
                 let last = out.last().expect("this partition just pushed a record");
-                partition.position.last_line = Some(last_fingerprint.unwrap_or_else(|| line_fingerprint(&last.value)));
+                partition.position.last_line =
+                    Some(last_fingerprint.unwrap_or_else(|| line_fingerprint(&last.value)));
             }
         }
         Ok(())
@@ -435,7 +469,11 @@ impl LocalSource {
                 return Err(SourceError::Replaced { path: partition.path.clone() });
             }
             if on_disk.len() < partition.position.byte {
-                return Err(SourceError::Shrunk { path: partition.path.clone(), len: on_disk.len(), committed: partition.position.byte });
+                return Err(SourceError::Shrunk {
+                    path: partition.path.clone(),
+                    len: on_disk.len(),
+                    committed: partition.position.byte,
+                });
             }
             partition.exhausted = false;
         }
@@ -459,7 +497,11 @@ impl LocalSource {
     }
 }
 
-fn open_partition(path: &Path, position: LocalPosition, root: Option<&Path>) -> Result<Partition, SourceError> {
+fn open_partition(
+    path: &Path,
+    position: LocalPosition,
+    root: Option<&Path>,
+) -> Result<Partition, SourceError> {
     let read_error = |source| SourceError::Read { path: path.to_path_buf(), source };
     let mut file = match root {
         None => File::open(path).map_err(read_error)?,
@@ -467,7 +509,11 @@ fn open_partition(path: &Path, position: LocalPosition, root: Option<&Path>) -> 
     };
     let len = file.metadata().map_err(read_error)?.len();
     if len < position.byte {
-        return Err(SourceError::Shrunk { path: path.to_path_buf(), len, committed: position.byte });
+        return Err(SourceError::Shrunk {
+            path: path.to_path_buf(),
+            len,
+            committed: position.byte,
+        });
     }
     // The committed position must sit at a line start, or the file changed.
     if position.byte > 0 && position.byte < len {
@@ -475,12 +521,19 @@ fn open_partition(path: &Path, position: LocalPosition, root: Option<&Path>) -> 
         file.seek(SeekFrom::Start(position.byte - 1)).map_err(read_error)?;
         file.read_exact(&mut before).map_err(read_error)?;
         if before[0] != b'\n' {
-            return Err(SourceError::Changed { path: path.to_path_buf(), committed: position.byte });
+            return Err(SourceError::Changed {
+                path: path.to_path_buf(),
+                committed: position.byte,
+            });
         }
     }
     if let Some(expected) = position.last_line {
-        if fingerprint_of_line_ending_at(&mut file, position.byte).map_err(read_error)? != expected {
-            return Err(SourceError::Rewritten { path: path.to_path_buf(), committed: position.byte });
+        if fingerprint_of_line_ending_at(&mut file, position.byte).map_err(read_error)? != expected
+        {
+            return Err(SourceError::Rewritten {
+                path: path.to_path_buf(),
+                committed: position.byte,
+            });
         }
     }
     file.seek(SeekFrom::Start(position.byte)).map_err(read_error)?;
@@ -549,12 +602,19 @@ fn open_inside(path: &Path, root: &Path) -> Result<File, SourceError> {
     use std::os::unix::fs::OpenOptionsExt;
     let read_error = |source| SourceError::Read { path: path.to_path_buf(), source };
     let outside = || SourceError::Outside { path: path.to_path_buf(), root: root.to_path_buf() };
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(read_error)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(read_error)?;
     if !file.metadata().map_err(read_error)?.is_file() {
         return Err(outside());
     }
-    let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(read_error)?;
-    let root = root.canonicalize().map_err(|source| SourceError::Read { path: root.to_path_buf(), source })?;
+    let opened =
+        std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(read_error)?;
+    let root = root
+        .canonicalize()
+        .map_err(|source| SourceError::Read { path: root.to_path_buf(), source })?;
     if !opened.starts_with(&root) {
         return Err(outside());
     }
@@ -585,15 +645,22 @@ mod tests {
         assert!(LocalSource::open_confined(&[inside.clone()], &[], Some(root.path())).is_ok());
         let link = root.path().join("link.ndjson");
         std::os::unix::fs::symlink(&secret, &link).unwrap();
-        let err = LocalSource::open_confined(&[link.clone()], &[], Some(root.path())).err().unwrap();
+        let err =
+            LocalSource::open_confined(&[link.clone()], &[], Some(root.path())).err().unwrap();
         assert!(matches!(err, SourceError::Outside { .. }), "{err}");
-        assert!(LocalSource::open(&[link], &[]).is_ok(), "unconfined (tally run) follows links as before");
+        assert!(
+            LocalSource::open(&[link], &[]).is_ok(),
+            "unconfined (tally run) follows links as before"
+        );
         let fifo = root.path().join("fifo.ndjson");
         let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
         let err = LocalSource::open_confined(&[fifo], &[], Some(root.path())).err().unwrap();
-        assert!(matches!(err, SourceError::Outside { .. }), "a FIFO is refused without blocking: {err}");
+        assert!(
+            matches!(err, SourceError::Outside { .. }),
+            "a FIFO is refused without blocking: {err}"
+        );
     }
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -605,7 +672,13 @@ mod tests {
     fn values(records: &[InputRecord]) -> Vec<(u32, u64, String)> {
         records
             .iter()
-            .map(|r| (r.position.partition, r.position.offset, String::from_utf8(r.value.clone()).unwrap()))
+            .map(|r| {
+                (
+                    r.position.partition,
+                    r.position.offset,
+                    String::from_utf8(r.value.clone()).unwrap(),
+                )
+            })
             .collect()
     }
 
@@ -617,9 +690,15 @@ mod tests {
         let mut source = LocalSource::open(&[a.clone(), b.clone()], &[]).unwrap();
         let mut batch = Vec::new();
         source.next_batch(4, &mut batch).unwrap();
-        assert_eq!(values(&batch), vec![(0, 0, "a0".into()), (0, 1, "a1".into()), (1, 0, "b0".into())]);
+        assert_eq!(
+            values(&batch),
+            vec![(0, 0, "a0".into()), (0, 1, "a1".into()), (1, 0, "b0".into())]
+        );
         let resume = source.positions();
-        assert_eq!(resume[0], LocalPosition { next_line: 2, byte: 7, last_line: Some(line_fingerprint(b"a1")) });
+        assert_eq!(
+            resume[0],
+            LocalPosition { next_line: 2, byte: 7, last_line: Some(line_fingerprint(b"a1")) }
+        );
 
         let mut source = LocalSource::open(&[a, b], &resume).unwrap();
         let mut batch = Vec::new();
@@ -634,14 +713,19 @@ mod tests {
     fn an_input_changed_under_the_committed_position_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let a = write(dir.path(), "a", "a0\na1\n");
-        let err = LocalSource::open(&[a], &[LocalPosition { next_line: 1, byte: 2, last_line: None }]).err().unwrap().to_string();
+        let err =
+            LocalSource::open(&[a], &[LocalPosition { next_line: 1, byte: 2, last_line: None }])
+                .err()
+                .unwrap()
+                .to_string();
         assert!(err.contains("no longer starts a line"), "{err}");
     }
 
     #[test]
     fn batches_smaller_than_the_partition_count_still_visit_every_partition() {
         let dir = tempfile::tempdir().unwrap();
-        let paths: Vec<PathBuf> = (0..3).map(|p| write(dir.path(), &format!("p{p}"), "x\ny\n")).collect();
+        let paths: Vec<PathBuf> =
+            (0..3).map(|p| write(dir.path(), &format!("p{p}"), "x\ny\n")).collect();
         let mut source = LocalSource::open(&paths, &[]).unwrap();
         let mut seen = Vec::new();
         for _ in 0..3 {
@@ -674,9 +758,18 @@ mod tests {
         let text = format!("first\n{long}\r\nlast-without-newline");
         let path = write(dir.path(), "a", &text);
         let mut file = File::open(&path).unwrap();
-        assert_eq!(fingerprint_of_line_ending_at(&mut file, 6).unwrap(), line_fingerprint(b"first"));
-        assert_eq!(fingerprint_of_line_ending_at(&mut file, 6 + 150_002).unwrap(), line_fingerprint(long.as_bytes()));
-        assert_eq!(fingerprint_of_line_ending_at(&mut file, text.len() as u64).unwrap(), line_fingerprint(b"last-without-newline"));
+        assert_eq!(
+            fingerprint_of_line_ending_at(&mut file, 6).unwrap(),
+            line_fingerprint(b"first")
+        );
+        assert_eq!(
+            fingerprint_of_line_ending_at(&mut file, 6 + 150_002).unwrap(),
+            line_fingerprint(long.as_bytes())
+        );
+        assert_eq!(
+            fingerprint_of_line_ending_at(&mut file, text.len() as u64).unwrap(),
+            line_fingerprint(b"last-without-newline")
+        );
         assert_eq!(fingerprint_of_line_ending_at(&mut file, 0).unwrap(), line_fingerprint(b""));
     }
 
@@ -689,8 +782,12 @@ mod tests {
         source.set_max_record_bytes(1000);
         let mut batch = Vec::new();
         source.next_batch(10, &mut batch).unwrap();
-        let sizes: Vec<(u64, Option<u64>, usize)> = batch.iter().map(|r| (r.position.offset, r.oversized, r.value.len())).collect();
-        assert_eq!(sizes, vec![(0, None, 5), (1, Some(300_000), OVERSIZED_PREFIX_BYTES), (2, None, 5)]);
+        let sizes: Vec<(u64, Option<u64>, usize)> =
+            batch.iter().map(|r| (r.position.offset, r.oversized, r.value.len())).collect();
+        assert_eq!(
+            sizes,
+            vec![(0, None, 5), (1, Some(300_000), OVERSIZED_PREFIX_BYTES), (2, None, 5)]
+        );
         // Resuming right after the long line checks its fingerprint.
         let mut source = LocalSource::open(&[a.clone()], &[]).unwrap();
         source.set_max_record_bytes(1000);
@@ -711,7 +808,12 @@ mod tests {
         let mut batch = Vec::new();
         source.next_batch(10, &mut batch).unwrap();
         assert!(batch.is_empty(), "the line is not complete yet");
-        std::fs::OpenOptions::new().append(true).open(&a).unwrap().write_all(format!("{}\nnext\n", "z".repeat(5000)).as_bytes()).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&a)
+            .unwrap()
+            .write_all(format!("{}\nnext\n", "z".repeat(5000)).as_bytes())
+            .unwrap();
         source.look_again().unwrap();
         source.next_batch(10, &mut batch).unwrap();
         let sizes: Vec<Option<u64>> = batch.iter().map(|r| r.oversized).collect();
@@ -723,7 +825,11 @@ mod tests {
     fn a_shrunk_input_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let a = write(dir.path(), "a", "a0\n");
-        let err = LocalSource::open(&[a], &[LocalPosition { next_line: 5, byte: 100, last_line: None }]).err().unwrap().to_string();
+        let err =
+            LocalSource::open(&[a], &[LocalPosition { next_line: 5, byte: 100, last_line: None }])
+                .err()
+                .unwrap()
+                .to_string();
         assert!(err.contains("has 3 bytes, but 100 bytes of it were already processed"), "{err}");
     }
 
@@ -746,7 +852,9 @@ mod tests {
                 .map(|(index, line)| {
                     // `\r\n` ends a line; a last line without `\n` keeps its `\r`.
                     let line = match line.split_last() {
-                        Some((b'\r', rest)) if !(ends_without_newline && index == count - 1) => rest,
+                        Some((b'\r', rest)) if !(ends_without_newline && index == count - 1) => {
+                            rest
+                        }
                         _ => line,
                     };
                     let size = line.len() as u64;

@@ -8,26 +8,26 @@
 //! `docs/architecture.md`, invariant 5).
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use tally_core::batch::BatchOutcome;
 use tally_core::commit::TwoPhaseCommitter;
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{JobObserver, RunSummary};
 use tally_core::plugin::{Event, JobContext, LoadedPlugin, PluginError, Processor};
 use tally_core::state::{StateError, StateStore};
-use tally_core::batch::BatchOutcome;
 use tally_core::task::{CommitOutcome, Committed, Driver, Finish, Input, RunError, Task};
 use tally_core::transaction::Transaction;
 use tally_state_rocks::RocksStore;
 
 use crate::committer::{CommitError, LocalCommitter};
-use tally_core::settings::{InvalidJob, JobSettings};
-use tally_core::lock::{DirLock, LockError};
 use crate::config::LocalConfig;
 use crate::sink::Lineage;
 use crate::source::{InputRecord, LocalPosition, LocalSource, SourceError};
+use tally_core::lock::{DirLock, LockError};
+use tally_core::settings::{InvalidJob, JobSettings};
 
 /// Why a job stopped before finishing its inputs.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +57,9 @@ pub enum TaskError {
     Config(#[from] InvalidJob),
     /// An earlier commit failed; the task must be reopened, which recovers
     /// from the last commit.
-    #[error("an earlier commit of job `{job}` failed; open the job again to recover from its last commit")]
+    #[error(
+        "an earlier commit of job `{job}` failed; open the job again to recover from its last commit"
+    )]
     Failed {
         /// The job.
         job: String,
@@ -71,7 +73,11 @@ impl TaskError {
     pub fn is_retryable(&self) -> bool {
         match self {
             TaskError::Source(
-                SourceError::Shrunk { .. } | SourceError::Changed { .. } | SourceError::Replaced { .. } | SourceError::Outside { .. } | SourceError::Rewritten { .. },
+                SourceError::Shrunk { .. }
+                | SourceError::Changed { .. }
+                | SourceError::Replaced { .. }
+                | SourceError::Outside { .. }
+                | SourceError::Rewritten { .. },
             )
             | TaskError::Config(_) => false,
             TaskError::Run(run) => run.is_retryable(),
@@ -88,17 +94,33 @@ impl TaskError {
 /// Turns input records into plugin events, moving their bytes; records
 /// over the job's record limit are dead-lettered in `txn` instead. Returns
 /// how many were.
-pub fn to_events(records: &mut Vec<InputRecord>, events: &mut Vec<Event>, txn: &mut Transaction) -> u64 {
+pub fn to_events(
+    records: &mut Vec<InputRecord>,
+    events: &mut Vec<Event>,
+    txn: &mut Transaction,
+) -> u64 {
     events.clear();
     let limit = txn.limits().max_record_bytes;
     let mut oversized = 0;
     for record in records.drain(..) {
         if let Some(size) = record.oversized {
-            tally_core::batch::dead_letter_oversized(txn, record.position, record.value, size, limit);
+            tally_core::batch::dead_letter_oversized(
+                txn,
+                record.position,
+                record.value,
+                size,
+                limit,
+            );
             oversized += 1;
             continue;
         }
-        events.push(Event { partition: record.position.partition, offset: record.position.offset, timestamp_ms: None, key: None, value: record.value });
+        events.push(Event {
+            partition: record.position.partition,
+            offset: record.position.offset,
+            timestamp_ms: None,
+            key: None,
+            value: record.value,
+        });
     }
     oversized
 }
@@ -134,13 +156,22 @@ impl LocalTask {
     /// Opens a local job running `plugin`: locks the state directory,
     /// recovers the last commit (cutting uncommitted output), and positions
     /// the inputs after the last committed record.
-    pub fn open(config: &JobSettings, local: &LocalConfig, plugin: &LoadedPlugin) -> Result<LocalTask, TaskError> {
+    pub fn open(
+        config: &JobSettings,
+        local: &LocalConfig,
+        plugin: &LoadedPlugin,
+    ) -> Result<LocalTask, TaskError> {
         LocalTask::open_in(config, local, plugin, JobContext::new(&config.name))
     }
 
     /// Like [`LocalTask::open`], with the plugin's instances in `context`
     /// (stopped by its signal, seated in the host's CPU sharing).
-    pub fn open_in(config: &JobSettings, local: &LocalConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<LocalTask, TaskError> {
+    pub fn open_in(
+        config: &JobSettings,
+        local: &LocalConfig,
+        plugin: &LoadedPlugin,
+        context: JobContext,
+    ) -> Result<LocalTask, TaskError> {
         let make = plugin.processor_maker(config.limits, context.clone());
         LocalTask::open_with_in(config, local, context, make)
     }
@@ -177,14 +208,22 @@ impl LocalTask {
         let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&local.state_dir.join("db"))?);
         let mut output_names = config.outputs.clone();
         output_names.push(config.dead_letter_output.clone());
-        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits).with_emit(config.emit_per_output());
+        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits)
+            .with_emit(config.emit_per_output());
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
-        let (committer, recovered) = LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
+        let (committer, recovered) =
+            LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
         let source = Files::open_source(config, local, &recovered.positions)?;
         tracing::info!(job = %config.name, plugin = %processor.digest(), resumed_from = ?recovered.positions, "local job opened");
         Ok(LocalTask {
-            task: Task::new(&config.name, processor, txn, context.clone(), config.commit_interval()),
+            task: Task::new(
+                &config.name,
+                processor,
+                txn,
+                context.clone(),
+                config.commit_interval(),
+            ),
             files: Files {
                 config: config.clone(),
                 local: local.clone(),
@@ -202,7 +241,12 @@ impl LocalTask {
 
     /// Lets new plugin versions pushed into `slot` be swapped in at
     /// transaction boundaries, and reports commits and swaps to `observer`.
-    pub fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
+    pub fn attach(
+        &mut self,
+        slot: Arc<PluginSlot>,
+        policy: SwapPolicy,
+        observer: Arc<dyn JobObserver>,
+    ) {
         self.task.attach(slot, self.files.config.limits, policy, observer);
     }
 
@@ -219,9 +263,11 @@ impl LocalTask {
     /// Path of output `name`'s file.
     pub fn output_path(&self, name: &str) -> Option<PathBuf> {
         let config = &self.files.config;
-        let index = config.outputs.iter().position(|output| output == name).or_else(|| {
-            (name == config.dead_letter_output).then_some(config.outputs.len())
-        })?;
+        let index = config
+            .outputs
+            .iter()
+            .position(|output| output == name)
+            .or_else(|| (name == config.dead_letter_output).then_some(config.outputs.len()))?;
         Some(self.files.committer.output_path(index).to_path_buf())
     }
 
@@ -272,8 +318,13 @@ impl LocalTask {
 
 impl Files {
     /// The inputs, positioned at `positions` and bounded by the job's limits.
-    fn open_source(config: &JobSettings, local: &LocalConfig, positions: &[LocalPosition]) -> Result<LocalSource, TaskError> {
-        let mut source = LocalSource::open_confined(&local.inputs, positions, local.confine_to.as_deref())?;
+    fn open_source(
+        config: &JobSettings,
+        local: &LocalConfig,
+        positions: &[LocalPosition],
+    ) -> Result<LocalSource, TaskError> {
+        let mut source =
+            LocalSource::open_confined(&local.inputs, positions, local.confine_to.as_deref())?;
         source.set_max_record_bytes(config.limits.max_record_bytes);
         source.set_max_batch_bytes(config.limits.batch_bytes());
         Ok(source)
@@ -283,7 +334,12 @@ impl Files {
 impl Driver for Files {
     type Error = TaskError;
 
-    fn next_batch(&mut self, txn: &mut Transaction, events: &mut Vec<Event>, _wait: Duration) -> Result<Input, TaskError> {
+    fn next_batch(
+        &mut self,
+        txn: &mut Transaction,
+        events: &mut Vec<Event>,
+        _wait: Duration,
+    ) -> Result<Input, TaskError> {
         self.source.next_batch(self.config.batch_size, &mut self.records)?;
         if self.records.is_empty() {
             return Ok(if self.source.is_following() { Input::Dry } else { Input::End });
@@ -293,11 +349,22 @@ impl Driver for Files {
         Ok(Input::Batch { read, oversized, more_buffered: false })
     }
 
-    fn ran(&mut self, txn: &mut Transaction, _events: &[Event], _outcome: &BatchOutcome, _on_trial: bool) -> Result<(), TaskError> {
+    fn ran(
+        &mut self,
+        txn: &mut Transaction,
+        _events: &[Event],
+        _outcome: &BatchOutcome,
+        _on_trial: bool,
+    ) -> Result<(), TaskError> {
         Ok(self.committer.stage(txn)?)
     }
 
-    fn commit(&mut self, txn: &mut Transaction, carried: RunSummary, _may_overlap: bool) -> Result<CommitOutcome, TaskError> {
+    fn commit(
+        &mut self,
+        txn: &mut Transaction,
+        carried: RunSummary,
+        _may_overlap: bool,
+    ) -> Result<CommitOutcome, TaskError> {
         // The commit waits on the disk: another job may use the CPU meanwhile.
         self.context.idle();
         let positions = self.source.positions();
@@ -306,7 +373,12 @@ impl Driver for Files {
         let took = started.elapsed();
         tracing::debug!(job = %self.config.name, took_us = took.as_micros() as u64, "committed");
         self.committed_positions = positions;
-        Ok(CommitOutcome::Done(Some(Committed { at: Instant::now(), took, lag: self.source.unread_bytes(), carried })))
+        Ok(CommitOutcome::Done(Some(Committed {
+            at: Instant::now(),
+            took,
+            lag: self.source.unread_bytes(),
+            carried,
+        })))
     }
 
     /// Cuts the output written since the last commit and reads the inputs
@@ -327,5 +399,6 @@ impl Driver for Files {
 
 /// The name a partition goes by in lineage: its file name.
 fn partition_name(path: &std::path::Path) -> String {
-    path.file_name().map_or_else(|| path.display().to_string(), |name| name.to_string_lossy().into_owned())
+    path.file_name()
+        .map_or_else(|| path.display().to_string(), |name| name.to_string_lossy().into_owned())
 }

@@ -20,14 +20,14 @@
 //! one ingested earlier).
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tally_core::state::{BulkLoad, StateError};
 
-use super::{cf_of, commit_meta, state_options, STATE_CF};
+use super::{STATE_CF, cf_of, commit_meta, state_options};
 
 /// When a chunk is full, and how many make a file.
 #[derive(Debug, Clone, Copy)]
@@ -60,7 +60,12 @@ impl ChunkLimits {
     /// chunks are held (the one filling, the one queued, five sorted),
     /// and the writer's spare buffer: about 190 MiB with their indexes.
     /// Files of 64 Ki writes or more are built in two halves at once.
-    pub(super) const DEFAULT: ChunkLimits = ChunkLimits { bytes: 16 << 20, writes: 256 << 10, chunks_per_file: 5, split_writes: 64 << 10 };
+    pub(super) const DEFAULT: ChunkLimits = ChunkLimits {
+        bytes: 16 << 20,
+        writes: 256 << 10,
+        chunks_per_file: 5,
+        split_writes: 64 << 10,
+    };
 }
 
 /// Full chunks queued for the writer before the loader waits for it.
@@ -131,7 +136,11 @@ fn sort_writes(data: &[u8], writes: &mut [Write], depth: usize) {
     let mut start = 0;
     while start < writes.len() {
         let shared = (writes[start].word, writes[start].word_len);
-        let end = start + writes[start..].iter().position(|write| (write.word, write.word_len) != shared).unwrap_or(writes.len() - start);
+        let end = start
+            + writes[start..]
+                .iter()
+                .position(|write| (write.word, write.word_len) != shared)
+                .unwrap_or(writes.len() - start);
         let run = &mut writes[start..end];
         if shared.1 == 8 {
             sort_writes(data, run, depth + 8); // the keys may go on
@@ -159,7 +168,8 @@ impl Chunk {
 
     /// Whether a write of `len` bytes must go into the next chunk.
     fn is_full_for(&self, len: usize, limits: ChunkLimits) -> bool {
-        !self.writes.is_empty() && (self.data.len() + len > limits.bytes || self.writes.len() >= limits.writes)
+        !self.writes.is_empty()
+            && (self.data.len() + len > limits.bytes || self.writes.len() >= limits.writes)
     }
 
     fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
@@ -172,7 +182,14 @@ impl Chunk {
             value.len() as u32
         });
         let seq = self.writes.len() as u32; // fewer than `ChunkLimits::writes`
-        self.writes.push(Write { at, seq, key_len: key.len() as u32, value_len, word: 0, word_len: 0 });
+        self.writes.push(Write {
+            at,
+            seq,
+            key_len: key.len() as u32,
+            value_len,
+            word: 0,
+            word_len: 0,
+        });
     }
 
     /// Orders the writes by key, a later write of a key after an earlier
@@ -244,18 +261,34 @@ impl RocksBulkLoad {
         let failure = Failure::default();
         let files = db.path().join("bulk-load");
         if let Err(err) = empty_directory(&files) {
-            fail(&failure, format!("preparing `{}` for the restore's files failed: {err}", files.display()));
+            fail(
+                &failure,
+                format!("preparing `{}` for the restore's files failed: {err}", files.display()),
+            );
         }
         let committed = Committed::default();
         let writer = std::thread::Builder::new()
             .name("tally-restore-writer".into())
             .spawn({
                 let (failure, committed) = (failure.clone(), committed.clone());
-                move || write_until_closed(&db, &files, limits, &queue, &give_back, &failure, &committed)
+                move || {
+                    write_until_closed(
+                        &db, &files, limits, &queue, &give_back, &failure, &committed,
+                    )
+                }
             })
             .expect("spawning a thread");
         let chunk = Chunk::with_limits(limits);
-        RocksBulkLoad { chunk, limits, bytes: 0, work: Some(work), emptied, failure, committed, writer: Some(writer) }
+        RocksBulkLoad {
+            chunk,
+            limits,
+            bytes: 0,
+            work: Some(work),
+            emptied,
+            failure,
+            committed,
+            writer: Some(writer),
+        }
     }
 
     /// Hands `work` to the writer; a writer that is gone (it panicked) is
@@ -354,13 +387,23 @@ fn write_until_closed(
     failure: &Failure,
     committed: &Committed,
 ) {
-    let mut files = Files { db, dir, options: state_options(), ingest: rocksdb::IngestExternalFileOptions::default(), split_writes: limits.split_writes, written: 0 };
+    let mut files = Files {
+        db,
+        dir,
+        options: state_options(),
+        ingest: rocksdb::IngestExternalFileOptions::default(),
+        split_writes: limits.split_writes,
+        written: 0,
+    };
     files.ingest.set_move_files(true);
     let mut sorted: Vec<Chunk> = Vec::with_capacity(limits.chunks_per_file);
     let mut spare = Vec::new();
     let ok = || failure.lock().expect("failure lock").is_none();
     let mut write_file = |sorted: &mut Vec<Chunk>| {
-        if ok() && !sorted.is_empty() && let Err(why) = files.write(sorted) {
+        if ok()
+            && !sorted.is_empty()
+            && let Err(why) = files.write(sorted)
+        {
             fail(failure, why);
         }
         for mut chunk in sorted.drain(..) {
@@ -384,7 +427,9 @@ fn write_until_closed(
                 if ok() {
                     match commit_meta(db, &meta) {
                         Ok(()) => _ = committed.fetch_add(1, Ordering::Release),
-                        Err(err) => fail(failure, format!("committing a restore checkpoint failed: {err}")),
+                        Err(err) => {
+                            fail(failure, format!("committing a restore checkpoint failed: {err}"))
+                        }
                     }
                 }
             }
@@ -421,13 +466,25 @@ impl Files<'_> {
             .collect();
         let options = &self.options;
         let built = std::thread::scope(|scope| {
-            let others: Vec<_> = ranges[1..].iter().zip(&paths[1..]).map(|(runs, path)| scope.spawn(move || build_file(options, runs, path))).collect();
+            let others: Vec<_> = ranges[1..]
+                .iter()
+                .zip(&paths[1..])
+                .map(|(runs, path)| scope.spawn(move || build_file(options, runs, path)))
+                .collect();
             let first = build_file(options, &ranges[0], &paths[0]);
-            others.into_iter().fold(first, |built, other| built.and(other.join().unwrap_or_else(|_| Err(SPLIT_BUILDER_GONE.into()))))
+            others.into_iter().fold(first, |built, other| {
+                built.and(other.join().unwrap_or_else(|_| Err(SPLIT_BUILDER_GONE.into())))
+            })
         });
         let result = built.and_then(|()| {
-            let ingest = self.db.ingest_external_file_cf_opts(cf_of(self.db, STATE_CF), &self.ingest, paths.iter().collect());
-            ingest.map_err(|err| format!("ingesting restored state from `{}` failed: {err}", self.dir.display()))
+            let ingest = self.db.ingest_external_file_cf_opts(
+                cf_of(self.db, STATE_CF),
+                &self.ingest,
+                paths.iter().collect(),
+            );
+            ingest.map_err(|err| {
+                format!("ingesting restored state from `{}` failed: {err}", self.dir.display())
+            })
         });
         for path in &paths {
             let _ = std::fs::remove_file(path); // moved into the store, unless ingesting failed
@@ -437,12 +494,14 @@ impl Files<'_> {
 }
 
 /// Why a file fails when the thread building its upper key range is gone.
-const SPLIT_BUILDER_GONE: &str = "the thread building half of a restore's file stopped (a bug: see the log)";
+const SPLIT_BUILDER_GONE: &str =
+    "the thread building half of a restore's file stopped (a bug: see the log)";
 
 /// Merges `runs` into a new SST file at `path`.
 fn build_file(options: &rocksdb::Options, runs: &[Run<'_>], path: &Path) -> Result<(), String> {
     let mut file = rocksdb::SstFileWriter::create(options);
-    let built = file.open(path).and_then(|()| merge_into(runs, &mut file)).and_then(|()| file.finish());
+    let built =
+        file.open(path).and_then(|()| merge_into(runs, &mut file)).and_then(|()| file.finish());
     built.map_err(|err| format!("writing restored state into `{}` failed: {err}", path.display()))
 }
 
@@ -480,7 +539,8 @@ fn split_in_two<'c>(runs: &[Run<'c>], split_writes: usize) -> Vec<Vec<Run<'c>>> 
     }
     let Some(longest) = runs.iter().max_by_key(|run| run.writes.len()) else { return whole };
     let Some(middle) = longest.key(longest.writes.len() / 2) else { return whole };
-    let (low, high): (Vec<Run<'c>>, Vec<Run<'c>>) = runs.iter().map(|run| run.split_at_key(middle)).unzip();
+    let (low, high): (Vec<Run<'c>>, Vec<Run<'c>>) =
+        runs.iter().map(|run| run.split_at_key(middle)).unzip();
     if low.iter().all(|run| run.writes.is_empty()) {
         return whole; // every key is the middle one or above it
     }
@@ -489,7 +549,10 @@ fn split_in_two<'c>(runs: &[Run<'c>], split_writes: usize) -> Vec<Vec<Run<'c>>> 
 
 /// Writes the last write of each key of `runs` (each sorted; a later
 /// run's writes came after an earlier one's) into `file`, in key order.
-fn merge_into(runs: &[Run<'_>], file: &mut rocksdb::SstFileWriter<'_>) -> Result<(), rocksdb::Error> {
+fn merge_into(
+    runs: &[Run<'_>],
+    file: &mut rocksdb::SstFileWriter<'_>,
+) -> Result<(), rocksdb::Error> {
     let mut heads = vec![0usize; runs.len()];
     // The runs whose next write is of the least key.
     let mut holders = Vec::with_capacity(runs.len());
@@ -541,7 +604,11 @@ mod tests {
         };
         (0..6_000)
             .map(|n| {
-                let mut key = if n % 7 == 0 { vec![b'x'; WORD_SORTED_BYTES + (next() % 20) as usize] } else { Vec::new() };
+                let mut key = if n % 7 == 0 {
+                    vec![b'x'; WORD_SORTED_BYTES + (next() % 20) as usize]
+                } else {
+                    Vec::new()
+                };
                 let len = (next() % 20) as usize;
                 key.extend((0..len).map(|_| [0x00, 0x01, b'a', 0xff][(next() % 4) as usize]));
                 key
@@ -551,7 +618,8 @@ mod tests {
 
     #[test]
     fn a_file_splits_into_two_key_ranges_that_share_no_key() {
-        let limits = ChunkLimits { bytes: 1 << 20, writes: 1 << 20, chunks_per_file: 3, split_writes: 100 };
+        let limits =
+            ChunkLimits { bytes: 1 << 20, writes: 1 << 20, chunks_per_file: 3, split_writes: 100 };
         let keys = awkward_keys();
         // The key a split of the longest chunk's would be at: in every chunk.
         let middle = {
@@ -576,21 +644,36 @@ mod tests {
             .collect();
         let runs: Vec<Run<'_>> = chunks.iter().map(Run::of).collect();
         let keys_of = |runs: &[Run<'_>]| -> Vec<Vec<u8>> {
-            let mut keys: Vec<Vec<u8>> = runs.iter().flat_map(|run| run.writes.iter().map(|write| write.key(run.data).to_vec())).collect();
+            let mut keys: Vec<Vec<u8>> = runs
+                .iter()
+                .flat_map(|run| run.writes.iter().map(|write| write.key(run.data).to_vec()))
+                .collect();
             keys.sort();
             keys
         };
         let ranges = split_in_two(&runs, limits.split_writes);
         assert_eq!(ranges.len(), 2, "6,000 writes or more make two files");
         let (low, high) = (keys_of(&ranges[0]), keys_of(&ranges[1]));
-        assert!(low.last() < high.first(), "every key of the lower range is below every key of the upper one");
+        assert!(
+            low.last() < high.first(),
+            "every key of the lower range is below every key of the upper one"
+        );
         assert_eq!([low, high].concat(), keys_of(&runs), "no write is lost or doubled");
-        assert_eq!(split_in_two(&runs[2..], 302).len(), 1, "fewer writes than `split_writes` make one file");
+        assert_eq!(
+            split_in_two(&runs[2..], 302).len(),
+            1,
+            "fewer writes than `split_writes` make one file"
+        );
     }
 
     #[test]
     fn sorting_by_words_orders_writes_as_their_key_bytes_then_their_order_and_lays_them_out_so() {
-        let limits = ChunkLimits { bytes: 1 << 20, writes: 1 << 20, chunks_per_file: 1, split_writes: usize::MAX };
+        let limits = ChunkLimits {
+            bytes: 1 << 20,
+            writes: 1 << 20,
+            chunks_per_file: 1,
+            split_writes: usize::MAX,
+        };
         let mut chunk = Chunk::with_limits(limits);
         for (n, key) in awkward_keys().iter().enumerate() {
             chunk.push(key, (n % 3 != 0).then(|| n.to_string()).as_deref().map(str::as_bytes));
@@ -598,11 +681,17 @@ mod tests {
         let mut expected = chunk.writes.clone();
         expected.sort_by(|a, b| a.key(&chunk.data).cmp(b.key(&chunk.data)).then(a.seq.cmp(&b.seq)));
         let contents = |data: &[u8], writes: &[Write]| -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-            writes.iter().map(|write| (write.key(data).to_vec(), write.value(data).map(<[u8]>::to_vec))).collect()
+            writes
+                .iter()
+                .map(|write| (write.key(data).to_vec(), write.value(data).map(<[u8]>::to_vec)))
+                .collect()
         };
         let expected = contents(&chunk.data, &expected);
         chunk.sort(&mut Vec::new());
-        assert!(contents(&chunk.data, &chunk.writes) == expected, "sorted by key, then in the order written");
+        assert!(
+            contents(&chunk.data, &chunk.writes) == expected,
+            "sorted by key, then in the order written"
+        );
         let mut at = 0;
         for write in &chunk.writes {
             assert_eq!(write.at, at, "the bytes are laid out in sorted order");

@@ -145,7 +145,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = RocksStore::open(dir.path()).unwrap();
-            store.commit(StoreCommit { state: vec![(b"k".to_vec(), Some(b"v".to_vec()))], meta: vec![] }).unwrap();
+            store
+                .commit(StoreCommit {
+                    state: vec![(b"k".to_vec(), Some(b"v".to_vec()))],
+                    meta: vec![],
+                })
+                .unwrap();
         }
         let store = RocksStore::open(dir.path()).unwrap();
         assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"v".to_vec())]);
@@ -172,7 +177,8 @@ mod tests {
     }
 
     #[test]
-    fn a_bulk_load_is_on_disk_once_finished_though_it_bypasses_the_memtable_and_the_write_ahead_log() {
+    fn a_bulk_load_is_on_disk_once_finished_though_it_bypasses_the_memtable_and_the_write_ahead_log()
+     {
         let (dir, image) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let store = RocksStore::open(dir.path()).unwrap();
         let mut load = store.bulk_load();
@@ -184,8 +190,15 @@ mod tests {
         crash_image(dir.path(), image.path());
         let crashed = RocksStore::open(image.path()).unwrap();
         assert_eq!(crashed.get_meta(b"checkpoint").unwrap(), Some(b"25000".to_vec()));
-        assert_eq!(crashed.get_many(&[b"k0", b"k24999"]).unwrap(), vec![Some(0u32.to_be_bytes().to_vec()), Some(24_999u32.to_be_bytes().to_vec())]);
-        assert_eq!(crashed.scan_state().unwrap().len(), 25_000, "every write before the checkpoint is on disk");
+        assert_eq!(
+            crashed.get_many(&[b"k0", b"k24999"]).unwrap(),
+            vec![Some(0u32.to_be_bytes().to_vec()), Some(24_999u32.to_be_bytes().to_vec())]
+        );
+        assert_eq!(
+            crashed.scan_state().unwrap().len(),
+            25_000,
+            "every write before the checkpoint is on disk"
+        );
     }
 
     fn put(n: u32) -> (Vec<u8>, Option<Vec<u8>>) {
@@ -196,10 +209,19 @@ mod tests {
     fn a_bulk_load_of_many_chunks_keeps_the_last_write_of_each_key() {
         let dir = tempfile::tempdir().unwrap();
         let store = RocksStore::open(dir.path()).unwrap();
-        store.commit(StoreCommit { state: vec![(b"old".to_vec(), Some(b"0".to_vec())), (b"k00001".to_vec(), Some(b"0".to_vec()))], meta: vec![] }).unwrap();
+        store
+            .commit(StoreCommit {
+                state: vec![
+                    (b"old".to_vec(), Some(b"0".to_vec())),
+                    (b"k00001".to_vec(), Some(b"0".to_vec())),
+                ],
+                meta: vec![],
+            })
+            .unwrap();
         // Chunks of at most 64 bytes or 7 writes, three to a file: a key's
         // writes span many chunks and files.
-        let limits = bulk_load::ChunkLimits { bytes: 64, writes: 7, chunks_per_file: 3, split_writes: 8 };
+        let limits =
+            bulk_load::ChunkLimits { bytes: 64, writes: 7, chunks_per_file: 3, split_writes: 8 };
         let mut load = bulk_load::RocksBulkLoad::start(store.db.clone(), limits);
         let mut expected = std::collections::BTreeMap::new();
         for n in 0..1_500u32 {
@@ -220,7 +242,8 @@ mod tests {
                 expected.insert(key, Some(value));
             }
             if n % 300 == 299 {
-                load.checkpoint(&[(b"checkpoint".to_vec(), (n + 1).to_string().into_bytes())]).unwrap();
+                load.checkpoint(&[(b"checkpoint".to_vec(), (n + 1).to_string().into_bytes())])
+                    .unwrap();
             }
         }
         load.state(b"old", None);
@@ -228,10 +251,15 @@ mod tests {
         load.checkpoint(&[(b"checkpoint".to_vec(), b"end".to_vec())]).unwrap();
         load.finish().unwrap();
         drop(load);
-        let kept: Vec<(Vec<u8>, Vec<u8>)> = expected.into_iter().filter_map(|(key, value)| Some((key, value?))).collect();
+        let kept: Vec<(Vec<u8>, Vec<u8>)> =
+            expected.into_iter().filter_map(|(key, value)| Some((key, value?))).collect();
         assert_eq!(store.scan_state().unwrap(), kept);
         assert_eq!(store.get_meta(b"checkpoint").unwrap(), Some(b"end".to_vec()));
-        assert_eq!(std::fs::read_dir(dir.path().join("bulk-load")).unwrap().count(), 0, "every file was moved into the store");
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("bulk-load")).unwrap().count(),
+            0,
+            "every file was moved into the store"
+        );
     }
 
     #[test]
@@ -257,7 +285,10 @@ mod tests {
         load.checkpoint(&[(b"checkpoint".to_vec(), b"1".to_vec())]).unwrap();
         let err = load.finish().expect_err("the chunk could not be written").to_string();
         assert!(err.contains("bulk-load"), "{err}");
-        assert!(load.checkpoint(&[(b"checkpoint".to_vec(), b"2".to_vec())]).is_err(), "a failed load stays failed");
+        assert!(
+            load.checkpoint(&[(b"checkpoint".to_vec(), b"2".to_vec())]).is_err(),
+            "a failed load stays failed"
+        );
         drop(load);
         assert_eq!(store.get_meta(b"checkpoint").unwrap(), None);
         assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![None]);

@@ -19,13 +19,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
+use tally_core::batch::BatchRunner;
 use tally_core::limits::Limits;
 use tally_core::plugin::{Event, LoadedPlugin, PluginError, PluginInstance, PluginRuntime};
 use tally_core::state::{MemoryStore, StateStore, StoreCommit};
-use tally_core::batch::BatchRunner;
 use tally_core::transaction::Transaction;
 
 /// Why the driver could not set up a plugin.
@@ -57,7 +57,10 @@ impl Emitted {
     /// The value decoded from JSON.
     pub fn json<T: DeserializeOwned>(&self) -> T {
         serde_json::from_slice(&self.value).unwrap_or_else(|err| {
-            panic!("output value {:?} is not the expected JSON: {err}", String::from_utf8_lossy(&self.value))
+            panic!(
+                "output value {:?} is not the expected JSON: {err}",
+                String::from_utf8_lossy(&self.value)
+            )
         })
     }
 }
@@ -95,7 +98,10 @@ impl PluginTest {
     pub fn build(crate_dir: impl AsRef<Path>, outputs: &[&str]) -> Result<PluginTest, DriverError> {
         static BUILT: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
         let crate_dir = crate_dir.as_ref().to_path_buf();
-        let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut built = BUILT
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let component = match built.get(&crate_dir) {
             Some(component) => component.clone(),
             None => {
@@ -115,17 +121,31 @@ impl PluginTest {
     }
 
     /// Loads a built component with non-default limits.
-    pub fn load_with_limits(component: &Path, outputs: &[&str], limits: Limits) -> Result<PluginTest, DriverError> {
+    pub fn load_with_limits(
+        component: &Path,
+        outputs: &[&str],
+        limits: Limits,
+    ) -> Result<PluginTest, DriverError> {
         let plugin = runtime()?.load_file(component)?;
         PluginTest::from_plugin(&plugin, outputs, limits)
     }
 
     /// Wraps an already loaded plugin.
-    pub fn from_plugin(plugin: &LoadedPlugin, outputs: &[&str], limits: Limits) -> Result<PluginTest, DriverError> {
+    pub fn from_plugin(
+        plugin: &LoadedPlugin,
+        outputs: &[&str],
+        limits: Limits,
+    ) -> Result<PluginTest, DriverError> {
         let store = Arc::new(MemoryStore::default());
         let names: Vec<String> = outputs.iter().map(|name| name.to_string()).collect();
         let txn = Transaction::new(store.clone(), names.into(), limits);
-        Ok(PluginTest { instance: plugin.instantiate(limits)?, batches: BatchRunner::new(), txn, store, next_offset: 0 })
+        Ok(PluginTest {
+            instance: plugin.instantiate(limits)?,
+            batches: BatchRunner::new(),
+            txn,
+            store,
+            next_offset: 0,
+        })
     }
 
     /// Sends `events` (JSON lines) as one batch on partition 0 and commits
@@ -137,7 +157,13 @@ impl PluginTest {
             .map(|value| {
                 let offset = self.next_offset;
                 self.next_offset += 1;
-                Event { partition: 0, offset, timestamp_ms: None, key: None, value: value.as_ref().to_vec() }
+                Event {
+                    partition: 0,
+                    offset,
+                    timestamp_ms: None,
+                    key: None,
+                    value: value.as_ref().to_vec(),
+                }
             })
             .collect();
         if let Err(err) = self.batches.run(&mut self.instance, &mut self.txn, &events) {
@@ -162,7 +188,9 @@ impl PluginTest {
             .map(|dead| Rejected { offset: dead.source.offset, reason: dead.reason })
             .collect();
         dead_letters.sort_by_key(|dead| dead.offset);
-        self.store.commit(StoreCommit { state: self.txn.overlay.changes(), meta: vec![] }).expect("memory store commits");
+        self.store
+            .commit(StoreCommit { state: self.txn.overlay.changes(), meta: vec![] })
+            .expect("memory store commits");
         self.txn.committed();
         Sent { outputs, dead_letters }
     }
@@ -173,7 +201,10 @@ impl PluginTest {
         let key = serde_json::to_vec(key).expect("state keys serialize to JSON");
         self.raw_state(&key).map(|value| {
             serde_json::from_slice(&value).unwrap_or_else(|err| {
-                panic!("state value {:?} is not the expected JSON: {err}", String::from_utf8_lossy(&value))
+                panic!(
+                    "state value {:?} is not the expected JSON: {err}",
+                    String::from_utf8_lossy(&value)
+                )
             })
         })
     }

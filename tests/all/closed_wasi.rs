@@ -7,7 +7,8 @@
 use std::path::Path;
 
 /// The world the closed WASI imports: the plugin log, for stdout and stderr.
-const ADAPTER_WORLD: &str = "package tally:closed-wasi;\nworld adapter { import tally:plugin/log@0.1.0; }\n";
+const ADAPTER_WORLD: &str =
+    "package tally:closed-wasi;\nworld adapter { import tally:plugin/log@0.1.0; }\n";
 
 fn assembled() -> Vec<u8> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
@@ -16,18 +17,28 @@ fn assembled() -> Vec<u8> {
     resolve.push_path(workspace.join("wit/tally-plugin@0.1.0")).unwrap();
     let package = resolve.push_str("closed-wasi.wit", ADAPTER_WORLD).unwrap();
     let world = resolve.select_world(&[package], Some("adapter")).unwrap();
-    wit_component::embed_component_metadata(&mut adapter, &resolve, world, wit_component::StringEncoding::UTF8).unwrap();
+    wit_component::embed_component_metadata(
+        &mut adapter,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .unwrap();
     adapter
 }
 
 #[test]
 fn the_checked_in_closed_wasi_is_assembled_from_its_source() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("sdk/go/closed-wasi.wasm");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("sdk/go/closed-wasi.wasm");
     let built = assembled();
     if std::env::var_os("TALLY_REGENERATE").is_some() {
         std::fs::write(&path, &built).unwrap();
     }
-    assert!(std::fs::read(&path).unwrap() == built, "sdk/go/closed-wasi.wasm is stale: run this test with TALLY_REGENERATE=1");
+    assert!(
+        std::fs::read(&path).unwrap() == built,
+        "sdk/go/closed-wasi.wasm is stale: run this test with TALLY_REGENERATE=1"
+    );
 }
 
 /// Runs the sandbox plugin over `input` with `tally run`; returns the
@@ -35,7 +46,16 @@ fn the_checked_in_closed_wasi_is_assembled_from_its_source() {
 fn run_sandbox(dir: &Path, run: &str, input: &Path) -> (String, String) {
     let out = dir.join(run);
     let output = std::process::Command::new(tally_tests::tally_binary())
-        .args(["run", "--name", "sandbox", "--plugin", crate::plugins::GO_SANDBOX, "--output", "seen", "--input"])
+        .args([
+            "run",
+            "--name",
+            "sandbox",
+            "--plugin",
+            crate::plugins::GO_SANDBOX,
+            "--output",
+            "seen",
+            "--input",
+        ])
         .arg(input)
         .arg("--output-dir")
         .arg(out.join("out"))
@@ -48,7 +68,9 @@ fn run_sandbox(dir: &Path, run: &str, input: &Path) -> (String, String) {
     let log = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{log}");
     let digest = tally_core::plugin::digest(&std::fs::read(crate::plugins::GO_SANDBOX).unwrap());
-    let seen = std::fs::read_to_string(out.join("out/seen.ndjson")).unwrap().replace(&digest[..23], "sha256:<digest>");
+    let seen = std::fs::read_to_string(out.join("out/seen.ndjson"))
+        .unwrap()
+        .replace(&digest[..23], "sha256:<digest>");
     (seen, log)
 }
 
@@ -56,22 +78,40 @@ fn run_sandbox(dir: &Path, run: &str, input: &Path) -> (String, String) {
 fn a_go_plugin_sees_no_host_and_the_same_time_and_randomness_on_every_run() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.ndjson");
-    std::fs::write(&input, (0..300).map(|n| format!("{{\"n\":{n}}}\n")).collect::<String>()).unwrap();
+    std::fs::write(&input, (0..300).map(|n| format!("{{\"n\":{n}}}\n")).collect::<String>())
+        .unwrap();
     let (first, log) = run_sandbox(dir.path(), "first", &input);
     let (second, _) = run_sandbox(dir.path(), "second", &input);
     assert_eq!(first, second, "a re-run of the same input gives byte-identical outputs");
 
     let seen: Vec<String> = first
         .lines()
-        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["value"].as_str().unwrap().to_string())
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["value"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert_eq!(seen.len(), 300);
     let fields: Vec<&str> = seen[0].split('|').collect();
     // NDJSON records carry no time: the clock reads the epoch (and ticks).
     assert!(fields[0].starts_with("1970-01-01T00:00:00"), "{}", seen[0]);
-    assert_eq!(&fields[2..6], ["[]", "[]", "true", "true"], "no arguments, no environment, no files: {}", seen[0]);
-    let randoms: std::collections::BTreeSet<&str> = seen.iter().map(|record| record.split('|').nth(1).unwrap()).collect();
+    assert_eq!(
+        &fields[2..6],
+        ["[]", "[]", "true", "true"],
+        "no arguments, no environment, no files: {}",
+        seen[0]
+    );
+    let randoms: std::collections::BTreeSet<&str> =
+        seen.iter().map(|record| record.split('|').nth(1).unwrap()).collect();
     assert_eq!(randoms.len(), 300, "randomness still varies within a run");
-    assert!(log.contains("hello from stdout") && log.contains("hello from stderr"), "stdout and stderr reach the log:\n{log}");
-    assert!(log.lines().any(|line| line.contains("hello from stdout") && line.contains("sandbox")), "labelled with the job:\n{log}");
+    assert!(
+        log.contains("hello from stdout") && log.contains("hello from stderr"),
+        "stdout and stderr reach the log:\n{log}"
+    );
+    assert!(
+        log.lines().any(|line| line.contains("hello from stdout") && line.contains("sandbox")),
+        "labelled with the job:\n{log}"
+    );
 }

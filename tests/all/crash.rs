@@ -35,9 +35,11 @@ fn killed_at_random_moments_a_python_plugin_still_counts_every_event_exactly_onc
 /// SIGKILLing `tally run` at random moments [`KILLS`] times and restarting
 /// it until it finishes; then checks that every line counted exactly once.
 fn crash_loop(plugin: &str, events: usize, settings: &str) {
-    let seed = std::env::var("TALLY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    let seed =
+        std::env::var("TALLY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
+        });
     println!("crash test seed: {seed} (set TALLY_CRASH_SEED to replay)");
     let mut rng = Rng::new(seed);
 
@@ -98,7 +100,8 @@ fn file_len(path: &Path) -> u64 {
 
 fn check_exactly_once(dir: &Path, lines: &[UsageLine], partitions: &[Vec<UsageLine>]) {
     let input_at = |source: &(String, u64)| -> &UsageLine {
-        let index: usize = source.0.trim_start_matches("usage-").trim_end_matches(".ndjson").parse().unwrap();
+        let index: usize =
+            source.0.trim_start_matches("usage-").trim_end_matches(".ndjson").parse().unwrap();
         &partitions[index][source.1 as usize]
     };
     let totals = read_totals(&dir.join("out/totals.ndjson"));
@@ -110,7 +113,8 @@ fn check_exactly_once(dir: &Path, lines: &[UsageLine], partitions: &[Vec<UsageLi
     let mut seen = BTreeSet::new();
     for line in &totals {
         assert!(seen.insert(line.source.clone()), "input {:?} contributed twice", line.source);
-        let (key, quantity) = input_at(&line.source).effect.clone().expect("a bad line must not produce a total");
+        let (key, quantity) =
+            input_at(&line.source).effect.clone().expect("a bad line must not produce a total");
         assert_eq!(line.key, key, "output at {:?} has the wrong key", line.source);
         let total = running.entry(key).or_insert(0);
         *total += quantity;
@@ -118,7 +122,10 @@ fn check_exactly_once(dir: &Path, lines: &[UsageLine], partitions: &[Vec<UsageLi
     }
     for (partition, offset, _) in &dead {
         let source = (partition.clone(), *offset);
-        assert!(seen.insert(source.clone()), "input {source:?} was dead-lettered and also counted, or dead-lettered twice");
+        assert!(
+            seen.insert(source.clone()),
+            "input {source:?} was dead-lettered and also counted, or dead-lettered twice"
+        );
         assert!(input_at(&source).effect.is_none(), "good input {source:?} was dead-lettered");
     }
     assert_eq!(totals.len() + dead.len(), lines.len(), "processed + dead-lettered = input");
@@ -148,10 +155,21 @@ fn sigterm_commits_what_was_processed_and_a_restart_finishes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let lines = usage_lines(11, 100_000, 10);
     let (inputs, partitions) = write_partitions(dir.path(), &lines, FILES);
-    let job = write_billing_job(dir.path(), USAGE_BILLING, &inputs, "commit_interval_ms = 2\nbatch_size = 16");
+    let job = write_billing_job(
+        dir.path(),
+        USAGE_BILLING,
+        &inputs,
+        "commit_interval_ms = 2\nbatch_size = 16",
+    );
     let totals_path = dir.path().join("out/totals.ndjson");
 
-    let child = Command::new(tally_binary()).arg("run").arg(&job).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let child = Command::new(tally_binary())
+        .arg("run")
+        .arg(&job)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while file_len(&totals_path) == 0 {
         assert!(Instant::now() < deadline, "tally made no progress");
@@ -164,7 +182,10 @@ fn sigterm_commits_what_was_processed_and_a_restart_finishes_exactly() {
     assert!(said.contains("stopped on request"), "{said}");
     let partial = read_totals(&totals_path).len();
     let good = lines.iter().filter(|line| line.effect.is_some()).count();
-    assert!(partial > 0 && partial < good, "the run should stop midway, it applied {partial} of {good}");
+    assert!(
+        partial > 0 && partial < good,
+        "the run should stop midway, it applied {partial} of {good}"
+    );
 
     let rest = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
     assert!(rest.status.success());
@@ -183,11 +204,22 @@ fn sigterm_before_the_job_opens_stops_it_cleanly_too() {
     // soon as the process catches SIGTERM. (A fixed delay raced the start
     // of a 500 MB binary on a loaded machine: a signal before the handler
     // exists is the kernel's to deliver, and kills with 143.)
-    let child = Command::new(tally_binary()).arg("run").arg(&job).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = Command::new(tally_binary())
+        .arg("run")
+        .arg(&job)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_until_it_catches_sigterm(child.id());
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     let stopped = child.wait_with_output().unwrap();
-    assert!(stopped.status.success(), "an early SIGTERM ends the run cleanly, not with 143: {} {}", stopped.status, String::from_utf8_lossy(&stopped.stderr));
+    assert!(
+        stopped.status.success(),
+        "an early SIGTERM ends the run cleanly, not with 143: {} {}",
+        stopped.status,
+        String::from_utf8_lossy(&stopped.stderr)
+    );
     assert!(String::from_utf8_lossy(&stopped.stdout).contains("stopped on request"));
     let rest = Command::new(tally_binary()).arg("run").arg(&job).output().unwrap();
     assert!(rest.status.success());

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use tally_tests::serve::{local_job, JsonApi, ServeHost, ACME};
+use tally_tests::serve::{ACME, JsonApi, ServeHost, local_job};
 use tally_tests::usage_lines;
 
 use crate::plugins;
@@ -40,9 +40,17 @@ fn send(host: &ServeHost, request: &[u8]) -> Option<String> {
 fn answers(host: &ServeHost) {
     let started = Instant::now();
     let client = JsonApi::new(&host.server, None);
-    client.request("GET", "/healthz", None).unwrap_or_else(|err| panic!("the API stopped answering: {err}\n{}", host.log()));
-    host.client(ACME).list().unwrap_or_else(|err| panic!("the API stopped answering a tenant: {err}\n{}", host.log()));
-    assert!(started.elapsed() < Duration::from_secs(5), "the API took {:?} to answer", started.elapsed());
+    client
+        .request("GET", "/healthz", None)
+        .unwrap_or_else(|err| panic!("the API stopped answering: {err}\n{}", host.log()));
+    host.client(ACME)
+        .list()
+        .unwrap_or_else(|err| panic!("the API stopped answering a tenant: {err}\n{}", host.log()));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the API took {:?} to answer",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -51,18 +59,33 @@ fn lying_stalling_and_flooding_clients_cannot_take_the_api_down() {
     let mut host = ServeHost::start_with(dir.path(), "max_upload_bytes = 1048576", "", "");
     let lines = usage_lines(61, 1_000, 0);
     write_input(&host, "acme", "usage.ndjson", &lines);
-    host.client(ACME).deploy(&local_job("billing", &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING)).unwrap();
+    host.client(ACME)
+        .deploy(&local_job("billing", &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING))
+        .unwrap();
     let token = format!("Authorization: Bearer {ACME}\r\n");
 
     // Bodies announced larger than any memory, with and without a token:
     // refused from the headers, nothing allocated.
     for length in ["4611686018427387904", "9223372036854775809", "18446744073709551615"] {
         for auth in ["", token.as_str()] {
-            let request = format!("POST /v1/jobs HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{");
-            let status = send(&host, request.as_bytes()).unwrap_or_else(|| panic!("no answer to Content-Length {length}"));
+            let request = format!(
+                "POST /v1/jobs HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{"
+            );
+            let status = send(&host, request.as_bytes())
+                .unwrap_or_else(|| panic!("no answer to Content-Length {length}"));
             // hyper itself refuses a length it cannot hold as a body length.
-            let expected = if length == "18446744073709551615" { " 4" } else if auth.is_empty() { " 401 " } else { " 413 " };
-            assert!(status.contains(expected), "Content-Length {length} with{} a token: {status}", if auth.is_empty() { "out" } else { "" });
+            let expected = if length == "18446744073709551615" {
+                " 4"
+            } else if auth.is_empty() {
+                " 401 "
+            } else {
+                " 413 "
+            };
+            assert!(
+                status.contains(expected),
+                "Content-Length {length} with{} a token: {status}",
+                if auth.is_empty() { "out" } else { "" }
+            );
         }
     }
     // The same four at once, as four workers once died of.
@@ -81,8 +104,17 @@ fn lying_stalling_and_flooding_clients_cannot_take_the_api_down() {
         attacker.join().unwrap();
     }
     // A length past any number, and a request that is not HTTP.
-    assert!(send(&host, b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n").is_none_or(|status| status.contains("400")));
-    assert!(send(&host, b"\x00\x01\x02 garbage \xff\xfe\r\n\r\n").is_none_or(|status| status.contains("400")));
+    assert!(
+        send(
+            &host,
+            b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n"
+        )
+        .is_none_or(|status| status.contains("400"))
+    );
+    assert!(
+        send(&host, b"\x00\x01\x02 garbage \xff\xfe\r\n\r\n")
+            .is_none_or(|status| status.contains("400"))
+    );
     answers(&host);
 
     // Clients that announce a body and never send it, clients that never
@@ -100,7 +132,8 @@ fn lying_stalling_and_flooding_clients_cannot_take_the_api_down() {
         stream.write_all(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Slow: ").unwrap();
         slow_headers.push(stream);
     }
-    let idle: Vec<TcpStream> = (0..100).map(|_| TcpStream::connect(host.address()).unwrap()).collect();
+    let idle: Vec<TcpStream> =
+        (0..100).map(|_| TcpStream::connect(host.address()).unwrap()).collect();
     answers(&host);
     // Headers that never end are cut off by the header timeout.
     let mut slow = slow_headers.pop().unwrap();
@@ -108,7 +141,11 @@ fn lying_stalling_and_flooding_clients_cannot_take_the_api_down() {
     let started = Instant::now();
     let mut rest = Vec::new();
     let _ = slow.read_to_end(&mut rest);
-    assert!(started.elapsed() < Duration::from_secs(25), "a connection whose headers never end is closed (after {:?})", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "a connection whose headers never end is closed (after {:?})",
+        started.elapsed()
+    );
     drop((stalled, slow_headers, idle));
     answers(&host);
 
@@ -116,7 +153,8 @@ fn lying_stalling_and_flooding_clients_cannot_take_the_api_down() {
     // would miss: refused, nothing written.
     let acme = host.client(ACME);
     let data = dir.path().join("data/jobs/acme");
-    let before: Vec<_> = std::fs::read_dir(&data).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    let before: Vec<_> =
+        std::fs::read_dir(&data).unwrap().map(|entry| entry.unwrap().file_name()).collect();
     let sneaky = [
         "name = \"k\"\noutputs = [\"totals\"]\nkafka = [\"127.0.0.1:1\", \"tally-acme.k\", [\"acme.in\"], {totals = \"acme.out\"}, \"acme.dead\", \"/any/state\", \"exactly_once\", false, 1, 10000, {\"plugin.library.paths\" = \"/tmp/evil.so\"}]\n",
         "name = \"l\"\noutputs = [\"totals\"]\nlocal = [[\"usage.ndjson\"], \"/tmp/any-out\", \"/tmp/any-state\"]\n",
@@ -127,9 +165,13 @@ fn lying_stalling_and_flooding_clients_cannot_take_the_api_down() {
         let (status, message) = refused(acme.deploy(text, &plugin(plugins::USAGE_BILLING)));
         assert_eq!(status, 400, "{text}: {message}");
     }
-    let after: Vec<_> = std::fs::read_dir(&data).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    let after: Vec<_> =
+        std::fs::read_dir(&data).unwrap().map(|entry| entry.unwrap().file_name()).collect();
     assert_eq!(before, after, "no job directory was made");
-    assert!(!std::path::Path::new("/tmp/any-state").exists() && !std::path::Path::new("/tmp/any-out").exists());
+    assert!(
+        !std::path::Path::new("/tmp/any-state").exists()
+            && !std::path::Path::new("/tmp/any-out").exists()
+    );
 
     assert!(host.is_running(), "the host is up:\n{}", host.log());
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());

@@ -23,7 +23,13 @@ fn log_tail(dir: &std::path::Path, run: u32) -> String {
 
 /// Runs the job of `job_file` to its end, SIGKILLing `kills` runs at random
 /// moments after each has committed something; returns how many runs it took.
-fn run_with_kills(job: &KafkaBillingJob, job_file: &std::path::Path, dir: &std::path::Path, kills: u32, rng: &mut Rng) -> u32 {
+fn run_with_kills(
+    job: &KafkaBillingJob,
+    job_file: &std::path::Path,
+    dir: &std::path::Path,
+    kills: u32,
+    rng: &mut Rng,
+) -> u32 {
     let group = group_reader(&format!("tally-{}", job.name));
     let mut killed = 0;
     let mut runs = 0;
@@ -43,8 +49,14 @@ fn run_with_kills(job: &KafkaBillingJob, job_file: &std::path::Path, dir: &std::
             // random moment later: mid-transaction, mid-commit, or between.
             let at_start = committed_progress(&group, &job.input, job.partitions);
             let deadline = Instant::now() + Duration::from_secs(60);
-            while committed_progress(&group, &job.input, job.partitions) <= at_start && child.try_wait().unwrap().is_none() {
-                assert!(Instant::now() < deadline, "tally made no progress: {}", log_tail(dir, runs));
+            while committed_progress(&group, &job.input, job.partitions) <= at_start
+                && child.try_wait().unwrap().is_none()
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "tally made no progress: {}",
+                    log_tail(dir, runs)
+                );
                 std::thread::sleep(Duration::from_millis(10));
             }
             std::thread::sleep(Duration::from_millis(rng.below(80)));
@@ -64,9 +76,11 @@ fn run_with_kills(job: &KafkaBillingJob, job_file: &std::path::Path, dir: &std::
 }
 
 fn seed() -> u64 {
-    let seed = std::env::var("TALLY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    let seed =
+        std::env::var("TALLY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
+        });
     println!("Kafka crash test seed: {seed} (set TALLY_CRASH_SEED to replay)");
     seed
 }
@@ -82,20 +96,33 @@ fn killed_at_random_moments_a_kafka_job_still_counts_every_event_exactly_once() 
     let placed = produce_usage(&job.input, &lines, job.partitions);
     // Small batches and frequent commits: many transaction boundaries for
     // the kills to land between (and inside).
-    let job_file =
-        job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "commit_interval_ms = 5\nbatch_size = 8", "");
+    let job_file = job.write_job_file(
+        dir.path(),
+        USAGE_BILLING,
+        &dir.path().join("state"),
+        "commit_interval_ms = 5\nbatch_size = 8",
+        "",
+    );
     let runs = run_with_kills(&job, &job_file, dir.path(), KILLS, &mut rng);
 
     let totals = read_topic(&job.totals, true);
     let dead = read_topic(&job.dead_letters, true);
     let verdict = check(&job.input, &lines, &placed, &totals, &dead);
-    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input offset must contribute exactly once");
+    assert_eq!(
+        (verdict.missing, verdict.doubled),
+        (0, 0),
+        "every input offset must contribute exactly once"
+    );
     assert_eq!(verdict.totals, expected_totals(&lines));
     // The aborted transactions of the killed runs did reach the topic: a
     // read_uncommitted reader sees more than the committed outputs.
     let uncommitted = read_topic(&job.totals, false);
     assert!(uncommitted.len() > totals.len(), "the kills should have left aborted records behind");
-    println!("{KILLS} kills over {runs} runs; {} committed totals, {} records in the log", totals.len(), uncommitted.len());
+    println!(
+        "{KILLS} kills over {runs} runs; {} committed totals, {} records in the log",
+        totals.len(),
+        uncommitted.len()
+    );
 }
 
 #[test]
@@ -120,12 +147,21 @@ fn killed_at_random_moments_a_job_writing_latest_totals_still_counts_every_event
     assert_eq!(check_latest(&job.input, &lines, &placed, &totals), expected_totals(&lines));
     let applied = lines.iter().filter(|line| line.effect.is_some()).count();
     // A commit holds many batches of 8 events, over at most 72 keys.
-    assert!(totals.len() * 2 < applied, "{} totals for {applied} applied events: updates were not folded per key", totals.len());
+    assert!(
+        totals.len() * 2 < applied,
+        "{} totals for {applied} applied events: updates were not folded per key",
+        totals.len()
+    );
     // Dead letters are never folded: each rejected input exactly once.
-    let dead: Vec<(String, i32, i64)> = read_topic(&job.dead_letters, true).iter().map(OutputRecord::source).collect();
+    let dead: Vec<(String, i32, i64)> =
+        read_topic(&job.dead_letters, true).iter().map(OutputRecord::source).collect();
     let distinct: std::collections::BTreeSet<&(String, i32, i64)> = dead.iter().collect();
     assert_eq!((dead.len(), distinct.len()), (lines.len() - applied, lines.len() - applied));
-    println!("{} kills over {runs} runs; {} committed totals for {applied} applied events", KILLS / 4, totals.len());
+    println!(
+        "{} kills over {runs} runs; {} committed totals for {applied} applied events",
+        KILLS / 4,
+        totals.len()
+    );
 }
 
 /// Whether `log` (a `tally run` log file) holds `text` yet.
@@ -154,7 +190,14 @@ fn killed_while_restoring_a_kafka_job_resumes_from_its_last_checkpoint_and_count
     let state = dir.path().join("state");
     // Checkpoints every 256 KiB (about 3,500 records) instead of 64 MiB:
     // many of them within a restore short enough for a test.
-    let job_file = job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &state, "", "restore_checkpoint_bytes = 262144", "");
+    let job_file = job.write_job_file_with_kafka(
+        dir.path(),
+        USAGE_BILLING,
+        &state,
+        "",
+        "restore_checkpoint_bytes = 262144",
+        "",
+    );
     // Its RocksDB (the state directory keeps its instance id, so the next
     // run is the same group member and takes its partitions back at once).
     let db = state.join("db");
@@ -173,7 +216,11 @@ fn killed_while_restoring_a_kafka_job_resumes_from_its_last_checkpoint_and_count
     let mut lines = distinct_key_lines(KEYS, 1);
     let mut placed = produce_usage(&job.input, &lines, job.partitions);
     let first = dir.path().join("run-0.log");
-    assert!(run(&first).wait().unwrap().success(), "the first run failed: {}", log_tail(dir.path(), 0));
+    assert!(
+        run(&first).wait().unwrap().success(),
+        "the first run failed: {}",
+        log_tail(dir.path(), 0)
+    );
 
     // A wiped disk: the local state is gone and is rebuilt from the
     // changelog before any of the new events counts.
@@ -194,8 +241,15 @@ fn killed_while_restoring_a_kafka_job_resumes_from_its_last_checkpoint_and_count
             // Kill it a random moment after a checkpoint landed, while it
             // still restores.
             let deadline = Instant::now() + Duration::from_secs(60);
-            while !log_has(&log, "restore checkpoint") && !log_has(&log, "restored state from the changelog") && child.try_wait().unwrap().is_none() {
-                assert!(Instant::now() < deadline, "the restore made no checkpoint: {}", log_tail(dir.path(), runs));
+            while !log_has(&log, "restore checkpoint")
+                && !log_has(&log, "restored state from the changelog")
+                && child.try_wait().unwrap().is_none()
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "the restore made no checkpoint: {}",
+                    log_tail(dir.path(), runs)
+                );
                 std::thread::sleep(Duration::from_millis(2));
             }
             std::thread::sleep(Duration::from_millis(rng.below(20)));
@@ -217,18 +271,30 @@ fn killed_while_restoring_a_kafka_job_resumes_from_its_last_checkpoint_and_count
         starts.extend(restore_starts(&log));
         break;
     }
-    assert_eq!(killed_while_restoring, KILLS_WHILE_RESTORING, "the kills should land while the job restores");
+    assert_eq!(
+        killed_while_restoring, KILLS_WHILE_RESTORING,
+        "the kills should land while the job restores"
+    );
     // Each run after a kill began where the last checkpoint left off.
     assert!(starts.len() > KILLS_WHILE_RESTORING as usize, "every run restores: {starts:?}");
     let resumed = starts.windows(2).filter(|pair| pair[1] < pair[0]).count();
-    assert!(resumed >= KILLS_WHILE_RESTORING as usize, "runs after a kill mid-restore resume from a checkpoint: offsets to go {starts:?}");
+    assert!(
+        resumed >= KILLS_WHILE_RESTORING as usize,
+        "runs after a kill mid-restore resume from a checkpoint: offsets to go {starts:?}"
+    );
 
     let totals = read_topic(&job.totals, true);
     let dead = read_topic(&job.dead_letters, true);
     // Every total adds exactly its own event to what its key had: a key
     // the restore lost or doubled would break it.
     let verdict = check(&job.input, &lines, &placed, &totals, &dead);
-    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input offset must contribute exactly once");
+    assert_eq!(
+        (verdict.missing, verdict.doubled),
+        (0, 0),
+        "every input offset must contribute exactly once"
+    );
     assert_eq!(verdict.totals, expected_totals(&lines));
-    println!("{killed_while_restoring} kills while restoring over {runs} runs; restores began with offsets to go {starts:?}");
+    println!(
+        "{killed_while_restoring} kills while restoring over {runs} runs; restores began with offsets to go {starts:?}"
+    );
 }

@@ -39,7 +39,13 @@ impl Instance {
     }
 
     fn signal(&self, signal: &str) {
-        assert!(Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap().success());
+        assert!(
+            Command::new("kill")
+                .args([signal, &self.child.id().to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
     }
 
     fn log(&self) -> String {
@@ -73,9 +79,12 @@ impl Drop for Instance {
 /// The records an instance's closing summary line says it committed
 /// (`job `name`: N records (...`).
 fn summary_records(log: &str) -> u64 {
-    let line = log.lines().find(|line| line.starts_with("job `") && line.contains(" records (")).unwrap_or_else(|| {
-        panic!("the instance printed no summary line: {}", tail(log));
-    });
+    let line = log
+        .lines()
+        .find(|line| line.starts_with("job `") && line.contains(" records ("))
+        .unwrap_or_else(|| {
+            panic!("the instance printed no summary line: {}", tail(log));
+        });
     let after_name = &line[line.find("`: ").expect("a job name") + 3..];
     after_name[..after_name.find(' ').expect("a count")].parse().expect("a record count")
 }
@@ -95,9 +104,20 @@ fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 }
 
 /// Produces `count` events over about `seconds` seconds.
-fn continuous_input(job: &KafkaBillingJob, seed: u64, count: usize, seconds: usize) -> (Vec<UsageLine>, InputFeed) {
+fn continuous_input(
+    job: &KafkaBillingJob,
+    seed: u64,
+    count: usize,
+    seconds: usize,
+) -> (Vec<UsageLine>, InputFeed) {
     let lines = usage_lines(seed, count, 10);
-    let feed = InputFeed::start(&job.input, lines.clone(), job.partitions, seconds * 4, Duration::from_millis(250));
+    let feed = InputFeed::start(
+        &job.input,
+        lines.clone(),
+        job.partitions,
+        seconds * 4,
+        Duration::from_millis(250),
+    );
     (lines, feed)
 }
 
@@ -105,7 +125,11 @@ fn check_exactly_once(job: &KafkaBillingJob, lines: &[UsageLine], placed: &[Plac
     let totals = read_topic(&job.totals, true);
     let dead = read_topic(&job.dead_letters, true);
     let verdict = check(&job.input, lines, placed, &totals, &dead);
-    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input offset must contribute exactly once");
+    assert_eq!(
+        (verdict.missing, verdict.doubled),
+        (0, 0),
+        "every input offset must contribute exactly once"
+    );
     assert_eq!(verdict.totals, expected_totals(lines));
 }
 
@@ -118,7 +142,9 @@ fn a_paused_zombie_is_fenced_and_its_work_never_becomes_visible() {
     let (lines, producing) = continuous_input(&job, 21, 60_000, 30);
 
     let a = Instance::start(dir.path(), &job, "a");
-    wait_for("instance a to commit", Duration::from_secs(60), || committed_progress(&group, &job.input, PARTITIONS) > 0);
+    wait_for("instance a to commit", Duration::from_secs(60), || {
+        committed_progress(&group, &job.input, PARTITIONS) > 0
+    });
     a.signal("-STOP");
     let paused_at = committed_progress(&group, &job.input, PARTITIONS);
 
@@ -155,12 +181,16 @@ fn partitions_and_their_state_move_when_instances_join_and_leave() {
     let (lines, producing) = continuous_input(&job, 22, 60_000, 25);
 
     let a = Instance::start(dir.path(), &job, "a");
-    wait_for("instance a to commit", Duration::from_secs(60), || committed_progress(&group, &job.input, PARTITIONS) > 0);
+    wait_for("instance a to commit", Duration::from_secs(60), || {
+        committed_progress(&group, &job.input, PARTITIONS) > 0
+    });
     let mut b = Instance::start(dir.path(), &job, "b");
     // B is given partitions A has worked on; their state reaches it through
     // the changelog.
     wait_for("instance b to restore its share", Duration::from_secs(60), || {
-        b.log().lines().any(|line| line.contains("restored state from the changelog") && !line.contains("records=0"))
+        b.log().lines().any(|line| {
+            line.contains("restored state from the changelog") && !line.contains("records=0")
+        })
     });
     let at_join = committed_progress(&group, &job.input, PARTITIONS);
     wait_for("both to make progress", Duration::from_secs(60), || {
@@ -174,11 +204,20 @@ fn partitions_and_their_state_move_when_instances_join_and_leave() {
     });
     assert!(b.still_running());
     let b_log = b.stop();
-    let restores = b_log.lines().filter(|line| line.contains("restored state from the changelog")).count();
-    assert!(restores >= 2, "b should restore when it joins and again when a leaves: {}", tail(&b_log));
+    let restores =
+        b_log.lines().filter(|line| line.contains("restored state from the changelog")).count();
+    assert!(
+        restores >= 2,
+        "b should restore when it joins and again when a leaves: {}",
+        tail(&b_log)
+    );
     // What a revocation aborted was redone by the new owner; each instance
     // counts only what it committed, so together they count every record once.
-    assert_eq!(summary_records(&a_log) + summary_records(&b_log), lines.len() as u64, "records the two instances report");
+    assert_eq!(
+        summary_records(&a_log) + summary_records(&b_log),
+        lines.len() as u64,
+        "records the two instances report"
+    );
     check_exactly_once(&job, &lines, &placed);
 }
 
@@ -191,7 +230,9 @@ fn the_job_rides_out_a_broker_crash_without_restarting() {
     let (lines, producing) = continuous_input(&job, 23, 60_000, 25);
 
     let mut instance = Instance::start(dir.path(), &job, "a");
-    wait_for("the job to commit", Duration::from_secs(60), || committed_progress(&group, &job.input, PARTITIONS) > 0);
+    wait_for("the job to commit", Duration::from_secs(60), || {
+        committed_progress(&group, &job.input, PARTITIONS) > 0
+    });
     // The test's own input producer waits out the outage (an idempotent
     // producer caught mid-flight by a broker crash can stall); the job
     // must ride it out by itself.
@@ -204,9 +245,11 @@ fn the_job_rides_out_a_broker_crash_without_restarting() {
     producing.resume();
 
     let placed = producing.finish();
-    wait_for("all input to be committed after the broker restart", Duration::from_secs(180), || {
-        committed_progress(&group, &job.input, PARTITIONS) == lines.len() as i64
-    });
+    wait_for(
+        "all input to be committed after the broker restart",
+        Duration::from_secs(180),
+        || committed_progress(&group, &job.input, PARTITIONS) == lines.len() as i64,
+    );
     assert!(instance.still_running(), "the host must recover by itself: {}", tail(&instance.log()));
     instance.stop();
     check_exactly_once(&job, &lines, &placed);

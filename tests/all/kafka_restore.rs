@@ -7,8 +7,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use tally_tests::kafka::*;
 use tally_tests::*;
 
@@ -32,14 +32,25 @@ fn varied_lines(count: usize) -> Vec<UsageLine> {
 /// exactly its event to what its key held (a restore that lost or changed
 /// a key shows here).
 fn assert_counted_once(job: &KafkaBillingJob, lines: &[UsageLine], placed: &[Placed]) {
-    let verdict = check(&job.input, lines, placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
+    let verdict = check(
+        &job.input,
+        lines,
+        placed,
+        &read_topic(&job.totals, true),
+        &read_topic(&job.dead_letters, true),
+    );
     assert_eq!((verdict.missing, verdict.doubled), (0, 0));
     assert_eq!(verdict.totals, expected_totals(lines));
 }
 
 /// Runs `tally run --until-caught-up` on `job_file`; returns its log.
 fn run(job_file: &std::path::Path) -> String {
-    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(job_file).env("RUST_LOG", "info").output().unwrap();
+    let output = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(job_file)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
     let log = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "tally failed: {}", &log[log.len().saturating_sub(4000)..]);
     log
@@ -48,17 +59,28 @@ fn run(job_file: &std::path::Path) -> String {
 /// The records and bytes a run's restores applied, from their log lines.
 fn restored(log: &str) -> (u64, u64) {
     let field = |line: &str, name: &str| -> u64 {
-        line.split_whitespace().find_map(|word| word.strip_prefix(&format!("{name}=")).and_then(|value| value.parse().ok())).unwrap()
+        line.split_whitespace()
+            .find_map(|word| {
+                word.strip_prefix(&format!("{name}=")).and_then(|value| value.parse().ok())
+            })
+            .unwrap()
     };
-    let lines: Vec<&str> = log.lines().filter(|line| line.contains("restored state from the changelog")).collect();
+    let lines: Vec<&str> =
+        log.lines().filter(|line| line.contains("restored state from the changelog")).collect();
     assert!(!lines.is_empty(), "the run restored nothing:\n{log}");
-    lines.iter().fold((0, 0), |(records, bytes), line| (records + field(line, "records"), bytes + field(line, "bytes")))
+    lines.iter().fold((0, 0), |(records, bytes), line| {
+        (records + field(line, "records"), bytes + field(line, "bytes"))
+    })
 }
 
 /// A producer with transactional id `id`, its transactions initialised.
 fn transactional(id: &str) -> BaseProducer {
-    let producer: BaseProducer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap()).set("transactional.id", unique(id)).set("linger.ms", "5").create().unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", unique(id))
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
     producer.init_transactions(Duration::from_secs(30)).unwrap();
     producer
 }
@@ -66,7 +88,10 @@ fn transactional(id: &str) -> BaseProducer {
 /// Sends `records` (partition, key, value) and waits for them to land.
 fn send_all(producer: &BaseProducer, topic: &str, records: &[(i32, Vec<u8>, Vec<u8>)]) {
     for (partition, key, value) in records {
-        let mut record = BaseRecord::<[u8], [u8]>::to(topic).partition(*partition).key(&key[..]).payload(&value[..]);
+        let mut record = BaseRecord::<[u8], [u8]>::to(topic)
+            .partition(*partition)
+            .key(&key[..])
+            .payload(&value[..]);
         loop {
             match producer.send(record) {
                 Ok(()) => break,
@@ -81,7 +106,8 @@ fn send_all(producer: &BaseProducer, topic: &str, records: &[(i32, Vec<u8>, Vec<
 }
 
 #[test]
-fn a_restore_applies_only_committed_changelog_records_whether_it_fetches_from_the_leaders_or_through_the_consumer() {
+fn a_restore_applies_only_committed_changelog_records_whether_it_fetches_from_the_leaders_or_through_the_consumer()
+ {
     const KEYS: usize = 3_000;
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -94,7 +120,8 @@ fn a_restore_applies_only_committed_changelog_records_whether_it_fetches_from_th
         std::fs::create_dir_all(&files).unwrap();
         job.write_job_file_with_kafka(&files, USAGE_BILLING, &state, "", kafka, "")
     };
-    let (leaders, consumer) = (files("leaders", ""), files("consumer", "restore_fetch = \"consumer\""));
+    let (leaders, consumer) =
+        (files("leaders", ""), files("consumer", "restore_fetch = \"consumer\""));
     let mut lines = varied_lines(KEYS);
     let mut placed = produce_usage(&job.input, &lines, PARTITIONS);
     run(&leaders);
@@ -105,23 +132,41 @@ fn a_restore_applies_only_committed_changelog_records_whether_it_fetches_from_th
     // records repeat committed records as they are (harmless if applied
     // again), so aborted batches, markers and committed batches interleave.
     let changelog = format!("tally-{}-state-changelog", job.name);
-    let committed: Vec<(i32, Vec<u8>, Vec<u8>)> =
-        read_topic(&changelog, true).into_iter().map(|record| (record.partition, record.key.unwrap_or_default(), record.value)).collect();
-    let states = |partition: i32| committed.iter().filter(move |(p, key, _)| *p == partition && key.first() == Some(&b's'));
+    let committed: Vec<(i32, Vec<u8>, Vec<u8>)> = read_topic(&changelog, true)
+        .into_iter()
+        .map(|record| (record.partition, record.key.unwrap_or_default(), record.value))
+        .collect();
+    let states = |partition: i32| {
+        committed.iter().filter(move |(p, key, _)| *p == partition && key.first() == Some(&b's'))
+    };
     let mut bogus = Vec::new();
     for partition in 0..PARTITIONS {
         let records: Vec<&(i32, Vec<u8>, Vec<u8>)> = states(partition).collect();
         for (n, (_, key, value)) in records.iter().enumerate() {
-            let other = records.iter().cycle().skip(n + 1).take(records.len()).map(|(_, _, value)| value).find(|other| *other != value);
+            let other = records
+                .iter()
+                .cycle()
+                .skip(n + 1)
+                .take(records.len())
+                .map(|(_, _, value)| value)
+                .find(|other| *other != value);
             bogus.push((partition, key.clone(), other.expect("another total").clone()));
         }
-        let offset_key = committed.iter().find(|(p, key, _)| *p == partition && key.first() == Some(&b'o')).expect("an included offset");
+        let offset_key = committed
+            .iter()
+            .find(|(p, key, _)| *p == partition && key.first() == Some(&b'o'))
+            .expect("an included offset");
         bogus.push((partition, offset_key.1.clone(), b"99999999".to_vec()));
     }
-    let repeats: Vec<(i32, Vec<u8>, Vec<u8>)> = (0..PARTITIONS).flat_map(|partition| states(partition).take(50).cloned()).collect();
+    let repeats: Vec<(i32, Vec<u8>, Vec<u8>)> =
+        (0..PARTITIONS).flat_map(|partition| states(partition).take(50).cloned()).collect();
     let zombie = transactional("tally-test-zombie");
     let other = transactional("tally-test-other");
-    let plain: BaseProducer = ClientConfig::new().set("bootstrap.servers", bootstrap()).set("enable.idempotence", "true").create().unwrap();
+    let plain: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
     zombie.begin_transaction().unwrap();
     send_all(&zombie, &changelog, &bogus);
     other.begin_transaction().unwrap();
@@ -139,10 +184,21 @@ fn a_restore_applies_only_committed_changelog_records_whether_it_fetches_from_th
     let from_leaders = run(&leaders);
     std::fs::remove_dir_all(state.join("db")).unwrap();
     let through_consumer = run(&consumer);
-    assert!(!from_leaders.contains("through librdkafka's consumer"), "the leaders' fetch read it all:\n{from_leaders}");
+    assert!(
+        !from_leaders.contains("through librdkafka's consumer"),
+        "the leaders' fetch read it all:\n{from_leaders}"
+    );
     let applied = restored(&from_leaders);
-    assert_eq!(applied, restored(&through_consumer), "the leaders' fetch applies what a read_committed consumer hands over");
-    assert_eq!(applied.0, (committed.len() + 2 * repeats.len()) as u64, "the committed records, and the repeats twice");
+    assert_eq!(
+        applied,
+        restored(&through_consumer),
+        "the leaders' fetch applies what a read_committed consumer hands over"
+    );
+    assert_eq!(
+        applied.0,
+        (committed.len() + 2 * repeats.len()) as u64,
+        "the committed records, and the repeats twice"
+    );
 
     // Every key counts on from its committed total, never the zombie's.
     let again = distinct_key_lines(KEYS, 1);
@@ -160,7 +216,13 @@ fn a_compressed_changelog_is_restored_through_the_consumer_and_counts_exactly_on
     let dir = tempfile::tempdir().unwrap();
     let job = KafkaBillingJob::create("restore-gzip", PARTITIONS);
     let state = dir.path().join("state");
-    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &state, "", "\"producer.compression.type\" = \"gzip\"");
+    let job_file = job.write_job_file(
+        dir.path(),
+        USAGE_BILLING,
+        &state,
+        "",
+        "\"producer.compression.type\" = \"gzip\"",
+    );
     let mut lines = varied_lines(KEYS);
     let mut placed = produce_usage(&job.input, &lines, PARTITIONS);
     run(&job_file);
@@ -170,7 +232,10 @@ fn a_compressed_changelog_is_restored_through_the_consumer_and_counts_exactly_on
     placed.extend(produce_usage(&job.input, &again, PARTITIONS));
     lines.extend(again);
     let log = run(&job_file);
-    assert!(log.contains("the batch at offset") && log.contains("is compressed (gzip)"), "the fallback names its reason:\n{log}");
+    assert!(
+        log.contains("the batch at offset") && log.contains("is compressed (gzip)"),
+        "the fallback names its reason:\n{log}"
+    );
     assert!(log.contains("through librdkafka's consumer"), "{log}");
     assert!(restored(&log).0 >= KEYS as u64);
     assert_counted_once(&job, &lines, &placed);
@@ -186,7 +251,14 @@ fn a_restore_from_the_leaders_rides_out_a_broker_restart_and_counts_exactly_once
     // Small fetches and a stuttering broker make the restore last seconds;
     // the stall limit outlasts the broker's restart.
     let client = "\"consumer.max.partition.fetch.bytes\" = \"65536\"\n\"consumer.fetch.max.bytes\" = \"1000000\"";
-    let job_file = job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &state, "", "restore_stall_ms = 240000", client);
+    let job_file = job.write_job_file_with_kafka(
+        dir.path(),
+        USAGE_BILLING,
+        &state,
+        "",
+        "restore_stall_ms = 240000",
+        client,
+    );
     let mut lines = distinct_key_lines(KEYS, 1);
     let mut placed = produce_usage(&job.input, &lines, PARTITIONS);
     run(&job_file);
@@ -204,13 +276,23 @@ fn a_restore_from_the_leaders_rides_out_a_broker_restart_and_counts_exactly_once
     // it yet, and only waits for the broker to come back.
     let deadline = Instant::now() + Duration::from_secs(120);
     let records_arrived = |log: &str| {
-        log.lines().filter(|line| line.contains("records restored, at most")).any(|line| !line.contains("changelog: 0 records restored"))
+        log.lines()
+            .filter(|line| line.contains("records restored, at most"))
+            .any(|line| !line.contains("changelog: 0 records restored"))
     };
     while !records_arrived(&log()) && !log().contains("restored state from the changelog") {
-        assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the restore never made progress:\n{}", log());
+        assert!(
+            Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "the restore never made progress:\n{}",
+            log()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(!log().contains("restored state from the changelog"), "the restore ended before the broker went down; make it longer:\n{}", log());
+    assert!(
+        !log().contains("restored state from the changelog"),
+        "the restore ended before the broker went down; make it longer:\n{}",
+        log()
+    );
     // Killed while it still stutters: a broker let run freely first would
     // hand the rest of the changelog over before it went down.
     let (killed, said) = kafka_script(&["kill"]);
@@ -225,13 +307,23 @@ fn a_restore_from_the_leaders_rides_out_a_broker_restart_and_counts_exactly_once
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        assert!(Instant::now() < deadline, "the job did not finish after the broker came back:\n{}", log());
+        assert!(
+            Instant::now() < deadline,
+            "the job did not finish after the broker came back:\n{}",
+            log()
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let log = log();
     assert!(status.success(), "{status}:\n{log}");
-    assert!(log.contains("fetching from the changelog's leaders failed, connecting again"), "the restore lost its leader mid-way:\n{log}");
-    assert!(!log.contains("through librdkafka's consumer"), "a broker restart is no reason to read another way:\n{log}");
+    assert!(
+        log.contains("fetching from the changelog's leaders failed, connecting again"),
+        "the restore lost its leader mid-way:\n{log}"
+    );
+    assert!(
+        !log.contains("through librdkafka's consumer"),
+        "a broker restart is no reason to read another way:\n{log}"
+    );
     assert!(restored(&log).0 >= KEYS as u64);
     assert_counted_once(&job, &lines, &placed);
 }

@@ -13,8 +13,17 @@ use crate::plugins::USAGE_BILLING;
 
 /// Runs `job_file` until caught up; checks that every line counted once and
 /// the totals are exact; returns the totals and dead letters read committed.
-fn run_until_caught_up_exactly_once(job: &KafkaBillingJob, job_file: &std::path::Path, lines: &[UsageLine], placed: &[Placed]) -> (Vec<OutputRecord>, Vec<OutputRecord>) {
-    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(job_file).output().unwrap();
+fn run_until_caught_up_exactly_once(
+    job: &KafkaBillingJob,
+    job_file: &std::path::Path,
+    lines: &[UsageLine],
+    placed: &[Placed],
+) -> (Vec<OutputRecord>, Vec<OutputRecord>) {
+    let output = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(job_file)
+        .output()
+        .unwrap();
     assert!(output.status.success(), "tally failed: {}", String::from_utf8_lossy(&output.stderr));
     let totals = read_topic(&job.totals, true);
     let dead = read_topic(&job.dead_letters, true);
@@ -47,28 +56,34 @@ fn a_kafka_job_counts_every_event_once_and_labels_every_output() {
 
 #[test]
 fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
-    use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
+    use rdkafka::ClientConfig;
     use rdkafka::consumer::BaseConsumer;
     use rdkafka::producer::Producer;
-    use rdkafka::ClientConfig;
     use tally_core::limits::Limits;
-    use tally_kafka::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
-    use tally_kafka::Guarantee;
     use tally_core::state::MemoryStore;
     use tally_core::transaction::{SourcePosition, Transaction};
+    use tally_kafka::Guarantee;
+    use tally_kafka::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
 
     let _serial = serial();
     let job = KafkaBillingJob::create("abort", 1);
-    let producer: Arc<JobProducer> = Arc::new(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("transactional.id", unique("tally-test-abort"))
-        .create_with_context(DeliveryTracker::new("unused-changelog".into()))
-        .unwrap());
+    let producer: Arc<JobProducer> = Arc::new(
+        ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("transactional.id", unique("tally-test-abort"))
+            .create_with_context(DeliveryTracker::new("unused-changelog".into()))
+            .unwrap(),
+    );
     producer.init_transactions(Duration::from_secs(30)).unwrap();
-    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap()).set("group.id", unique("g")).create().unwrap();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("g"))
+        .create()
+        .unwrap();
     let store = Arc::new(MemoryStore::default());
     let addresses = Addresses {
         job: job.name.clone(),
@@ -88,9 +103,17 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
     let mut txn = Transaction::new(store, vec!["totals".to_string()].into(), Limits::default());
     txn.plugin_digest = "sha256:test".into();
     let emit = |txn: &mut Transaction, values: &[&str]| {
-        txn.begin_batch((0..values.len() as u64).map(|offset| SourcePosition { partition: 0, offset }));
-        txn.emit_many("totals", values.iter().enumerate().map(|(event, value)| (event as u32, None, value.as_bytes().to_vec())))
-            .unwrap();
+        txn.begin_batch(
+            (0..values.len() as u64).map(|offset| SourcePosition { partition: 0, offset }),
+        );
+        txn.emit_many(
+            "totals",
+            values
+                .iter()
+                .enumerate()
+                .map(|(event, value)| (event as u32, None, value.as_bytes().to_vec())),
+        )
+        .unwrap();
         txn.keep_batch();
     };
 
@@ -108,7 +131,10 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
         records.into_iter().map(|record| String::from_utf8(record.value).unwrap()).collect()
     };
     assert_eq!(values(read_topic(&job.totals, true)), ["committed-1", "committed-2"]);
-    assert_eq!(values(read_topic(&job.totals, false)), ["aborted-1", "aborted-2", "aborted-3", "committed-1", "committed-2"]);
+    assert_eq!(
+        values(read_topic(&job.totals, false)),
+        ["aborted-1", "aborted-2", "aborted-3", "committed-1", "committed-2"]
+    );
 }
 
 #[test]
@@ -122,8 +148,18 @@ fn rewinding_the_groups_offsets_by_hand_makes_the_next_start_refuse() {
     produce_usage(&job.input, &lines, job.partitions);
     // A short session, so the group empties soon after the job exits (a
     // static member does not leave the group when it closes).
-    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "", "\"session.timeout.ms\" = \"6000\"");
-    let first = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    let job_file = job.write_job_file(
+        dir.path(),
+        USAGE_BILLING,
+        &dir.path().join("state"),
+        "",
+        "\"session.timeout.ms\" = \"6000\"",
+    );
+    let first = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(&job_file)
+        .output()
+        .unwrap();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let committed_totals = read_topic(&job.totals, true).len();
 
@@ -132,7 +168,14 @@ fn rewinding_the_groups_offsets_by_hand_makes_the_next_start_refuse() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (reset, said) = kafka_script(&[
-            "groups", "--group", &group, "--reset-offsets", "--to-earliest", "--topic", &job.input, "--execute",
+            "groups",
+            "--group",
+            &group,
+            "--reset-offsets",
+            "--to-earliest",
+            "--topic",
+            &job.input,
+            "--execute",
         ]);
         if reset && !said.contains("Error") {
             break;
@@ -141,12 +184,26 @@ fn rewinding_the_groups_offsets_by_hand_makes_the_next_start_refuse() {
         std::thread::sleep(Duration::from_secs(1));
     }
 
-    let second = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    let second = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(&job_file)
+        .output()
+        .unwrap();
     assert!(!second.status.success(), "a start after a rewind must be refused");
     let said = String::from_utf8_lossy(&second.stderr);
-    assert!(said.contains("refuses to start") && said.contains("would count those records twice"), "{said}");
-    assert!(said.contains("replay into a new output version"), "the message should point to a replay: {said}");
-    assert_eq!(read_topic(&job.totals, true).len(), committed_totals, "a refused start must commit nothing");
+    assert!(
+        said.contains("refuses to start") && said.contains("would count those records twice"),
+        "{said}"
+    );
+    assert!(
+        said.contains("replay into a new output version"),
+        "the message should point to a replay: {said}"
+    );
+    assert_eq!(
+        read_topic(&job.totals, true).len(),
+        committed_totals,
+        "a refused start must commit nothing"
+    );
 }
 
 #[test]
@@ -156,7 +213,11 @@ fn a_changelog_started_over_behind_the_state_makes_the_next_start_refuse() {
     let job = KafkaBillingJob::create("changelog-lost", 2);
     produce_usage(&job.input, &usage_lines(7, 2_000, 0), job.partitions);
     let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "", "");
-    let first = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    let first = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(&job_file)
+        .output()
+        .unwrap();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let committed_totals = read_topic(&job.totals, true).len();
 
@@ -165,12 +226,23 @@ fn a_changelog_started_over_behind_the_state_makes_the_next_start_refuse() {
     recreate_topic(&format!("tally-{}-state-changelog", job.name), job.partitions);
     produce_usage(&job.input, &usage_lines(8, 500, 0), job.partitions);
 
-    let second = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    let second = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(&job_file)
+        .output()
+        .unwrap();
     assert!(!second.status.success(), "a start over a changelog that lost records must be refused");
     let said = String::from_utf8_lossy(&second.stderr);
     assert!(said.contains("lost records since (deleted and recreated, or truncated)"), "{said}");
-    assert!(said.contains("run the job under a new name"), "the message should say how to recover: {said}");
-    assert_eq!(read_topic(&job.totals, true).len(), committed_totals, "a refused start must commit nothing");
+    assert!(
+        said.contains("run the job under a new name"),
+        "the message should say how to recover: {said}"
+    );
+    assert_eq!(
+        read_topic(&job.totals, true).len(),
+        committed_totals,
+        "a refused start must commit nothing"
+    );
 }
 
 #[test]
@@ -180,11 +252,27 @@ fn an_at_least_once_job_counts_every_event_when_nothing_fails() {
     let job = KafkaBillingJob::create("alos", 2);
     let lines = usage_lines(13, 5_000, 10);
     let placed = produce_usage(&job.input, &lines, job.partitions);
-    let job_file =
-        job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &dir.path().join("state"), "", "guarantee = \"at_least_once\"", "");
-    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    let job_file = job.write_job_file_with_kafka(
+        dir.path(),
+        USAGE_BILLING,
+        &dir.path().join("state"),
+        "",
+        "guarantee = \"at_least_once\"",
+        "",
+    );
+    let output = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(&job_file)
+        .output()
+        .unwrap();
     assert!(output.status.success(), "tally failed: {}", String::from_utf8_lossy(&output.stderr));
-    let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
+    let verdict = check(
+        &job.input,
+        &lines,
+        &placed,
+        &read_topic(&job.totals, true),
+        &read_topic(&job.dead_letters, true),
+    );
     assert_eq!((verdict.missing, verdict.doubled), (0, 0));
     assert_eq!(verdict.totals, expected_totals(&lines));
 }
@@ -201,16 +289,24 @@ fn a_job_over_two_input_topics_counts_each_record_once_and_stops_when_both_are_r
     let mut produced: Vec<(String, i32, i64)> = Vec::new();
     for (topic, part) in [(&job.input, first_lines), (&second, second_lines)] {
         let placed = produce_usage(topic, part, job.partitions);
-        produced.extend(placed.iter().map(|placed| (topic.clone(), placed.partition, placed.offset)));
+        produced
+            .extend(placed.iter().map(|placed| (topic.clone(), placed.partition, placed.offset)));
     }
     let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "", "");
     let text = std::fs::read_to_string(&job_file).unwrap();
-    let text = text.replace(&format!("inputs = [{:?}]", job.input), &format!("inputs = [{:?}, {second:?}]", job.input));
+    let text = text.replace(
+        &format!("inputs = [{:?}]", job.input),
+        &format!("inputs = [{:?}, {second:?}]", job.input),
+    );
     std::fs::write(&job_file, text).unwrap();
 
     // --until-caught-up ends only once every partition of both topics has
     // reported its end.
-    let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).output().unwrap();
+    let output = Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(&job_file)
+        .output()
+        .unwrap();
     delete_topics(&[&second]);
     assert!(output.status.success(), "tally failed: {}", String::from_utf8_lossy(&output.stderr));
 
@@ -222,11 +318,16 @@ fn a_job_over_two_input_topics_counts_each_record_once_and_stops_when_both_are_r
     }
     let missing = produced.iter().filter(|source| !contributions.contains_key(*source)).count();
     let doubled = contributions.values().filter(|&&count| count > 1).count();
-    assert_eq!((missing, doubled, contributions.len()), (0, 0, produced.len()), "each input record of both topics contributes once");
+    assert_eq!(
+        (missing, doubled, contributions.len()),
+        (0, 0, produced.len()),
+        "each input record of both topics contributes once"
+    );
     // A key's totals share an output partition, in the order they were made.
     let mut last_totals = std::collections::BTreeMap::new();
     for record in &totals {
-        last_totals.insert(billing_key(record), serde_json::from_slice::<u64>(&record.value).unwrap());
+        last_totals
+            .insert(billing_key(record), serde_json::from_slice::<u64>(&record.value).unwrap());
     }
     assert_eq!(last_totals, expected_totals(&lines));
 }
@@ -244,14 +345,27 @@ fn kafka_records_over_the_record_limit_are_dead_lettered_and_the_rest_count_once
         line.effect = None;
     }
     let placed = produce_usage(&job.input, &lines, job.partitions);
-    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &dir.path().join("state"), "[limits]\nmax_record_bytes = 200", "");
+    let job_file = job.write_job_file(
+        dir.path(),
+        USAGE_BILLING,
+        &dir.path().join("state"),
+        "[limits]\nmax_record_bytes = 200",
+        "",
+    );
     let (_, dead) = run_until_caught_up_exactly_once(&job, &job_file, &lines, &placed);
     assert_eq!(dead.len(), 80);
-    assert!(dead.iter().all(|record| record.header("tally.reason").contains("over the job's limit of 200 bytes (limits.max_record_bytes)")), "{:?}", dead[0].header("tally.reason"));
+    assert!(
+        dead.iter().all(|record| record
+            .header("tally.reason")
+            .contains("over the job's limit of 200 bytes (limits.max_record_bytes)")),
+        "{:?}",
+        dead[0].header("tally.reason")
+    );
 }
 
 #[test]
-fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_session_and_shows_its_progress_in_the_log_and_metrics() {
+fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_session_and_shows_its_progress_in_the_log_and_metrics()
+ {
     const KEYS: usize = 300_000;
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -265,9 +379,21 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     // and collector come first).
     let client = "\"consumer.max.partition.fetch.bytes\" = \"65536\"\n\"consumer.fetch.max.bytes\" = \"1000000\"";
     let state = dir.path().join("state");
-    let job_file = job.write_job_file_with_kafka(dir.path(), USAGE_BILLING, &state, "", "restore_stall_ms = 4000", client);
+    let job_file = job.write_job_file_with_kafka(
+        dir.path(),
+        USAGE_BILLING,
+        &state,
+        "",
+        "restore_stall_ms = 4000",
+        client,
+    );
     let run = || {
-        let output = Command::new(tally_binary()).args(["run", "--until-caught-up"]).arg(&job_file).env("RUST_LOG", "info").output().unwrap();
+        let output = Command::new(tally_binary())
+            .args(["run", "--until-caught-up"])
+            .arg(&job_file)
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap();
         let log = String::from_utf8_lossy(&output.stderr).into_owned();
         assert!(output.status.success(), "{log}");
         log
@@ -284,7 +410,11 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     lines.extend(again);
     let stutter = BrokerStutter::start(Duration::from_millis(700), Duration::from_millis(10));
     let log_path = dir.path().join("restore.log");
-    let mut child = spawn_run_logging_to(&["--until-caught-up", "--metrics", "127.0.0.1:0"], &job_file, &log_path);
+    let mut child = spawn_run_logging_to(
+        &["--until-caught-up", "--metrics", "127.0.0.1:0"],
+        &job_file,
+        &log_path,
+    );
     let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     // Scraped while it runs: the restore's figures, as `tally serve` has them.
     let mut scrapes_while_restoring = Vec::new();
@@ -292,11 +422,18 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        let address = read_log().lines().find_map(|line| line.strip_prefix("metrics: http://").and_then(|rest| rest.strip_suffix("/metrics")).map(str::to_string));
+        let address = read_log().lines().find_map(|line| {
+            line.strip_prefix("metrics: http://")
+                .and_then(|rest| rest.strip_suffix("/metrics"))
+                .map(str::to_string)
+        });
         if let Some(metrics) = address.and_then(|address| scrape(&address)) {
             let restoring = metric(&metrics, "tally_restoring");
             if restoring == Some(1.0) {
-                scrapes_while_restoring.push((metric(&metrics, "tally_restore_records_done"), metric(&metrics, "tally_restore_records_to_go")));
+                scrapes_while_restoring.push((
+                    metric(&metrics, "tally_restore_records_done"),
+                    metric(&metrics, "tally_restore_records_to_go"),
+                ));
             }
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -304,28 +441,55 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     drop(stutter);
     let log = read_log();
     assert!(status.success(), "{status}:\n{log}");
-    assert!(scrapes_while_restoring.len() >= 3, "the metrics said `restoring` for a restore of seconds: {scrapes_while_restoring:?}\n{log}");
     assert!(
-        scrapes_while_restoring.iter().any(|&(done, to_go)| done.unwrap_or(0.0) > 0.0 && to_go.unwrap_or(0.0) > 0.0),
+        scrapes_while_restoring.len() >= 3,
+        "the metrics said `restoring` for a restore of seconds: {scrapes_while_restoring:?}\n{log}"
+    );
+    assert!(
+        scrapes_while_restoring
+            .iter()
+            .any(|&(done, to_go)| done.unwrap_or(0.0) > 0.0 && to_go.unwrap_or(0.0) > 0.0),
         "records done and to go while it restores: {scrapes_while_restoring:?}"
     );
 
-    let restored: Vec<&str> = log.lines().filter(|line| line.contains("restored state from the changelog")).collect();
+    let restored: Vec<&str> =
+        log.lines().filter(|line| line.contains("restored state from the changelog")).collect();
     assert_eq!(restored.len(), 1, "one restore, in one session:\n{log}");
     println!("{}", restored[0]);
     assert!(!log.contains("Kafka session failed"), "the restore must not fail:\n{log}");
     let field = |line: &str, name: &str| -> u64 {
-        line.split_whitespace().find_map(|word| word.strip_prefix(&format!("{name}=")).and_then(|value| value.parse().ok())).unwrap()
+        line.split_whitespace()
+            .find_map(|word| {
+                word.strip_prefix(&format!("{name}=")).and_then(|value| value.parse().ok())
+            })
+            .unwrap()
     };
     assert!(field(restored[0], "records") >= KEYS as u64, "{}", restored[0]);
-    assert!(field(restored[0], "took_ms") > 4_000, "the restore outlasts its 4 s stall limit: {}", restored[0]);
-    let progress: Vec<&str> = log.lines().filter(|line| line.contains("records restored, at most")).collect();
+    assert!(
+        field(restored[0], "took_ms") > 4_000,
+        "the restore outlasts its 4 s stall limit: {}",
+        restored[0]
+    );
+    let progress: Vec<&str> =
+        log.lines().filter(|line| line.contains("records restored, at most")).collect();
     assert!(!progress.is_empty(), "a restore of seconds logs its progress:\n{log}");
-    assert!(progress.iter().all(|line| line.contains("to go") && line.contains("records/s")), "{progress:?}");
-    assert!(progress.iter().any(|line| line.contains("s left")), "once a rate is known, the time left is estimated: {progress:?}");
+    assert!(
+        progress.iter().all(|line| line.contains("to go") && line.contains("records/s")),
+        "{progress:?}"
+    );
+    assert!(
+        progress.iter().any(|line| line.contains("s left")),
+        "once a rate is known, the time left is estimated: {progress:?}"
+    );
 
     // The restored state is what the new events added to.
-    let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
+    let verdict = check(
+        &job.input,
+        &lines,
+        &placed,
+        &read_topic(&job.totals, true),
+        &read_topic(&job.dead_letters, true),
+    );
     assert_eq!((verdict.missing, verdict.doubled), (0, 0));
     assert_eq!(verdict.totals, expected_totals(&lines));
 }
@@ -343,5 +507,11 @@ fn scrape(address: &str) -> Option<String> {
 
 /// The value of the one sample of `name` in Prometheus text `metrics`.
 fn metric(metrics: &str, name: &str) -> Option<f64> {
-    metrics.lines().find(|line| line.split(['{', ' ']).next() == Some(name))?.rsplit(' ').next()?.parse().ok()
+    metrics
+        .lines()
+        .find(|line| line.split(['{', ' ']).next() == Some(name))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
 }

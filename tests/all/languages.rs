@@ -10,14 +10,17 @@ use std::path::{Path, PathBuf};
 use tally_core::plugin::PluginRuntime;
 use tally_core::settings::JobSettings;
 use tally_local::{LocalConfig, LocalTask};
-use tally_tests::{usage_lines, Rng};
+use tally_tests::{Rng, usage_lines};
 
 use crate::plugins;
 
 /// Records `docs/billing.md` names, one or more of each rule.
 fn edge_records() -> Vec<Vec<u8>> {
     let event = |customer: &str, quantity: &str, ts: &str| {
-        format!(r#"{{"customer":{customer},"metric":"api_calls","quantity":{quantity},"ts":"{ts}"}}"#).into_bytes()
+        format!(
+            r#"{{"customer":{customer},"metric":"api_calls","quantity":{quantity},"ts":"{ts}"}}"#
+        )
+        .into_bytes()
     };
     let mut records: Vec<Vec<u8>> = vec![
         // unicode, escapes and quotes in names; a key spelled with an escape
@@ -101,8 +104,14 @@ fn edge_records() -> Vec<Vec<u8>> {
     let mut rng = Rng::new(16);
     let alphabet = ["a", "Z", "é", "☃", "𝄞", "\\\"", "\\\\", "\\n", "\\u00e9", " ", "-"];
     for _ in 0..300 {
-        let name: String = (0..1 + rng.below(12)).map(|_| alphabet[rng.below(alphabet.len() as u64) as usize]).collect();
-        records.push(event(&format!("\"{name}\""), &rng.below(1 << 40).to_string(), "2026-11-30T23:59:59.5-00:01"));
+        let name: String = (0..1 + rng.below(12))
+            .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
+            .collect();
+        records.push(event(
+            &format!("\"{name}\""),
+            &rng.below(1 << 40).to_string(),
+            "2026-11-30T23:59:59.5-00:01",
+        ));
     }
     records
 }
@@ -140,19 +149,32 @@ fn run(plugin: &str, dir: &Path, inputs: &[PathBuf], batch_size: usize) -> Outco
     let loaded = runtime.load_file_cached(Path::new(plugin), &cache).unwrap();
     let mut settings = JobSettings::new("billing", plugin.into(), vec!["totals".into()]);
     settings.batch_size = batch_size;
-    let local = LocalConfig { inputs: inputs.to_vec(), output_dir: dir.join("out"), state_dir: dir.join("state"), confine_to: None };
+    let local = LocalConfig {
+        inputs: inputs.to_vec(),
+        output_dir: dir.join("out"),
+        state_dir: dir.join("state"),
+        confine_to: None,
+    };
     let mut task = LocalTask::open(&settings, &local, &loaded).unwrap();
     let summary = task.run().unwrap();
     assert!(summary.records > 0);
     let digest = &loaded.digest()[..23]; // as lineage writes it: `sha256:` and 16 hex digits
-    let read = |name: &str| std::fs::read_to_string(dir.join("out").join(name)).unwrap().replace(digest, "sha256:<digest>");
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.join("out").join(name))
+            .unwrap()
+            .replace(digest, "sha256:<digest>")
+    };
     let state = task.store().scan_state().unwrap();
     Outcome { totals: read("totals.ndjson"), dead_letters: read("dead-letters.ndjson"), state }
 }
 
 /// The billing plugin in each language but Rust, by name.
-const PORTS: &[(&str, &str)] =
-    &[("js", plugins::USAGE_BILLING_JS), ("python", plugins::USAGE_BILLING_PYTHON), ("go", plugins::USAGE_BILLING_GO), ("c", plugins::USAGE_BILLING_C)];
+const PORTS: &[(&str, &str)] = &[
+    ("js", plugins::USAGE_BILLING_JS),
+    ("python", plugins::USAGE_BILLING_PYTHON),
+    ("go", plugins::USAGE_BILLING_GO),
+    ("c", plugins::USAGE_BILLING_C),
+];
 
 #[test]
 fn every_languages_billing_plugin_computes_the_rust_ones_bytes() {
@@ -163,12 +185,22 @@ fn every_languages_billing_plugin_computes_the_rust_ones_bytes() {
     // The same batches (the order the partitions' records interleave in
     // follows the batches), so every byte can be compared.
     let rust = run(plugins::USAGE_BILLING, &dir.path().join("rust"), &inputs, 256);
-    assert!(rust.dead_letters.lines().count() > 60 && rust.totals.lines().count() > 2_000, "{rust:?}");
+    assert!(
+        rust.dead_letters.lines().count() > 60 && rust.totals.lines().count() > 2_000,
+        "{rust:?}"
+    );
     for (language, plugin) in PORTS {
         let port = run(plugin, &dir.path().join(language), &inputs, 256);
-        for (what, rust, port) in [("totals", &rust.totals, &port.totals), ("dead letters", &rust.dead_letters, &port.dead_letters)] {
-            if let Some((line, (r, p))) = rust.lines().zip(port.lines()).enumerate().find(|(_, (r, p))| r != p) {
-                panic!("{language}: {what} differ first at line {line}:\n   rust: {r}\n {language:>6}: {p}");
+        for (what, rust, port) in [
+            ("totals", &rust.totals, &port.totals),
+            ("dead letters", &rust.dead_letters, &port.dead_letters),
+        ] {
+            if let Some((line, (r, p))) =
+                rust.lines().zip(port.lines()).enumerate().find(|(_, (r, p))| r != p)
+            {
+                panic!(
+                    "{language}: {what} differ first at line {line}:\n   rust: {r}\n {language:>6}: {p}"
+                );
             }
             assert_eq!(rust.lines().count(), port.lines().count(), "{language}: {what}");
         }

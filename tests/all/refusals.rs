@@ -23,9 +23,14 @@ fn assert_refused(plugin: &Path, expected: &str) {
     assert!(!dir.path().join("state").exists(), "a refused plugin must not create state");
     assert!(!dir.path().join("out").exists(), "a refused plugin must not create outputs");
 
-    let inspect = Command::new(tally_binary()).args(["plugin", "inspect"]).arg(plugin).output().unwrap();
+    let inspect =
+        Command::new(tally_binary()).args(["plugin", "inspect"]).arg(plugin).output().unwrap();
     assert!(!inspect.status.success());
-    let said = format!("{}{}", String::from_utf8_lossy(&inspect.stdout), String::from_utf8_lossy(&inspect.stderr));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&inspect.stdout),
+        String::from_utf8_lossy(&inspect.stderr)
+    );
     assert!(said.contains(expected), "inspect should say {expected:?}: {said}");
 }
 
@@ -49,7 +54,8 @@ fn a_plugin_for_another_contract_version_is_refused_naming_both_versions() {
 fn a_core_module_is_refused_as_not_a_component() {
     // The billing plugin's own core module, before `tally plugin build` wrapped it.
     let components_dir = Path::new(USAGE_BILLING).parent().unwrap();
-    let core: PathBuf = components_dir.parent().unwrap().join("wasm32-unknown-unknown/release/usage_billing.wasm");
+    let core: PathBuf =
+        components_dir.parent().unwrap().join("wasm32-unknown-unknown/release/usage_billing.wasm");
     assert!(core.exists(), "{} should exist after the plugin build", core.display());
     assert_refused(&core, "is a core WebAssembly module, not a component");
 }
@@ -73,12 +79,16 @@ fn a_missing_plugin_file_is_named() {
 
 #[test]
 fn inspect_describes_a_good_plugin() {
-    let inspect = Command::new(tally_binary()).args(["plugin", "inspect", "--json", USAGE_BILLING]).output().unwrap();
+    let inspect = Command::new(tally_binary())
+        .args(["plugin", "inspect", "--json", USAGE_BILLING])
+        .output()
+        .unwrap();
     assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
     let report: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
     assert_eq!(report["wit_versions"], serde_json::json!(["0.1.0"]));
     assert_eq!(report["exports"], serde_json::json!(["tally:plugin/aggregator@0.1.0"]));
-    let imports: Vec<&str> = report["imports"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    let imports: Vec<&str> =
+        report["imports"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert!(imports.iter().all(|i| i.starts_with("tally:plugin/")), "{imports:?}");
     assert!(report["size"].as_u64().unwrap() > 0);
     assert!(report["digest"].as_str().unwrap().starts_with("sha256:"));

@@ -23,13 +23,23 @@ fn tally_said(args: &[&str], dir: &Path) -> (bool, String) {
         .args(args)
         .current_dir(dir)
         // The toolchain scripts/setup installed for the billing plugin.
-        .env("TALLY_COMPONENTIZE_QJS", workspace.join("plugins/usage-billing-js/node_modules/.bin/componentize-qjs"))
-        .env("TALLY_COMPONENTIZE_PY", workspace.join("plugins/usage-billing-python/.venv/bin/componentize-py"))
+        .env(
+            "TALLY_COMPONENTIZE_QJS",
+            workspace.join("plugins/usage-billing-js/node_modules/.bin/componentize-qjs"),
+        )
+        .env(
+            "TALLY_COMPONENTIZE_PY",
+            workspace.join("plugins/usage-billing-python/.venv/bin/componentize-py"),
+        )
         // Plugin crates resolve their dependencies from the local cache: no network in tests.
         .env("CARGO_NET_OFFLINE", "true")
         .output()
         .unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     (output.status.success(), said)
 }
 
@@ -53,30 +63,73 @@ fn every_plugin_in_the_tree_builds_on_its_own() {
     for dir in dirs {
         let name = dir.file_name().unwrap().to_str().unwrap().to_string();
         let wasm = out.path().join(format!("{name}.wasm"));
-        let (built, said) = tally_said(&["plugin", "build", dir.to_str().unwrap(), "--out", wasm.to_str().unwrap()], workspace);
+        let (built, said) = tally_said(
+            &["plugin", "build", dir.to_str().unwrap(), "--out", wasm.to_str().unwrap()],
+            workspace,
+        );
         let refusal = match name.as_str() {
-            "imports-sockets" => Some("imports `wasi:sockets/tcp@0.2.0`, which Tally does not provide"),
+            "imports-sockets" => {
+                Some("imports `wasi:sockets/tcp@0.2.0`, which Tally does not provide")
+            }
             "wrong-wit-version" => Some("was built for tally:plugin@0.2.0"),
             _ => None,
         };
         match refusal {
             None => assert!(built, "{name} does not build on its own: {said}"),
-            Some(why) => assert!(!built && said.contains(why), "{name} builds, and is refused saying {why:?}: {said}"),
+            Some(why) => assert!(
+                !built && said.contains(why),
+                "{name} builds, and is refused saying {why:?}: {said}"
+            ),
         }
-        let component = std::fs::read(&wasm).unwrap_or_else(|err| panic!("{name}: no component at {}: {err}: {said}", wasm.display()));
-        assert!(component.starts_with(b"\0asm"), "{name}: {} is a WebAssembly file", wasm.display());
+        let component = std::fs::read(&wasm).unwrap_or_else(|err| {
+            panic!("{name}: no component at {}: {err}: {said}", wasm.display())
+        });
+        assert!(
+            component.starts_with(b"\0asm"),
+            "{name}: {} is a WebAssembly file",
+            wasm.display()
+        );
     }
 }
 
 /// Builds the plugin in `dir/name` and runs it over two events.
 fn build_and_run(dir: &Path, name: &str) {
     let built = tally(&["plugin", "build", name, "--out", "plugin.wasm"], dir);
-    let imports = built.lines().find_map(|line| line.strip_prefix("imports: ")).unwrap_or_else(|| panic!("no imports printed: {built}"));
-    assert!(imports.split(", ").all(|import| import.starts_with("tally:plugin/")), "only tally:plugin is imported: {imports}");
-    std::fs::write(dir.join("in.ndjson"), "{\"key\":\"a\",\"n\":2}\n{\"key\":\"a\",\"n\":3}\n").unwrap();
-    tally(&["run", "--name", name, "--plugin", "plugin.wasm", "--output", "counts", "--input", "in.ndjson", "--output-dir", "out", "--state-dir", "state"], dir);
+    let imports = built
+        .lines()
+        .find_map(|line| line.strip_prefix("imports: "))
+        .unwrap_or_else(|| panic!("no imports printed: {built}"));
+    assert!(
+        imports.split(", ").all(|import| import.starts_with("tally:plugin/")),
+        "only tally:plugin is imported: {imports}"
+    );
+    std::fs::write(dir.join("in.ndjson"), "{\"key\":\"a\",\"n\":2}\n{\"key\":\"a\",\"n\":3}\n")
+        .unwrap();
+    tally(
+        &[
+            "run",
+            "--name",
+            name,
+            "--plugin",
+            "plugin.wasm",
+            "--output",
+            "counts",
+            "--input",
+            "in.ndjson",
+            "--output-dir",
+            "out",
+            "--state-dir",
+            "state",
+        ],
+        dir,
+    );
     let counts = std::fs::read_to_string(dir.join("out/counts.ndjson")).unwrap();
-    let values: Vec<u64> = counts.lines().map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["value"].as_u64().unwrap()).collect();
+    let values: Vec<u64> = counts
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["value"].as_u64().unwrap()
+        })
+        .collect();
     assert_eq!(values, [2, 5], "{counts}");
 }
 
@@ -89,9 +142,15 @@ fn a_new_javascript_plugin_passes_its_test_builds_and_runs() {
         // What `npm install` would link, without the network.
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         std::fs::create_dir_all(plugin.join("node_modules")).unwrap();
-        std::os::unix::fs::symlink(workspace.join("sdk/js"), plugin.join("node_modules/tally")).unwrap();
+        std::os::unix::fs::symlink(workspace.join("sdk/js"), plugin.join("node_modules/tally"))
+            .unwrap();
         let test = Command::new("node").arg("--test").current_dir(&plugin).output().unwrap();
-        assert!(test.status.success(), "{lang}: {}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
+        assert!(
+            test.status.success(),
+            "{lang}: {}{}",
+            String::from_utf8_lossy(&test.stdout),
+            String::from_utf8_lossy(&test.stderr)
+        );
         build_and_run(dir.path(), "counter");
     }
 }
@@ -102,9 +161,22 @@ fn a_new_python_plugin_passes_its_test_builds_and_runs() {
     tally(&["plugin", "new", "counter", "--lang", "python"], dir.path());
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let pytest = workspace.join("plugins/usage-billing-python/.venv/bin/pytest");
-    let test = Command::new(pytest).args(["-q", "-p", "no:cacheprovider"]).current_dir(dir.path().join("counter")).output().unwrap();
-    assert!(test.status.success(), "{}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
-    assert!(String::from_utf8_lossy(&test.stdout).contains("1 passed"), "{}", String::from_utf8_lossy(&test.stdout));
+    let test = Command::new(pytest)
+        .args(["-q", "-p", "no:cacheprovider"])
+        .current_dir(dir.path().join("counter"))
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&test.stdout).contains("1 passed"),
+        "{}",
+        String::from_utf8_lossy(&test.stdout)
+    );
     build_and_run(dir.path(), "counter");
 }
 
@@ -112,8 +184,19 @@ fn a_new_python_plugin_passes_its_test_builds_and_runs() {
 fn a_new_go_plugin_passes_its_test_builds_and_runs() {
     let dir = tempfile::tempdir().unwrap();
     tally(&["plugin", "new", "counter", "--lang", "go"], dir.path());
-    let test = Command::new("go").args(["test", "./..."]).env("GOFLAGS", "-mod=mod").env("GOPROXY", "off").current_dir(dir.path().join("counter")).output().unwrap();
-    assert!(test.status.success(), "{}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
+    let test = Command::new("go")
+        .args(["test", "./..."])
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOPROXY", "off")
+        .current_dir(dir.path().join("counter"))
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
     build_and_run(dir.path(), "counter");
 }
 
@@ -121,8 +204,17 @@ fn a_new_go_plugin_passes_its_test_builds_and_runs() {
 fn a_new_c_plugin_passes_its_test_builds_and_runs() {
     let dir = tempfile::tempdir().unwrap();
     tally(&["plugin", "new", "counter", "--lang", "c"], dir.path());
-    let test = Command::new("make").args(["-s", "test"]).current_dir(dir.path().join("counter")).output().unwrap();
-    assert!(test.status.success(), "{}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
+    let test = Command::new("make")
+        .args(["-s", "test"])
+        .current_dir(dir.path().join("counter"))
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
     build_and_run(dir.path(), "counter");
 }
 
@@ -131,18 +223,39 @@ fn a_new_rust_plugin_builds_and_runs() {
     let dir = tempfile::tempdir().unwrap();
     tally(&["plugin", "new", "counter", "--lang", "rust"], dir.path());
     build_and_run(dir.path(), "counter");
-    let refused = Command::new(tally_binary()).args(["plugin", "new", "counter", "--lang", "rust"]).current_dir(dir.path()).output().unwrap();
-    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("is not empty"));
+    let refused = Command::new(tally_binary())
+        .args(["plugin", "new", "counter", "--lang", "rust"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("is not empty")
+    );
 }
 
 #[test]
 fn print_in_python_and_console_log_in_javascript_reach_the_host_log() {
     let dir = tempfile::tempdir().unwrap();
     let edits = [
-        ("python", "app.py", "    return count + n", "    print(\"counting\", n)\n    return count + n"),
-        ("js", "index.js", "    return count + event.n;", "    console.log(\"counting\", event.n);\n    return count + event.n;"),
+        (
+            "python",
+            "app.py",
+            "    return count + n",
+            "    print(\"counting\", n)\n    return count + n",
+        ),
+        (
+            "js",
+            "index.js",
+            "    return count + event.n;",
+            "    console.log(\"counting\", event.n);\n    return count + event.n;",
+        ),
     ];
-    std::fs::write(dir.path().join("in.ndjson"), "{\"key\":\"a\",\"n\":2}\n{\"key\":\"a\",\"n\":3}\n").unwrap();
+    std::fs::write(
+        dir.path().join("in.ndjson"),
+        "{\"key\":\"a\",\"n\":2}\n{\"key\":\"a\",\"n\":3}\n",
+    )
+    .unwrap();
     for (lang, file, from, to) in edits {
         let name = format!("printing_{lang}");
         tally(&["plugin", "new", &name, "--lang", lang], dir.path());
@@ -152,7 +265,17 @@ fn print_in_python_and_console_log_in_javascript_reach_the_host_log() {
         std::fs::write(&source, text.replace(from, to)).unwrap();
         tally(&["plugin", "build", &name, "--out", &format!("{name}.wasm")], dir.path());
         let run = Command::new(tally_binary())
-            .args(["run", "--name", &name, "--plugin", &format!("{name}.wasm"), "--output", "counts", "--input", "in.ndjson"])
+            .args([
+                "run",
+                "--name",
+                &name,
+                "--plugin",
+                &format!("{name}.wasm"),
+                "--output",
+                "counts",
+                "--input",
+                "in.ndjson",
+            ])
             .args(["--output-dir", &format!("out-{lang}"), "--state-dir", &format!("state-{lang}")])
             .current_dir(dir.path())
             .output()
@@ -160,7 +283,11 @@ fn print_in_python_and_console_log_in_javascript_reach_the_host_log() {
         let log = String::from_utf8_lossy(&run.stderr);
         assert!(run.status.success(), "{log}");
         for n in [2, 3] {
-            assert!(log.lines().any(|line| line.contains(&format!("counting {n}")) && line.contains(&name)), "{lang}: the line reaches the log with the job's name:\n{log}");
+            assert!(
+                log.lines()
+                    .any(|line| line.contains(&format!("counting {n}")) && line.contains(&name)),
+                "{lang}: the line reaches the log with the job's name:\n{log}"
+            );
         }
     }
 }

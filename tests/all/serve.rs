@@ -5,8 +5,10 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tally_tests::serve::{append_lines, local_job, number, wait_for, JsonApi, ServeHost, ACME, GLOBEX, METRICS};
-use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, UsageLine};
+use tally_tests::serve::{
+    ACME, GLOBEX, JsonApi, METRICS, ServeHost, append_lines, local_job, number, wait_for,
+};
+use tally_tests::{UsageLine, expected_totals, final_totals, read_totals, usage_lines};
 
 use crate::plugins;
 
@@ -25,7 +27,14 @@ pub(crate) fn write_input(host: &ServeHost, tenant: &str, file: &str, lines: &[U
 
 /// The names of the jobs `client`'s tenant sees, as listed.
 pub(crate) fn job_names(client: &JsonApi) -> Vec<String> {
-    client.list().unwrap().as_array().unwrap().iter().map(|job| job["name"].as_str().unwrap().to_string()).collect()
+    client
+        .list()
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|job| job["name"].as_str().unwrap().to_string())
+        .collect()
 }
 
 /// Waits until the job's committed records reach `records` and nothing is left to read.
@@ -39,9 +48,18 @@ pub(crate) fn wait_caught_up(client: &JsonApi, job: &str, records: u64, host: &S
 
 /// The final totals of a local job equal the independently computed ones,
 /// and every input line contributed exactly one total or dead letter.
-pub(crate) fn check_local_totals(host: &ServeHost, tenant: &str, job: &str, lines: &[UsageLine]) -> Vec<tally_tests::TotalLine> {
+pub(crate) fn check_local_totals(
+    host: &ServeHost,
+    tenant: &str,
+    job: &str,
+    lines: &[UsageLine],
+) -> Vec<tally_tests::TotalLine> {
     let totals = read_totals(&host.output(tenant, job, "totals"));
-    assert_eq!(final_totals(&totals), expected_totals(lines), "job `{job}` of `{tenant}` computed wrong totals");
+    assert_eq!(
+        final_totals(&totals),
+        expected_totals(lines),
+        "job `{job}` of `{tenant}` computed wrong totals"
+    );
     let dead = tally_tests::read_dead_letters(&host.output(tenant, job, "dead-letters"));
     let good = lines.iter().filter(|line| line.effect.is_some()).count();
     assert_eq!(totals.len(), good, "each good line gives exactly one total");
@@ -52,7 +70,9 @@ pub(crate) fn check_local_totals(host: &ServeHost, tenant: &str, job: &str, line
 pub(crate) fn refused(result: Result<Value, tally_host::client::ClientError>) -> (u16, String) {
     match result {
         Ok(value) => panic!("expected a refusal, got {value}"),
-        Err(err) => (err.status().unwrap_or_else(|| panic!("not an HTTP refusal: {err}")), err.to_string()),
+        Err(err) => {
+            (err.status().unwrap_or_else(|| panic!("not an HTTP refusal: {err}")), err.to_string())
+        }
     }
 }
 
@@ -63,7 +83,8 @@ fn a_tenant_cannot_see_or_touch_another_tenants_jobs() {
     let lines = usage_lines(41, 5_000, 10);
     write_input(&host, "acme", "usage.ndjson", &lines);
     let acme = host.client(ACME);
-    acme.deploy(&local_job("billing", &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING)).unwrap();
+    acme.deploy(&local_job("billing", &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING))
+        .unwrap();
     wait_caught_up(&acme, "billing", lines.len() as u64, &host);
 
     let globex = host.client(GLOBEX);
@@ -83,9 +104,16 @@ fn a_tenant_cannot_see_or_touch_another_tenants_jobs() {
     for (what, result) in attempts {
         let (status, message) = refused(result);
         assert_eq!(status, 404, "{what}: {message}");
-        assert_eq!(message, missing.1.replace("no-such-job", "billing"), "{what}: another tenant's job must look like no job at all");
+        assert_eq!(
+            message,
+            missing.1.replace("no-such-job", "billing"),
+            "{what}: another tenant's job must look like no job at all"
+        );
     }
-    for (client, why) in [(JsonApi::new(&host.server, None), "no token"), (host.client("not-a-token-at-all"), "a wrong token")] {
+    for (client, why) in [
+        (JsonApi::new(&host.server, None), "no token"),
+        (host.client("not-a-token-at-all"), "a wrong token"),
+    ] {
         for result in [client.list(), client.status("billing"), client.delete("billing")] {
             let (status, message) = refused(result);
             assert_eq!(status, 401, "{why}: {message}");
@@ -100,7 +128,8 @@ fn a_tenant_cannot_see_or_touch_another_tenants_jobs() {
     assert_eq!(status["plugin"], digest_of(plugins::USAGE_BILLING));
     let expected = expected_totals(&lines);
     let (customer, metric, period) = expected.keys().next().unwrap().clone();
-    let key = serde_json::json!({ "customer": customer, "metric": metric, "period": period }).to_string();
+    let key =
+        serde_json::json!({ "customer": customer, "metric": metric, "period": period }).to_string();
     let value = acme.state_get("billing", &key).unwrap();
     assert_eq!(value["value"].as_u64(), Some(expected[&(customer, metric, period)]), "{value}");
     check_local_totals(&host, "acme", "billing", &lines);
@@ -113,7 +142,8 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
     let lines = usage_lines(42, 2_000, 0);
     write_input(&host, "acme", "usage.ndjson", &lines);
     let acme = host.client(ACME);
-    acme.deploy(&local_job("billing", &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING)).unwrap();
+    acme.deploy(&local_job("billing", &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING))
+        .unwrap();
     wait_caught_up(&acme, "billing", lines.len() as u64, &host);
     let history_before = acme.history("billing").unwrap();
     let data_before = tree(&host.dir.join("data/jobs"));
@@ -155,13 +185,23 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
     for (what, result, expected_status, expected_text) in cases {
         let (status, message) = refused(result);
         assert_eq!(status, expected_status, "{what}: {message}");
-        assert!(message.contains(expected_text), "{what}: the message should say {expected_text:?}: {message}");
-        assert!(!message.contains(&host.dir.display().to_string()), "{what}: the host's paths stay the host's: {message}");
+        assert!(
+            message.contains(expected_text),
+            "{what}: the message should say {expected_text:?}: {message}"
+        );
+        assert!(
+            !message.contains(&host.dir.display().to_string()),
+            "{what}: the host's paths stay the host's: {message}"
+        );
     }
     assert_eq!(acme.list().unwrap().as_array().unwrap().len(), 1, "no job was added");
 
     assert_eq!(acme.history("billing").unwrap(), history_before, "no plugin version was recorded");
-    assert_eq!(tree(&host.dir.join("data/jobs")), data_before, "nothing was written to the data directory");
+    assert_eq!(
+        tree(&host.dir.join("data/jobs")),
+        data_before,
+        "nothing was written to the data directory"
+    );
     assert_eq!(acme.status("billing").unwrap()["plugin"], digest_of(plugins::USAGE_BILLING));
     check_local_totals(&host, "acme", "billing", &lines);
     // A tenant's job quota.
@@ -170,7 +210,8 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
     for name in ["g1", "g2", "g3"] {
         globex.deploy(&local_job(name, &["usage.ndjson"], ""), &billing).unwrap();
     }
-    let (status, message) = refused(globex.deploy(&local_job("g4", &["usage.ndjson"], ""), &billing));
+    let (status, message) =
+        refused(globex.deploy(&local_job("g4", &["usage.ndjson"], ""), &billing));
     assert_eq!(status, 409, "{message}");
     assert!(message.contains("max_jobs"), "{message}");
     assert_eq!(globex.list().unwrap().as_array().unwrap().len(), 3);
@@ -184,7 +225,8 @@ fn tree(dir: &std::path::Path) -> Vec<(String, u64)> {
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
-            let name = path.strip_prefix(dir.ancestors().last().unwrap()).unwrap().display().to_string();
+            let name =
+                path.strip_prefix(dir.ancestors().last().unwrap()).unwrap().display().to_string();
             if path.is_dir() {
                 if !matches!(path.file_name().and_then(|n| n.to_str()), Some("state" | "out")) {
                     stack.push(path);
@@ -206,7 +248,8 @@ fn a_plugin_that_traps_on_its_first_batch_is_rolled_back_and_nothing_of_it_commi
     let (first, rest) = lines.split_at(20_000);
     write_input(&host, "acme", "usage.ndjson", first);
     let acme = host.client(ACME);
-    acme.deploy(&local_job("billing", &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING)).unwrap();
+    acme.deploy(&local_job("billing", &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING))
+        .unwrap();
     wait_caught_up(&acme, "billing", first.len() as u64, &host);
 
     let trap = acme.push("billing", &plugin(plugins::BILLING_TRAP)).unwrap();
@@ -223,17 +266,28 @@ fn a_plugin_that_traps_on_its_first_batch_is_rolled_back_and_nothing_of_it_commi
     assert_eq!(status["plugin"], good, "the job runs the previous version again: {status}");
     assert_eq!(number(&status, "rollbacks"), 1, "{status}");
     let last_swap = status["last_swap"].as_str().unwrap();
-    assert!(last_swap.contains("rolled back") && last_swap.contains("period table is empty"), "the status says why: {last_swap}");
+    assert!(
+        last_swap.contains("rolled back") && last_swap.contains("period table is empty"),
+        "the status says why: {last_swap}"
+    );
     let history = acme.history("billing").unwrap();
     let versions = history.as_array().unwrap();
     assert_eq!(versions.len(), 2);
-    assert_eq!((versions[0]["status"].as_str(), versions[1]["status"].as_str()), (Some("active"), Some("rolled_back")), "{history}");
+    assert_eq!(
+        (versions[0]["status"].as_str(), versions[1]["status"].as_str()),
+        (Some("active"), Some("rolled_back")),
+        "{history}"
+    );
     assert!(versions[1]["reason"].as_str().unwrap().contains("first transaction"), "{history}");
     let metrics = host.client(METRICS).metrics().unwrap();
     let rollbacks = metric(&metrics, "tally_plugin_rollbacks_total", "billing");
     assert_eq!(rollbacks, 1.0, "metrics show the rollback:\n{metrics}");
     assert!(metric(&metrics, "tally_plugin_traps_total", "billing") >= 1.0, "{metrics}");
-    assert_eq!(metric(&metrics, "tally_records_in_total", "billing"), lines.len() as f64, "committed records counted once:\n{metrics}");
+    assert_eq!(
+        metric(&metrics, "tally_records_in_total", "billing"),
+        lines.len() as f64,
+        "committed records counted once:\n{metrics}"
+    );
 
     // Exactly once: the trapping version's work was aborted and redone.
     let totals = check_local_totals(&host, "acme", "billing", &lines);
@@ -264,7 +318,9 @@ fn a_killed_host_resumes_every_job_where_it_committed() {
     let held_back = 200_000;
     let write_parts = |host: &ServeHost, acme: &[UsageLine], globex: &[UsageLine]| {
         for index in 0..2 {
-            let part = |lines: &[UsageLine]| lines.iter().skip(index).step_by(2).cloned().collect::<Vec<_>>();
+            let part = |lines: &[UsageLine]| {
+                lines.iter().skip(index).step_by(2).cloned().collect::<Vec<_>>()
+            };
             write_input(host, "acme", &format!("usage-{index}.ndjson"), &part(acme));
             write_input(host, "globex", &format!("usage-{index}.ndjson"), &part(globex));
         }
@@ -272,23 +328,45 @@ fn a_killed_host_resumes_every_job_where_it_committed() {
     write_parts(&host, &acme_lines[..held_back], &globex_lines[..held_back]);
     let inputs = ["usage-0.ndjson", "usage-1.ndjson"];
     let (acme, globex) = (host.client(ACME), host.client(GLOBEX));
-    acme.deploy(&local_job("billing", &inputs, "commit_interval_ms = 20"), &plugin(plugins::USAGE_BILLING)).unwrap();
+    acme.deploy(
+        &local_job("billing", &inputs, "commit_interval_ms = 20"),
+        &plugin(plugins::USAGE_BILLING),
+    )
+    .unwrap();
     acme.deploy(&local_job("paused", &inputs, ""), &plugin(plugins::USAGE_BILLING)).unwrap();
     acme.pause("paused").unwrap();
-    globex.deploy(&local_job("billing", &inputs, "commit_interval_ms = 20"), &plugin(plugins::BILLING_VARIANT)).unwrap();
+    globex
+        .deploy(
+            &local_job("billing", &inputs, "commit_interval_ms = 20"),
+            &plugin(plugins::BILLING_VARIANT),
+        )
+        .unwrap();
     wait_for("both jobs to have committed something", Duration::from_secs(60), || {
-        number(&acme.status("billing").unwrap(), "commits") > 2 && number(&globex.status("billing").unwrap(), "commits") > 2
+        number(&acme.status("billing").unwrap(), "commits") > 2
+            && number(&globex.status("billing").unwrap(), "commits") > 2
     });
     let before = number(&acme.status("billing").unwrap(), "records");
     host.kill();
-    assert!(before < acme_lines.len() as u64, "the kill must land mid-run (committed {before} of {})", acme_lines.len());
+    assert!(
+        before < acme_lines.len() as u64,
+        "the kill must land mid-run (committed {before} of {})",
+        acme_lines.len()
+    );
     write_parts(&host, &acme_lines[held_back..], &globex_lines[held_back..]);
 
     host.launch();
     let (acme, globex) = (host.client(ACME), host.client(GLOBEX));
     assert_eq!(job_names(&acme), ["billing", "paused"]);
-    assert_eq!(acme.status("paused").unwrap()["state"], "paused", "a paused job stays paused across a restart");
-    assert_eq!(globex.status("billing").unwrap()["plugin"], digest_of(plugins::BILLING_VARIANT), "each job keeps its plugin version");
+    assert_eq!(
+        acme.status("paused").unwrap()["state"],
+        "paused",
+        "a paused job stays paused across a restart"
+    );
+    assert_eq!(
+        globex.status("billing").unwrap()["plugin"],
+        digest_of(plugins::BILLING_VARIANT),
+        "each job keeps its plugin version"
+    );
     // After the restart, the status counts only what the new host committed.
     wait_for("both jobs to read their inputs to the end", Duration::from_secs(120), || {
         [&acme, &globex].iter().all(|client| {
@@ -313,7 +391,8 @@ fn a_job_that_cannot_be_resumed_is_listed_as_broken_with_the_reason() {
     write_input(&host, "acme", "usage.ndjson", &lines);
     let acme = host.client(ACME);
     for name in ["billing", "doomed"] {
-        acme.deploy(&local_job(name, &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING)).unwrap();
+        acme.deploy(&local_job(name, &["usage.ndjson"], ""), &plugin(plugins::USAGE_BILLING))
+            .unwrap();
     }
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
     // Someone removes a job's plugin file while the host is down.
@@ -326,13 +405,22 @@ fn a_job_that_cannot_be_resumed_is_listed_as_broken_with_the_reason() {
     let acme = host.client(ACME);
     let listed = acme.list().unwrap();
     let jobs = listed.as_array().unwrap();
-    let states: Vec<(&str, &str)> = jobs.iter().map(|job| (job["name"].as_str().unwrap(), job["state"].as_str().unwrap())).collect();
+    let states: Vec<(&str, &str)> = jobs
+        .iter()
+        .map(|job| (job["name"].as_str().unwrap(), job["state"].as_str().unwrap()))
+        .collect();
     assert!(states.contains(&("doomed", "broken")), "{listed}");
     assert!(!states.contains(&("billing", "broken")), "{listed}");
     let doomed = jobs.iter().find(|job| job["name"] == "doomed").unwrap();
-    assert!(doomed["last_error"].as_str().unwrap().contains("plugin"), "the reason names what is wrong: {doomed}");
+    assert!(
+        doomed["last_error"].as_str().unwrap().contains("plugin"),
+        "the reason names what is wrong: {doomed}"
+    );
     assert_eq!(acme.status("doomed").err().and_then(|err| err.status()), Some(409));
-    assert!(host.client(GLOBEX).list().unwrap().as_array().unwrap().is_empty(), "another tenant does not see it");
+    assert!(
+        host.client(GLOBEX).list().unwrap().as_array().unwrap().is_empty(),
+        "another tenant does not see it"
+    );
 
     acme.delete("doomed").unwrap();
     assert_eq!(job_names(&acme), ["billing"]);
@@ -347,7 +435,14 @@ fn cli(host: &ServeHost, token: &str, args: &[&str]) -> (bool, String) {
         .env("TALLY_TOKEN", token)
         .output()
         .unwrap();
-    (output.status.success(), format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+    (
+        output.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    )
 }
 
 #[test]
@@ -359,7 +454,15 @@ fn the_cli_deploys_pauses_resumes_pushes_rolls_back_queries_and_deletes() {
     write_input(&host, "acme", "usage.ndjson", first);
     let job_file = dir.path().join("billing.toml");
     // The same job file as for `tally run`, plugin line included: the CLI uploads it.
-    std::fs::write(&job_file, format!("plugin = {:?}\n{}", plugins::USAGE_BILLING, local_job("billing", &["usage.ndjson"], ""))).unwrap();
+    std::fs::write(
+        &job_file,
+        format!(
+            "plugin = {:?}\n{}",
+            plugins::USAGE_BILLING,
+            local_job("billing", &["usage.ndjson"], "")
+        ),
+    )
+    .unwrap();
     let run = |args: &[&str]| {
         let (ok, text) = cli(&host, ACME, args);
         assert!(ok, "tally {args:?} failed:\n{text}\n{}", host.log());
@@ -370,16 +473,25 @@ fn the_cli_deploys_pauses_resumes_pushes_rolls_back_queries_and_deletes() {
     let acme = host.client(ACME);
     wait_caught_up(&acme, "billing", first.len() as u64, &host);
     let table = run(&["jobs", "list"]);
-    assert!(table.starts_with("JOB") && table.contains("billing") && table.contains("running"), "{table}");
+    assert!(
+        table.starts_with("JOB") && table.contains("billing") && table.contains("running"),
+        "{table}"
+    );
     let listed: Value = serde_json::from_str(&run(&["jobs", "list", "--json"])).unwrap();
     assert_eq!(listed[0]["records"].as_u64(), Some(first.len() as u64), "{listed}");
 
     // Paused, the job reads nothing more; resumed, it catches up.
     assert!(run(&["jobs", "pause", "billing"]).contains("paused"));
-    wait_for("the job to pause", Duration::from_secs(30), || acme.status("billing").unwrap()["state"] == "paused");
+    wait_for("the job to pause", Duration::from_secs(30), || {
+        acme.status("billing").unwrap()["state"] == "paused"
+    });
     write_input(&host, "acme", "usage.ndjson", rest);
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(number(&acme.status("billing").unwrap(), "records"), first.len() as u64, "a paused job processes nothing");
+    assert_eq!(
+        number(&acme.status("billing").unwrap(), "records"),
+        first.len() as u64,
+        "a paused job processes nothing"
+    );
     run(&["jobs", "resume", "billing"]);
     wait_caught_up(&acme, "billing", lines.len() as u64, &host);
 
@@ -406,7 +518,8 @@ fn the_cli_deploys_pauses_resumes_pushes_rolls_back_queries_and_deletes() {
     // An interactive query through the CLI.
     let expected = expected_totals(&all);
     let ((customer, metric, period), total) = expected.iter().next().unwrap();
-    let key = serde_json::json!({ "customer": customer, "metric": metric, "period": period }).to_string();
+    let key =
+        serde_json::json!({ "customer": customer, "metric": metric, "period": period }).to_string();
     assert_eq!(run(&["state", "get", "billing", &key]).trim(), total.to_string());
 
     // Errors are said plainly, and delete removes everything.

@@ -6,15 +6,16 @@
 //! SIGKILLed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tally_tests::kafka::{
-    check, committed_progress, delete_topics, group_reader, produce_usage, read_topic, serial, unique, KafkaBillingJob, Placed,
+    KafkaBillingJob, Placed, check, committed_progress, delete_topics, group_reader, produce_usage,
+    read_topic, serial, unique,
 };
-use tally_tests::serve::{number, wait_for, ServeHost, ACME, METRICS};
-use tally_tests::{expected_totals, usage_lines, UsageLine};
+use tally_tests::serve::{ACME, METRICS, ServeHost, number, wait_for};
+use tally_tests::{UsageLine, expected_totals, usage_lines};
 
 use crate::plugins;
 
@@ -36,7 +37,11 @@ fn digest_of(path: &str) -> String {
 
 /// Produces `lines` in small chunks (from the start again when they run
 /// out) until `stop` is set; returns what was produced and where it landed.
-fn feed(topic: String, lines: Vec<UsageLine>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<UsageLine>, Vec<Placed>)> {
+fn feed(
+    topic: String,
+    lines: Vec<UsageLine>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<UsageLine>, Vec<Placed>)> {
     std::thread::spawn(move || {
         let mut placed = Vec::new();
         let mut produced = Vec::new();
@@ -53,7 +58,8 @@ fn feed(topic: String, lines: Vec<UsageLine>, stop: Arc<AtomicBool>) -> std::thr
 }
 
 #[test]
-fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_between_transactions() {
+fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_between_transactions()
+ {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let host = ServeHost::start(dir.path(), 32 << 20);
@@ -62,16 +68,22 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     let name = unique("swaps");
     let changelog = format!("tally-acme.{name}-state-changelog");
     let acme = host.client(ACME);
-    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
+        .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = feed(job.input.clone(), usage_lines(51, 40_000, 3), stop.clone());
-    let builds = [(plugins::BILLING_VARIANT, digest_of(plugins::BILLING_VARIANT)), (plugins::USAGE_BILLING, digest_of(plugins::USAGE_BILLING))];
+    let builds = [
+        (plugins::BILLING_VARIANT, digest_of(plugins::BILLING_VARIANT)),
+        (plugins::USAGE_BILLING, digest_of(plugins::USAGE_BILLING)),
+    ];
     let trap = digest_of(plugins::BILLING_TRAP);
     for push in 0..20 {
         if push == 10 {
             acme.push(&name, &std::fs::read(plugins::BILLING_TRAP).unwrap()).unwrap();
-            wait_for("the broken version to be rolled back", Duration::from_secs(60), || number(&acme.status(&name).unwrap(), "rollbacks") == 1);
+            wait_for("the broken version to be rolled back", Duration::from_secs(60), || {
+                number(&acme.status(&name).unwrap(), "rollbacks") == 1
+            });
         }
         let (path, digest) = &builds[push % 2];
         push_until_active(&host, &name, path, digest, Duration::from_secs(60));
@@ -80,26 +92,42 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     let (lines, placed) = feeder.join().unwrap();
     assert!(lines.len() >= 4_000, "input kept arriving during the swaps ({} records)", lines.len());
     let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit every record", Duration::from_secs(120), || committed_progress(&group, &job.input, 4) == lines.len() as i64);
+    wait_for("the job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 4) == lines.len() as i64
+    });
 
     // Exactly once, by an independent checker reading read_committed.
     let totals = read_topic(&job.totals, true);
     let dead_letters = read_topic(&job.dead_letters, true);
     let verdict = check(&job.input, &lines, &placed, &totals, &dead_letters);
-    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input record counts exactly once");
+    assert_eq!(
+        (verdict.missing, verdict.doubled),
+        (0, 0),
+        "every input record counts exactly once"
+    );
     assert_eq!(verdict.totals, expected_totals(&lines));
 
-    let digest_of_transaction = digests_by_transaction(&changelog, totals.iter().chain(&dead_letters));
+    let digest_of_transaction =
+        digests_by_transaction(&changelog, totals.iter().chain(&dead_letters));
     let digests_seen: BTreeSet<&String> = digest_of_transaction.values().collect();
-    assert!(!digests_seen.contains(&trap), "nothing the rolled-back version produced was committed");
+    assert!(
+        !digests_seen.contains(&trap),
+        "nothing the rolled-back version produced was committed"
+    );
     assert_eq!(digests_seen.len(), 2, "both builds produced committed output: {digests_seen:?}");
     let changes: usize = (0..4)
         .map(|partition| {
-            let in_order: Vec<&String> = digest_of_transaction.range((partition, 0)..(partition + 1, 0)).map(|(_, digest)| digest).collect();
+            let in_order: Vec<&String> = digest_of_transaction
+                .range((partition, 0)..(partition + 1, 0))
+                .map(|(_, digest)| digest)
+                .collect();
             in_order.windows(2).filter(|pair| pair[0] != pair[1]).count()
         })
         .sum();
-    assert!(changes >= 20, "the digest changed {changes} times over the partitions; every swap should show");
+    assert!(
+        changes >= 20,
+        "the digest changed {changes} times over the partitions; every swap should show"
+    );
     println!(
         "{} records, {} transactions with output, {changes} digest changes over 4 partitions",
         lines.len(),
@@ -109,12 +137,24 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     let status = acme.status(&name).unwrap();
     assert_eq!(number(&status, "rollbacks"), 1, "{status}");
     let history = acme.history(&name).unwrap();
-    let statuses: Vec<&str> = history.as_array().unwrap().iter().map(|version| version["status"].as_str().unwrap()).collect();
+    let statuses: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|version| version["status"].as_str().unwrap())
+        .collect();
     assert_eq!(statuses.len(), 22);
-    assert_eq!(statuses.iter().filter(|status| **status == "rolled_back").count(), 1, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|status| **status == "rolled_back").count(),
+        1,
+        "{statuses:?}"
+    );
     assert_eq!(statuses.last(), Some(&"active"));
     let metrics = host.client(METRICS).metrics().unwrap();
-    assert!(metrics.contains(&format!("tally_plugin_swaps_total{{tenant=\"acme\",job=\"{name}\"}} 20")), "{metrics}");
+    assert!(
+        metrics.contains(&format!("tally_plugin_swaps_total{{tenant=\"acme\",job=\"{name}\"}} 20")),
+        "{metrics}"
+    );
     drop(host);
     delete_topics(&[&changelog]);
 }
@@ -132,7 +172,11 @@ fn push_until_active(host: &ServeHost, name: &str, path: &str, digest: &str, tim
         if status["plugin"] == digest && status["pending_plugin"].is_null() {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "{path} did not become active in {timeout:?}: {status}\n{}", host.log());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{path} did not become active in {timeout:?}: {status}\n{}",
+            host.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -143,7 +187,10 @@ fn push_until_active(host: &ServeHost, name: &str, path: &str, digest: &str, tim
 /// the next input offset it includes into the changelog, so the committed
 /// transactions split each partition's offsets into ranges, and each
 /// range's outputs must carry one digest.
-fn digests_by_transaction<'a>(changelog: &str, outputs: impl Iterator<Item = &'a tally_tests::kafka::OutputRecord>) -> BTreeMap<(i32, i64), String> {
+fn digests_by_transaction<'a>(
+    changelog: &str,
+    outputs: impl Iterator<Item = &'a tally_tests::kafka::OutputRecord>,
+) -> BTreeMap<(i32, i64), String> {
     let mut boundaries: BTreeMap<i32, BTreeSet<i64>> = BTreeMap::new();
     for record in read_topic(changelog, true) {
         if record.key.as_deref().is_some_and(|key| key.first() == Some(&b'o')) {
@@ -156,9 +203,15 @@ fn digests_by_transaction<'a>(changelog: &str, outputs: impl Iterator<Item = &'a
         let (_, partition, offset) = record.source();
         let digest = record.header("tally.plugin").to_string();
         // The transaction holding `offset` ends at the first boundary above it.
-        let end = *boundaries[&partition].range(offset + 1..).next().expect("every committed output lies below a boundary");
+        let end = *boundaries[&partition]
+            .range(offset + 1..)
+            .next()
+            .expect("every committed output lies below a boundary");
         let seen = digest_of_transaction.entry((partition, end)).or_insert_with(|| digest.clone());
-        assert_eq!(*seen, digest, "partition {partition}: the transaction ending at offset {end} mixes two plugin versions");
+        assert_eq!(
+            *seen, digest,
+            "partition {partition}: the transaction ending at offset {end} mixes two plugin versions"
+        );
     }
     digest_of_transaction
 }
@@ -169,19 +222,30 @@ fn hot_swaps_between_languages_under_load_keep_totals_exact() {
     let dir = tempfile::tempdir().unwrap();
     // The Python build takes about 12 CPU seconds to compile; the suite's
     // other tests share the two cores, so the compile gets room to spare.
-    let host = ServeHost::start_with(dir.path(), "max_upload_bytes = 33554432\nmax_compile_seconds = 120", "", "");
+    let host = ServeHost::start_with(
+        dir.path(),
+        "max_upload_bytes = 33554432\nmax_compile_seconds = 120",
+        "",
+        "",
+    );
     let job = KafkaBillingJob::create("acme.languages", 4);
     let name = unique("languages");
     let changelog = format!("tally-acme.{name}-state-changelog");
     let acme = host.client(ACME);
-    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
+        .unwrap();
 
     // The same logic in five languages, each taking over the state the
     // one before it left: Rust -> Python -> Go -> C -> JavaScript -> Rust.
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = feed(job.input.clone(), usage_lines(53, 40_000, 3), stop.clone());
-    let builds =
-        [plugins::USAGE_BILLING_PYTHON, plugins::USAGE_BILLING_GO, plugins::USAGE_BILLING_C, plugins::USAGE_BILLING_JS, plugins::USAGE_BILLING];
+    let builds = [
+        plugins::USAGE_BILLING_PYTHON,
+        plugins::USAGE_BILLING_GO,
+        plugins::USAGE_BILLING_C,
+        plugins::USAGE_BILLING_JS,
+        plugins::USAGE_BILLING,
+    ];
     for path in builds {
         push_until_active(&host, &name, path, &digest_of(path), Duration::from_secs(180));
         // Let the new build commit some input before the next swap.
@@ -190,14 +254,23 @@ fn hot_swaps_between_languages_under_load_keep_totals_exact() {
     stop.store(true, Ordering::Relaxed);
     let (lines, placed) = feeder.join().unwrap();
     let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit every record", Duration::from_secs(120), || committed_progress(&group, &job.input, 4) == lines.len() as i64);
+    wait_for("the job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 4) == lines.len() as i64
+    });
 
     let totals = read_topic(&job.totals, true);
     let dead_letters = read_topic(&job.dead_letters, true);
     let verdict = check(&job.input, &lines, &placed, &totals, &dead_letters);
-    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input record counts exactly once");
+    assert_eq!(
+        (verdict.missing, verdict.doubled),
+        (0, 0),
+        "every input record counts exactly once"
+    );
     assert_eq!(verdict.totals, expected_totals(&lines));
-    let digests_seen: BTreeSet<String> = digests_by_transaction(&changelog, totals.iter().chain(&dead_letters)).into_values().collect();
+    let digests_seen: BTreeSet<String> =
+        digests_by_transaction(&changelog, totals.iter().chain(&dead_letters))
+            .into_values()
+            .collect();
     let every_build: BTreeSet<String> = builds.iter().map(|path| digest_of(path)).collect();
     assert_eq!(digests_seen, every_build, "each language's build committed output");
     assert_eq!(number(&acme.status(&name).unwrap(), "rollbacks"), 0);
@@ -214,20 +287,33 @@ fn a_killed_host_resumes_its_kafka_job_exactly() {
     let name = unique("restart");
     let changelog = format!("tally-acme.{name}-state-changelog");
     let acme = host.client(ACME);
-    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
+        .unwrap();
     let lines = usage_lines(52, 60_000, 3);
     let (first, rest) = lines.split_at(30_000);
     let mut placed = produce_usage(&job.input, first, 4);
     let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit part of its input", Duration::from_secs(60), || committed_progress(&group, &job.input, 4) > 0);
+    wait_for("the job to commit part of its input", Duration::from_secs(60), || {
+        committed_progress(&group, &job.input, 4) > 0
+    });
     host.kill();
     placed.extend(produce_usage(&job.input, rest, 4));
     host.launch();
     wait_for("the resumed job to commit every record", Duration::from_secs(120), || {
         committed_progress(&group, &job.input, 4) == lines.len() as i64
     });
-    let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
-    assert_eq!((verdict.missing, verdict.doubled), (0, 0), "every input record counts exactly once across the kill");
+    let verdict = check(
+        &job.input,
+        &lines,
+        &placed,
+        &read_topic(&job.totals, true),
+        &read_topic(&job.dead_letters, true),
+    );
+    assert_eq!(
+        (verdict.missing, verdict.doubled),
+        (0, 0),
+        "every input record counts exactly once across the kill"
+    );
     assert_eq!(verdict.totals, expected_totals(&lines));
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
     delete_topics(&[&changelog]);
@@ -239,7 +325,9 @@ fn a_kafka_job_whose_plugin_loops_is_paused_and_deleted_mid_call() {
     let dir = tempfile::tempdir().unwrap();
     let host = ServeHost::start(dir.path(), 32 << 20);
     let job = KafkaBillingJob::create("acme.spin", 1);
-    let looping: Vec<UsageLine> = (0..50).map(|_| UsageLine { line: r#"{"k":"z","do":"loop"}"#.to_string(), effect: None }).collect();
+    let looping: Vec<UsageLine> = (0..50)
+        .map(|_| UsageLine { line: r#"{"k":"z","do":"loop"}"#.to_string(), effect: None })
+        .collect();
     produce_usage(&job.input, &looping, 1);
     let file = format!(
         "name = \"spinner\"\noutputs = [\"counts\"]\n[limits]\ncpu_budget_ms = 10000\nmax_failures_in_a_row = 1000\n\
@@ -252,19 +340,32 @@ fn a_kafka_job_whose_plugin_loops_is_paused_and_deleted_mid_call() {
         acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap_or(0.0) > 0.3
     });
     acme.pause("spinner").unwrap();
-    wait_for("the looping Kafka job to pause", Duration::from_secs(10), || acme.status("spinner").unwrap()["state"] == "paused");
+    wait_for("the looping Kafka job to pause", Duration::from_secs(10), || {
+        acme.status("spinner").unwrap()["state"] == "paused"
+    });
     let cpu = acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    assert!(acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap() - cpu < 0.05, "a paused Kafka job uses no CPU");
-    assert!(read_topic(&job.totals, true).is_empty() && read_topic(&job.dead_letters, true).is_empty(), "nothing was committed");
+    assert!(
+        acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap() - cpu < 0.05,
+        "a paused Kafka job uses no CPU"
+    );
+    assert!(
+        read_topic(&job.totals, true).is_empty() && read_topic(&job.dead_letters, true).is_empty(),
+        "nothing was committed"
+    );
     acme.resume("spinner").unwrap();
-    wait_for("the job to loop again", Duration::from_secs(60), || acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap() > cpu + 0.3);
-    acme.delete("spinner").unwrap_or_else(|err| panic!("the delete of a looping Kafka job answers: {err}\n{}", host.log()));
+    wait_for("the job to loop again", Duration::from_secs(60), || {
+        acme.status("spinner").unwrap()["cpu_seconds"].as_f64().unwrap() > cpu + 0.3
+    });
+    acme.delete("spinner").unwrap_or_else(|err| {
+        panic!("the delete of a looping Kafka job answers: {err}\n{}", host.log())
+    });
     assert!(acme.list().unwrap().as_array().unwrap().is_empty());
 }
 
 #[test]
-fn a_served_kafka_job_rebuilding_its_state_says_restoring_with_its_progress_in_status_and_metrics() {
+fn a_served_kafka_job_rebuilding_its_state_says_restoring_with_its_progress_in_status_and_metrics()
+{
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let mut host = ServeHost::start(dir.path(), 32 << 20);
@@ -272,18 +373,25 @@ fn a_served_kafka_job_rebuilding_its_state_says_restoring_with_its_progress_in_s
     let name = unique("restoring");
     let changelog = format!("tally-acme.{name}-state-changelog");
     let acme = host.client(ACME);
-    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
+        .unwrap();
     let lines = tally_tests::distinct_key_lines(300_000, 1);
     let placed = produce_usage(&job.input, &lines, 4);
     let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit its input", Duration::from_secs(120), || committed_progress(&group, &job.input, 4) == lines.len() as i64);
+    wait_for("the job to commit its input", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 4) == lines.len() as i64
+    });
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
 
     // The job's RocksDB is lost, and the broker is overloaded (it stalls
     // for 0.6 s at a time), so rebuilding about 20 MB of state, a few MB
     // per fetch, takes seconds.
-    std::fs::remove_dir_all(dir.path().join("data/jobs/acme").join(&name).join("state/db")).unwrap();
-    let stutter = tally_tests::kafka::BrokerStutter::start(Duration::from_millis(600), Duration::from_millis(40));
+    std::fs::remove_dir_all(dir.path().join("data/jobs/acme").join(&name).join("state/db"))
+        .unwrap();
+    let stutter = tally_tests::kafka::BrokerStutter::start(
+        Duration::from_millis(600),
+        Duration::from_millis(40),
+    );
     host.launch();
     let restore = |status: &serde_json::Value| status["restore"].clone();
     let mut first = serde_json::Value::Null;
@@ -297,18 +405,26 @@ fn a_served_kafka_job_rebuilding_its_state_says_restoring_with_its_progress_in_s
     assert!(first["seconds_left"].as_f64().unwrap() > 0.0, "{first}");
     let metrics = host.client(METRICS).metrics().unwrap();
     let gauge = |family: &str| -> f64 {
-        let line = metrics.lines().find(|line| line.starts_with(family) && line.contains(&name)).unwrap_or_else(|| panic!("no {family} for the job:\n{metrics}"));
+        let line = metrics
+            .lines()
+            .find(|line| line.starts_with(family) && line.contains(&name))
+            .unwrap_or_else(|| panic!("no {family} for the job:\n{metrics}"));
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };
     assert_eq!(gauge("tally_restoring{"), 1.0);
-    assert!(gauge("tally_restore_records_done{") > 0.0 && gauge("tally_restore_records_to_go{") > 0.0);
+    assert!(
+        gauge("tally_restore_records_done{") > 0.0 && gauge("tally_restore_records_to_go{") > 0.0
+    );
     let mut later = serde_json::Value::Null;
     wait_for("the restore to go on", Duration::from_secs(60), || {
         later = restore(&acme.status(&name).unwrap());
         later.is_null() || number(&later, "records_done") > number(&first, "records_done")
     });
     if !later.is_null() {
-        assert!(number(&later, "records_to_go") < number(&first, "records_to_go"), "{first} then {later}");
+        assert!(
+            number(&later, "records_to_go") < number(&first, "records_to_go"),
+            "{first} then {later}"
+        );
     }
     drop(stutter);
     wait_for("the job to run again", Duration::from_secs(60), || {
@@ -317,7 +433,13 @@ fn a_served_kafka_job_rebuilding_its_state_says_restoring_with_its_progress_in_s
     });
     assert!(host.log().contains("restored state from the changelog"), "{}", host.log());
     // Nothing was counted again: the restored state holds every total.
-    let verdict = check(&job.input, &lines, &placed, &read_topic(&job.totals, true), &read_topic(&job.dead_letters, true));
+    let verdict = check(
+        &job.input,
+        &lines,
+        &placed,
+        &read_topic(&job.totals, true),
+        &read_topic(&job.dead_letters, true),
+    );
     assert_eq!((verdict.missing, verdict.doubled), (0, 0));
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
     delete_topics(&[&changelog]);

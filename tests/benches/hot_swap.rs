@@ -12,18 +12,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdkafka::ClientConfig;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::limits::Limits;
+use tally_core::observe::{CommitReport, JobObserver};
+use tally_core::plugin::{LoadedPlugin, PluginRuntime};
 use tally_core::settings::JobSettings;
 use tally_kafka::KafkaConfig;
-use tally_local::LocalConfig;
-use tally_core::hot_swap::{PluginSlot, SwapPolicy};
-use tally_core::observe::{CommitReport, JobObserver};
 use tally_kafka::{KafkaJob, KafkaRunOptions};
-use tally_core::plugin::{LoadedPlugin, PluginRuntime};
+use tally_local::LocalConfig;
 use tally_local::LocalTask;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::ClientConfig;
-use tally_tests::kafka::{bootstrap, partition_of, KafkaBillingJob};
+use tally_tests::kafka::{KafkaBillingJob, bootstrap, partition_of};
 use tally_tests::usage_lines;
 
 #[allow(dead_code)] // the benchmark uses only the two billing builds
@@ -49,7 +49,8 @@ impl JobObserver for Commits {
 
 /// The billing job with 100 ms commits, reading and writing per `mode`.
 fn job_config() -> JobSettings {
-    let mut settings = JobSettings::new("billing", plugins::USAGE_BILLING.into(), vec!["totals".into()]);
+    let mut settings =
+        JobSettings::new("billing", plugins::USAGE_BILLING.into(), vec!["totals".into()]);
     settings.commit_interval_ms = INTERVAL.as_millis() as u64;
     settings
 }
@@ -92,7 +93,10 @@ fn main() {
     });
 
     if std::net::TcpStream::connect(bootstrap()).is_err() {
-        println!("Kafka job: skipped, no broker at {} (start one with scripts/kafka start)", bootstrap());
+        println!(
+            "Kafka job: skipped, no broker at {} (start one with scripts/kafka start)",
+            bootstrap()
+        );
         return;
     }
     // Kafka: 500 records produced every 20 ms (up to 25k events/s) over 4 partitions.
@@ -118,14 +122,19 @@ fn main() {
     let input_topic = topics.input.clone();
     let feed = move |stop: &AtomicBool, lines: &[tally_tests::UsageLine]| {
         // One producer for the whole run: a steady stream, not a flush per chunk.
-        let producer: ThreadedProducer<DefaultProducerContext> =
-            ClientConfig::new().set("bootstrap.servers", bootstrap()).set("linger.ms", "5").create().unwrap();
+        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("linger.ms", "5")
+            .create()
+            .unwrap();
         for chunk in lines.chunks(500).cycle() {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
             for line in chunk {
-                let record = BaseRecord::<(), str>::to(&input_topic).partition(partition_of(line, 4)).payload(line.line.as_str());
+                let record = BaseRecord::<(), str>::to(&input_topic)
+                    .partition(partition_of(line, 4))
+                    .payload(line.line.as_str());
                 if producer.send(record).is_err() {
                     std::thread::sleep(Duration::from_millis(5)); // queue full: this record is skipped
                 }
@@ -167,7 +176,8 @@ fn measure(
     wait_for_commits(&commits, 10);
 
     let builds = [plugins::BILLING_VARIANT, plugins::USAGE_BILLING];
-    let (mut compile, mut instantiate, mut to_commit, mut windows) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut compile, mut instantiate, mut to_commit, mut windows) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for push in 0..PUSHES {
         let started = Instant::now();
         let plugin: LoadedPlugin = runtime.load_file(builds[push % 2].as_ref()).unwrap();
@@ -179,7 +189,13 @@ fn measure(
         let pushed_at = Instant::now();
         slot.push(plugin.clone());
         let committed_at = loop {
-            let found = commits.0.lock().unwrap().iter().find(|(at, digest)| *at > pushed_at && digest == plugin.digest()).map(|(at, _)| *at);
+            let found = commits
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(at, digest)| *at > pushed_at && digest == plugin.digest())
+                .map(|(at, _)| *at);
             if let Some(at) = found {
                 break at;
             }
@@ -212,12 +228,33 @@ fn measure(
     };
     let max = |values: &[Duration]| values.iter().copied().max().unwrap();
     let (normal_max, swap_max) = (max(&normal), max(&around_swap));
-    println!("{what}: {records} events in {} commits, {PUSHES} pushes, {INTERVAL:?} commit interval", commits.len());
-    println!("  compile + check (off the processing path): median {:.1?}, max {:.1?}", median(&compile), max(&compile));
-    println!("  instantiate (on the job thread):           median {:.1?}, max {:.1?}", median(&instantiate), max(&instantiate));
-    println!("  push -> first commit by the new version:   median {:.1?}, max {:.1?}", median(&to_commit), max(&to_commit));
-    println!("  commit-to-commit gap, normal:              median {:.1?}, max {normal_max:.1?}", median(&normal));
-    println!("  commit-to-commit gap, around a swap:       median {:.1?}, max {swap_max:.1?}", median(&around_swap));
+    println!(
+        "{what}: {records} events in {} commits, {PUSHES} pushes, {INTERVAL:?} commit interval",
+        commits.len()
+    );
+    println!(
+        "  compile + check (off the processing path): median {:.1?}, max {:.1?}",
+        median(&compile),
+        max(&compile)
+    );
+    println!(
+        "  instantiate (on the job thread):           median {:.1?}, max {:.1?}",
+        median(&instantiate),
+        max(&instantiate)
+    );
+    println!(
+        "  push -> first commit by the new version:   median {:.1?}, max {:.1?}",
+        median(&to_commit),
+        max(&to_commit)
+    );
+    println!(
+        "  commit-to-commit gap, normal:              median {:.1?}, max {normal_max:.1?}",
+        median(&normal)
+    );
+    println!(
+        "  commit-to-commit gap, around a swap:       median {:.1?}, max {swap_max:.1?}",
+        median(&around_swap)
+    );
     println!(
         "  longest gap around a swap = {:.2} commit intervals (target: at most 2); {:.2}x the longest normal gap",
         swap_max.as_secs_f64() / INTERVAL.as_secs_f64(),

@@ -39,8 +39,10 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext};
-use tally_tests::kafka::{bootstrap, create_topic, delete_topics, produce_usage, unique, KafkaBillingJob};
-use tally_tests::{parse_job_report, tally_binary, usage_lines, JobReport};
+use tally_tests::kafka::{
+    KafkaBillingJob, bootstrap, create_topic, delete_topics, produce_usage, unique,
+};
+use tally_tests::{JobReport, parse_job_report, tally_binary, usage_lines};
 
 #[allow(dead_code)] // the benchmark uses only the billing plugin
 mod plugins {
@@ -72,19 +74,31 @@ impl CpuSample {
             let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
             seconds(usage.ru_utime) + seconds(usage.ru_stime)
         };
-        CpuSample { own: rusage(libc::RUSAGE_SELF), children: rusage(libc::RUSAGE_CHILDREN), broker: broker_cpu_seconds() }
+        CpuSample {
+            own: rusage(libc::RUSAGE_SELF),
+            children: rusage(libc::RUSAGE_CHILDREN),
+            broker: broker_cpu_seconds(),
+        }
     }
 
     /// CPU used since `self`, with the client being this process or a child.
     fn since(self, later: CpuSample, client_is_child: bool) -> CpuUse {
-        let client = if client_is_child { later.children - self.children } else { later.own - self.own };
-        CpuUse { client, broker: later.broker.zip(self.broker).map_or(f64::NAN, |(after, before)| after - before) }
+        let client =
+            if client_is_child { later.children - self.children } else { later.own - self.own };
+        CpuUse {
+            client,
+            broker: later
+                .broker
+                .zip(self.broker)
+                .map_or(f64::NAN, |(after, before)| after - before),
+        }
     }
 }
 
 /// The broker's CPU seconds, from the pid file `scripts/kafka` keeps.
 fn broker_cpu_seconds() -> Option<f64> {
-    let home = std::env::var("TALLY_KAFKA_HOME").unwrap_or_else(|_| "/var/cache/tally/kafka".into());
+    let home =
+        std::env::var("TALLY_KAFKA_HOME").unwrap_or_else(|_| "/var/cache/tally/kafka".into());
     let pid = std::fs::read_to_string(Path::new(&home).join("kafka.pid")).ok()?;
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok()?;
     // utime and stime are the 14th and 15th fields, counted from after the command name.
@@ -158,7 +172,10 @@ fn run_pipe(input: &str, events: usize) -> (Duration, CpuUse) {
     let mut at_end = [false; PARTITIONS as usize];
     let mut copied = 0usize;
     while !at_end.iter().all(|&done| done) {
-        assert!(started.elapsed() < RUN_TIMEOUT, "the pipe did not reach the end of {input} ({copied} records copied)");
+        assert!(
+            started.elapsed() < RUN_TIMEOUT,
+            "the pipe did not reach the end of {input} ({copied} records copied)"
+        );
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
             Some(Err(KafkaError::PartitionEOF(partition))) => at_end[partition as usize] = true,
@@ -191,9 +208,14 @@ fn run_pipe(input: &str, events: usize) -> (Duration, CpuUse) {
     consumer.commit_consumer_state(CommitMode::Sync).expect("committing the pipe's offsets");
 
     let counter = producer.context();
-    let (delivered, failed) = (counter.delivered.load(Ordering::Relaxed), counter.failed.load(Ordering::Relaxed));
+    let (delivered, failed) =
+        (counter.delivered.load(Ordering::Relaxed), counter.failed.load(Ordering::Relaxed));
     assert_eq!(copied, events, "the pipe consumed {copied} records of {events}");
-    assert_eq!((delivered, failed), (events as u64, 0), "the pipe's producer delivered {delivered} and failed {failed} of {events}");
+    assert_eq!(
+        (delivered, failed),
+        (events as u64, 0),
+        "the pipe's producer delivered {delivered} and failed {failed} of {events}"
+    );
     delete_topics(&[&output]);
     (elapsed, cpu)
 }
@@ -217,7 +239,12 @@ const CONTENDERS: [Contender; 4] = [
 /// Runs the billing job over `input` with the `tally` binary until it has
 /// caught up; returns the wall time around the process, its own report and
 /// the CPU it and the broker used.
-fn run_tally(dir: &Path, input: &str, contender: &Contender, events: usize) -> (Duration, JobReport, CpuUse) {
+fn run_tally(
+    dir: &Path,
+    input: &str,
+    contender: &Contender,
+    events: usize,
+) -> (Duration, JobReport, CpuUse) {
     let name = unique(&format!("bench-{}", contender.label.replace(' ', "-")));
     let job = KafkaBillingJob {
         input: input.to_string(),
@@ -251,11 +278,20 @@ fn run_tally(dir: &Path, input: &str, contender: &Contender, events: usize) -> (
     let cpu = cpu.since(CpuSample::now(), true);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "`tally run` ({label}) failed with {}:\n{stdout}{stderr}", output.status);
-    let report =
-        parse_job_report(&stdout).unwrap_or_else(|| panic!("`tally run` ({label}) printed no summary line I can read:\n{stdout}"));
+    assert!(
+        output.status.success(),
+        "`tally run` ({label}) failed with {}:\n{stdout}{stderr}",
+        output.status
+    );
+    let report = parse_job_report(&stdout).unwrap_or_else(|| {
+        panic!("`tally run` ({label}) printed no summary line I can read:\n{stdout}")
+    });
     let events = events as u64;
-    let outputs_expected = if contender.emit == "every_update" { report.outputs == events } else { report.outputs <= events };
+    let outputs_expected = if contender.emit == "every_update" {
+        report.outputs == events
+    } else {
+        report.outputs <= events
+    };
     assert!(
         report.records == events && report.applied == events && outputs_expected,
         "`tally run` ({label}) processed {} records ({} applied, {} outputs), expected {events} records and applied \
@@ -310,8 +346,11 @@ fn main() {
     }
     let events = env_or("TALLY_BENCH_EVENTS", 1_000_000);
     let rounds = env_or("TALLY_BENCH_ROUNDS", 5).max(1);
-    let dir = tempfile::tempdir_in(std::env::var("TALLY_BENCH_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()))
-        .expect("creating the bench directory");
+    let dir = tempfile::tempdir_in(
+        std::env::var("TALLY_BENCH_DIR")
+            .unwrap_or_else(|_| std::env::temp_dir().display().to_string()),
+    )
+    .expect("creating the bench directory");
 
     let input = unique("bench-usage");
     create_topic(&input, PARTITIONS);
@@ -325,13 +364,18 @@ fn main() {
         producing.elapsed()
     );
     println!("rates in events/s; Tally: wall around the process / the job's own report");
-    println!("`latest`: emit = {{ totals = \"latest_per_key\" }} (each key's last total per commit); the others write every update");
+    println!(
+        "`latest`: emit = {{ totals = \"latest_per_key\" }} (each key's last total per commit); the others write every update"
+    );
 
     let mut results = Vec::new();
     for round in 0..rounds {
         let (pipe, pipe_cpu) = run_pipe(&input, events);
         let pipe = events as f64 / pipe.as_secs_f64();
-        println!("round {round}  pipe          {pipe:>9.0}                        {}", cpu_line(pipe_cpu, events));
+        println!(
+            "round {round}  pipe          {pipe:>9.0}                        {}",
+            cpu_line(pipe_cpu, events)
+        );
         let mut tally = Vec::new();
         for contender in &CONTENDERS {
             let (wall, report, cpu) = run_tally(dir.path(), &input, contender, events);
@@ -362,7 +406,10 @@ fn main() {
 
     let of = |field: &dyn Fn(&Round) -> f64| median(&results.iter().map(field).collect::<Vec<_>>());
     let pipe = of(&|r| r.pipe);
-    println!("median   pipe          {pipe:>9.0}                        {}", cpu_line(median_cpu(results.iter().map(|r| r.pipe_cpu)), events));
+    println!(
+        "median   pipe          {pipe:>9.0}                        {}",
+        cpu_line(median_cpu(results.iter().map(|r| r.pipe_cpu)), events)
+    );
     for (index, contender) in CONTENDERS.iter().enumerate() {
         let (wall, job) = (of(&|r| r.tally[index].wall), of(&|r| r.tally[index].job));
         println!(

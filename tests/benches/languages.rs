@@ -27,7 +27,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// CPU time (user + system) this process has used so far, from /proc.
 fn process_cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
-    let fields: Vec<&str> = stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
+    let fields: Vec<&str> =
+        stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     ticks as f64 / 100.0
 }
@@ -43,15 +44,22 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 /// Compile, cached-load and instantiate times (ms), and the plugin loaded
 /// from the cache.
-fn load_times(runtime: &PluginRuntime, path: &str, dir: &Path) -> (usize, f64, f64, f64, LoadedPlugin) {
+fn load_times(
+    runtime: &PluginRuntime,
+    path: &str,
+    dir: &Path,
+) -> (usize, f64, f64, f64, LoadedPlugin) {
     let bytes = std::fs::read(path).unwrap();
     let started = Instant::now();
     let compiled = runtime.precompile(path, &bytes).unwrap();
     let compile_ms = started.elapsed().as_secs_f64() * 1e3;
-    let cached = dir.join(format!("{}.cwasm", tally_core::plugin::digest(&bytes).replace(':', "-")));
+    let cached =
+        dir.join(format!("{}.cwasm", tally_core::plugin::digest(&bytes).replace(':', "-")));
     std::fs::write(&cached, compiled).unwrap();
     let started = Instant::now();
-    let plugin = runtime.load_compiled(path, &tally_core::plugin::digest(&bytes), bytes.len(), &cached).unwrap();
+    let plugin = runtime
+        .load_compiled(path, &tally_core::plugin::digest(&bytes), bytes.len(), &cached)
+        .unwrap();
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
     let started = Instant::now();
     drop(plugin.instantiate(Limits::default()).unwrap());
@@ -71,8 +79,13 @@ fn main() {
     let expected = expected_totals(&lines);
     let runtime = PluginRuntime::new().unwrap();
 
-    println!("billing plugin per language: local mode, {events} events in 4 files, 100 ms commits, {rounds} rounds; CPU clock of this process");
-    println!("{:<8} {:>10} {:>11} {:>11} {:>14}", "plugin", "bytes", "compile ms", "cached ms", "instantiate ms");
+    println!(
+        "billing plugin per language: local mode, {events} events in 4 files, 100 ms commits, {rounds} rounds; CPU clock of this process"
+    );
+    println!(
+        "{:<8} {:>10} {:>11} {:>11} {:>14}",
+        "plugin", "bytes", "compile ms", "cached ms", "instantiate ms"
+    );
     let mut builds = Vec::new();
     let ports = [
         ("rust", plugins::USAGE_BILLING),
@@ -92,7 +105,8 @@ fn main() {
     for round in 0..rounds {
         for (index, (name, plugin)) in builds.iter().enumerate() {
             let run = format!("{name}-{round}");
-            let mut settings = JobSettings::new("billing", plugins::USAGE_BILLING.into(), vec!["totals".into()]);
+            let mut settings =
+                JobSettings::new("billing", plugins::USAGE_BILLING.into(), vec!["totals".into()]);
             settings.commit_interval_ms = 100;
             let local = LocalConfig {
                 inputs: inputs.clone(),
@@ -111,7 +125,11 @@ fn main() {
             let summary = task.run().unwrap();
             let cpu = process_cpu_seconds() - before;
             assert_eq!(summary.records as usize, events);
-            assert_eq!(final_totals(&read_totals(&local.output_dir.join("totals.ndjson"))), expected, "{name} computed wrong totals");
+            assert_eq!(
+                final_totals(&read_totals(&local.output_dir.join("totals.ndjson"))),
+                expected,
+                "{name} computed wrong totals"
+            );
             rates[index].push(events as f64 / cpu.max(1e-3));
             drop(task);
             std::fs::remove_dir_all(dir.path().join(&run)).ok();

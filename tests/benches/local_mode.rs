@@ -13,10 +13,10 @@
 
 use std::path::Path;
 
-use tally_core::settings::{JobSettings, DEFAULT_BATCH_SIZE};
-use tally_local::LocalConfig;
-use tally_core::plugin::PluginRuntime;
 use tally_core::observe::RunSummary;
+use tally_core::plugin::PluginRuntime;
+use tally_core::settings::{DEFAULT_BATCH_SIZE, JobSettings};
+use tally_local::LocalConfig;
 use tally_local::LocalTask;
 use tally_tests::native::NativeProcessor;
 use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, write_partitions};
@@ -30,7 +30,8 @@ mod plugins {
 fn process_cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
     // Fields after the parenthesised command name; utime and stime are the 14th and 15th overall.
-    let fields: Vec<&str> = stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
+    let fields: Vec<&str> =
+        stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     ticks as f64 / 100.0 // USER_HZ is 100 on Linux
 }
@@ -44,10 +45,16 @@ fn env_or(name: &str, default: usize) -> usize {
 }
 
 fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> (JobSettings, LocalConfig) {
-    let mut settings = JobSettings::new("billing", plugins::USAGE_BILLING.into(), vec!["totals".into()]);
+    let mut settings =
+        JobSettings::new("billing", plugins::USAGE_BILLING.into(), vec!["totals".into()]);
     settings.commit_interval_ms = 100;
     settings.batch_size = env_or("TALLY_BENCH_BATCH", DEFAULT_BATCH_SIZE);
-    let local = LocalConfig { inputs, output_dir: dir.join(run).join("out"), state_dir: dir.join(run).join("state"), confine_to: None };
+    let local = LocalConfig {
+        inputs,
+        output_dir: dir.join(run).join("out"),
+        state_dir: dir.join(run).join("state"),
+        confine_to: None,
+    };
     (settings, local)
 }
 
@@ -57,14 +64,20 @@ fn main() {
     }
     let events = env_or("TALLY_BENCH_EVENTS", 1_000_000);
     let rounds = env_or("TALLY_BENCH_ROUNDS", 5);
-    let dir = tempfile::tempdir_in(std::env::var("TALLY_BENCH_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()))
-        .expect("bench directory");
+    let dir = tempfile::tempdir_in(
+        std::env::var("TALLY_BENCH_DIR")
+            .unwrap_or_else(|_| std::env::temp_dir().display().to_string()),
+    )
+    .expect("bench directory");
     let lines = usage_lines(2026, events, 0);
     let (inputs, _) = write_partitions(dir.path(), &lines, 4);
     let expected = expected_totals(&lines);
-    let plugin = PluginRuntime::new().unwrap().load_file(Path::new(plugins::USAGE_BILLING)).unwrap();
+    let plugin =
+        PluginRuntime::new().unwrap().load_file(Path::new(plugins::USAGE_BILLING)).unwrap();
 
-    println!("local mode, billing job, {events} events in 4 files, 100 ms commits, {rounds} rounds each");
+    println!(
+        "local mode, billing job, {events} events in 4 files, 100 ms commits, {rounds} rounds each"
+    );
     let (mut wasm, mut native) = (Vec::new(), Vec::new());
     let (mut wasm_cpu, mut native_cpu) = (Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -114,7 +127,10 @@ fn main() {
     let paired = median(&mut paired);
     let (wasm, native) = (median(&mut wasm), median(&mut native));
     let (wasm_cpu, native_cpu) = (median(&mut wasm_cpu), median(&mut native_cpu));
-    println!("median wall: wasm {wasm:.0} events/s, native {native:.0} events/s, wasm/native = {:.2}", wasm / native);
+    println!(
+        "median wall: wasm {wasm:.0} events/s, native {native:.0} events/s, wasm/native = {:.2}",
+        wasm / native
+    );
     println!(
         "median CPU:  wasm {wasm_cpu:.0} events/CPU-s, native {native_cpu:.0} events/CPU-s, wasm/native = {:.2}",
         wasm_cpu / native_cpu

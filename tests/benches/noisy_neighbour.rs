@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tally_tests::serve::{local_job, number, wait_for, JsonApi, ServeHost, ACME, GLOBEX};
+use tally_tests::serve::{ACME, GLOBEX, JsonApi, ServeHost, local_job, number, wait_for};
 use tally_tests::usage_lines;
 
 #[allow(dead_code)] // the benchmark uses the billing and hostile plugins only
@@ -55,7 +55,11 @@ fn process_cpu(pid: u32) -> Duration {
 /// records per second between 10% and 90% of `events`; also returns how
 /// many cores the host used meanwhile.
 fn good_rate(host: &ServeHost, acme: &JsonApi, name: &str, events: u64) -> (f64, f64) {
-    acme.deploy(&local_job(name, &["usage.ndjson"], ""), &std::fs::read(plugins::USAGE_BILLING).unwrap()).unwrap();
+    acme.deploy(
+        &local_job(name, &["usage.ndjson"], ""),
+        &std::fs::read(plugins::USAGE_BILLING).unwrap(),
+    )
+    .unwrap();
     let (low, high) = (events / 10, events * 9 / 10);
     let mut first: Option<(Instant, u64, Duration)> = None;
     let mut last = None;
@@ -140,36 +144,54 @@ fn main() {
     }
     let hostile = std::fs::read(plugins::HOSTILE).unwrap();
     let only = std::env::var("NOISY_ONLY").unwrap_or_default();
-    let noisy: Vec<_> = NOISY.iter().filter(|(name, _, _)| name.starts_with(only.as_str())).collect();
+    let noisy: Vec<_> =
+        NOISY.iter().filter(|(name, _, _)| name.starts_with(only.as_str())).collect();
     println!(
         "noisy neighbour: a billing job of {events} events, {rounds} rounds: alone, beside {} just started, and beside them once demoted (wall clock)",
         noisy.iter().map(|(name, _, _)| *name).collect::<Vec<_>>().join(", ")
     );
 
-    let (mut alone, mut fresh, mut steady, mut latencies) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut alone, mut fresh, mut steady, mut latencies) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         // The same load of admin requests in each: only the noise differs.
-        let ((rate, cores), _) = with_prober(&host, || good_rate(&host, &acme, &format!("alone-{round}"), events));
-        println!("  round {round}: alone        {rate:>9.0} events/s (the host used {cores:.2} cores)");
+        let ((rate, cores), _) =
+            with_prober(&host, || good_rate(&host, &acme, &format!("alone-{round}"), events));
+        println!(
+            "  round {round}: alone        {rate:>9.0} events/s (the host used {cores:.2} cores)"
+        );
         alone.push(rate);
 
         for (name, _, settings) in &noisy {
-            let job = format!("name = {name:?}\noutputs = [\"counts\"]\n[limits]\n{settings}\n[local]\ninputs = [\"{name}.ndjson\"]\n");
+            let job = format!(
+                "name = {name:?}\noutputs = [\"counts\"]\n[limits]\n{settings}\n[local]\ninputs = [\"{name}.ndjson\"]\n"
+            );
             globex.deploy(&job, &hostile).unwrap();
         }
         let noisy_jobs = || globex.list().unwrap().as_array().unwrap().clone();
         wait_for("the noisy jobs to burn CPU", Duration::from_secs(60), || {
-            noisy_jobs().iter().filter(|job| job["cpu_seconds"].as_f64().unwrap_or(0.0) > 0.05).count() >= noisy.len().min(3)
+            noisy_jobs()
+                .iter()
+                .filter(|job| job["cpu_seconds"].as_f64().unwrap_or(0.0) > 0.05)
+                .count()
+                >= noisy.len().min(3)
         });
         for (label, rates) in [("just started", &mut fresh), ("demoted", &mut steady)] {
             if label == "demoted" {
                 // A job's first calls run at its tenant's full share; once
                 // they fail, it is demoted.
-                wait_for("the noisy jobs to be demoted", Duration::from_secs(60), || noisy_jobs().iter().all(|job| job["demoted"] == true));
+                wait_for("the noisy jobs to be demoted", Duration::from_secs(60), || {
+                    noisy_jobs().iter().all(|job| job["demoted"] == true)
+                });
             }
-            let ((rate, cores), measured) = with_prober(&host, || good_rate(&host, &acme, &format!("beside-{round}-{}", rates.len()), events));
+            let ((rate, cores), measured) = with_prober(&host, || {
+                good_rate(&host, &acme, &format!("beside-{round}-{}", rates.len()), events)
+            });
             latencies.extend(measured);
-            println!("  round {round}: {label:<12} {rate:>9.0} events/s ({:.2} of alone; the host used {cores:.2} cores)", rate / alone[round as usize]);
+            println!(
+                "  round {round}: {label:<12} {rate:>9.0} events/s ({:.2} of alone; the host used {cores:.2} cores)",
+                rate / alone[round as usize]
+            );
             rates.push(rate);
         }
         for job in noisy_jobs() {
@@ -179,8 +201,11 @@ fn main() {
     }
     latencies.sort();
     println!("median alone: {:.0} events/s", median(&mut alone.clone()));
-    for (label, rates) in [("beside the noisy jobs just started", &fresh), ("beside them demoted", &steady)] {
-        let mut ratios: Vec<f64> = alone.iter().zip(rates.iter()).map(|(alone, beside)| beside / alone).collect();
+    for (label, rates) in
+        [("beside the noisy jobs just started", &fresh), ("beside them demoted", &steady)]
+    {
+        let mut ratios: Vec<f64> =
+            alone.iter().zip(rates.iter()).map(|(alone, beside)| beside / alone).collect();
         println!(
             "median {label}: {:.0} events/s, {:.2} of alone (rounds: {})",
             median(&mut rates.clone()),

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use rdkafka::bindings as rd;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tally_tests::kafka::{bootstrap, delete_topics, produce_usage, KafkaBillingJob};
+use tally_tests::kafka::{KafkaBillingJob, bootstrap, delete_topics, produce_usage};
 use tally_tests::{distinct_key_lines, tally_binary};
 
 #[allow(dead_code)] // the benchmark uses only the billing plugin
@@ -84,7 +84,10 @@ fn run_tally(job_file: &Path, log: &Path, profile: Option<&Path>) {
     let mut command = match profile {
         Some(profile) => {
             let mut perf = Command::new("perf");
-            perf.args(["record", "-q", "-F", "1999", "-o"]).arg(profile).arg("--").arg(tally_binary());
+            perf.args(["record", "-q", "-F", "1999", "-o"])
+                .arg(profile)
+                .arg("--")
+                .arg(tally_binary());
             perf
         }
         None => Command::new(tally_binary()),
@@ -98,7 +101,11 @@ fn run_tally(job_file: &Path, log: &Path, profile: Option<&Path>) {
         .status()
         .unwrap();
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    assert!(status.success(), "tally failed: {status}\n{}", &text[text.len().saturating_sub(3000)..]);
+    assert!(
+        status.success(),
+        "tally failed: {status}\n{}",
+        &text[text.len().saturating_sub(3000)..]
+    );
 }
 
 /// Tally's restore, from its log, after wiping its RocksDB (the state
@@ -133,7 +140,16 @@ impl Peer {
     fn run(&self, command: &str, extra: &[&str]) -> serde_json::Value {
         let output = Command::new(&self.script)
             .arg(command)
-            .args(["--bootstrap", &bootstrap(), "--input", &self.input, "--output", &self.output, "--app-id", &self.app_id])
+            .args([
+                "--bootstrap",
+                &bootstrap(),
+                "--input",
+                &self.input,
+                "--output",
+                &self.output,
+                "--app-id",
+                &self.app_id,
+            ])
             .arg("--state-dir")
             .arg(&self.state)
             .args(extra)
@@ -141,15 +157,25 @@ impl Peer {
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "the Kafka Streams peer failed `{command}`: {}\n{stdout}", output.status);
-        let line = stdout.lines().rev().find(|line| line.starts_with('{')).unwrap_or_else(|| panic!("no JSON from the peer: {stdout}"));
+        assert!(
+            output.status.success(),
+            "the Kafka Streams peer failed `{command}`: {}\n{stdout}",
+            output.status
+        );
+        let line = stdout
+            .lines()
+            .rev()
+            .find(|line| line.starts_with('{'))
+            .unwrap_or_else(|| panic!("no JSON from the peer: {stdout}"));
         serde_json::from_str(line).unwrap()
     }
 
     fn restore(&self) -> Sample {
         let _ = std::fs::remove_dir_all(&self.state);
         let report = self.run("restore", &[]);
-        let number = |name: &str| report[name].as_f64().unwrap_or_else(|| panic!("peer report lacks {name}: {report}"));
+        let number = |name: &str| {
+            report[name].as_f64().unwrap_or_else(|| panic!("peer report lacks {name}: {report}"))
+        };
         Sample {
             seconds: number("restore_ms") / 1e3,
             records: number("records") as u64,
@@ -237,17 +263,26 @@ fn bare_read(topic: &str, mut keep: Option<&mut Records>) -> Sample {
                     sample.bytes += (item.key_len + item.len) as u64;
                     if let Some(records) = keep.as_deref_mut() {
                         // SAFETY: librdkafka keeps key_len and len bytes at key and payload.
-                        let key = unsafe { std::slice::from_raw_parts(item.key as *const u8, item.key_len) };
+                        let key = unsafe {
+                            std::slice::from_raw_parts(item.key as *const u8, item.key_len)
+                        };
                         records.data.extend_from_slice(key);
-                        let value = (!item.payload.is_null()).then(|| unsafe { std::slice::from_raw_parts(item.payload as *const u8, item.len) });
+                        let value = (!item.payload.is_null()).then(|| unsafe {
+                            std::slice::from_raw_parts(item.payload as *const u8, item.len)
+                        });
                         if let Some(value) = value {
                             records.data.extend_from_slice(value);
                         }
-                        records.lengths.push((key.len() as u32, value.map(|value| value.len() as u32)));
+                        records
+                            .lengths
+                            .push((key.len() as u32, value.map(|value| value.len() as u32)));
                     }
                 }
                 rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PARTITION_EOF => ends += 1,
-                code => panic!("reading {topic} failed: {:?}", rdkafka::types::RDKafkaErrorCode::from(code)),
+                code => panic!(
+                    "reading {topic} failed: {:?}",
+                    rdkafka::types::RDKafkaErrorCode::from(code)
+                ),
             }
             // SAFETY: see above; not used after this.
             unsafe { rd::rd_kafka_message_destroy(message) };
@@ -304,7 +339,11 @@ fn bare_load(records: &Records, dir: &Path) -> Sample {
     }
     load.checkpoint(&[(b"bench".to_vec(), b"end".to_vec())]).unwrap();
     load.finish().unwrap();
-    let mut sample = Sample { records: records.lengths.len() as u64, bytes: records.data.len() as u64, ..Sample::default() };
+    let mut sample = Sample {
+        records: records.lengths.len() as u64,
+        bytes: records.data.len() as u64,
+        ..Sample::default()
+    };
     sample.seconds = started.elapsed().as_secs_f64();
     sample.cpu_seconds = own_cpu_seconds() - cpu;
     sample
@@ -341,9 +380,15 @@ impl Figures {
 
 /// Deletes every topic whose name starts with `prefix` (the peer's changelog).
 fn delete_topics_starting_with(prefix: &str) {
-    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
     let Ok(metadata) = consumer.fetch_metadata(None, Duration::from_secs(10)) else { return };
-    let names: Vec<String> = metadata.topics().iter().map(|topic| topic.name().to_string()).filter(|name| name.starts_with(prefix)).collect();
+    let names: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|topic| topic.name().to_string())
+        .filter(|name| name.starts_with(prefix))
+        .collect();
     delete_topics(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
@@ -358,7 +403,14 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
     // through the consumer.
     let consumer_dir = dir.join(format!("consumer-{keys}"));
     std::fs::create_dir_all(&consumer_dir).unwrap();
-    let consumer_job_file = job.write_job_file_with_kafka(&consumer_dir, plugins::USAGE_BILLING, &state, "", "restore_fetch = \"consumer\"", "");
+    let consumer_job_file = job.write_job_file_with_kafka(
+        &consumer_dir,
+        plugins::USAGE_BILLING,
+        &state,
+        "",
+        "restore_fetch = \"consumer\"",
+        "",
+    );
     let building = Instant::now();
     run_tally(&job_file, &dir.join("tally-build.log"), None);
     let tally_built = building.elapsed();
@@ -381,26 +433,39 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
         producing.elapsed() - tally_built - peer_built
     );
 
-    let names = ["tally", "tally consumer", "kafka streams", "bare read", "bare write", "bare load"];
+    let names =
+        ["tally", "tally consumer", "kafka streams", "bare read", "bare write", "bare load"];
     let mut samples: [Vec<Sample>; 6] = Default::default();
     for round in 1..=rounds {
         let round_samples = [
             tally_restore(&job_file, &state, &dir.join("tally-restore.log"), true),
-            tally_restore(&consumer_job_file, &state, &dir.join("tally-consumer-restore.log"), false),
+            tally_restore(
+                &consumer_job_file,
+                &state,
+                &dir.join("tally-consumer-restore.log"),
+                false,
+            ),
             peer.restore(),
             bare_read(&changelog, None),
             bare_write(&records, &dir.join("bare-rocksdb")),
             bare_load(&records, &dir.join("bare-load")),
         ];
-        let line: Vec<String> =
-            names.iter().zip(&round_samples).map(|(name, s)| format!("{name} {:.3} s ({:.0} k/s)", s.seconds, s.records as f64 / s.seconds / 1e3)).collect();
+        let line: Vec<String> = names
+            .iter()
+            .zip(&round_samples)
+            .map(|(name, s)| {
+                format!("{name} {:.3} s ({:.0} k/s)", s.seconds, s.records as f64 / s.seconds / 1e3)
+            })
+            .collect();
         println!("  round {round}: {}", line.join(", "));
         for (all, sample) in samples.iter_mut().zip(round_samples) {
             all.push(sample);
         }
     }
     let figures: Vec<Figures> = samples.iter().map(|samples| Figures::of(samples)).collect();
-    println!("  median of {rounds} | records | bytes/record | seconds | records/s | MB/s | CPU s | CPU µs/record");
+    println!(
+        "  median of {rounds} | records | bytes/record | seconds | records/s | MB/s | CPU s | CPU µs/record"
+    );
     for (name, f) in names.iter().zip(&figures) {
         let per_record = if f.records == 0 { 0.0 } else { f.bytes as f64 / f.records as f64 };
         println!(
@@ -413,7 +478,8 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
             f.cpu_seconds / f.records.max(1) as f64 * 1e6
         );
     }
-    let (tally, consumer, streams, read, write, load) = (&figures[0], &figures[1], &figures[2], &figures[3], &figures[4], &figures[5]);
+    let (tally, consumer, streams, read, write, load) =
+        (&figures[0], &figures[1], &figures[2], &figures[3], &figures[4], &figures[5]);
     println!(
         "  ratios (records/s): tally / kafka streams {:.2}x, tally / tally consumer {:.2}x, tally / bare read {:.2}, tally / bare write {:.2}, \
          tally / bare load {:.2}",
@@ -436,10 +502,14 @@ fn main() {
         .split(',')
         .map(|size| size.trim().parse().expect("TALLY_BENCH_RESTORE_KEYS holds numbers"))
         .collect();
-    let rounds: usize = std::env::var("TALLY_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
+    let rounds: usize =
+        std::env::var("TALLY_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
     let peer_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("restore-peer/run");
-    let dir = tempfile::tempdir_in(std::env::var("TALLY_BENCH_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()))
-        .expect("creating the bench directory");
+    let dir = tempfile::tempdir_in(
+        std::env::var("TALLY_BENCH_DIR")
+            .unwrap_or_else(|_| std::env::temp_dir().display().to_string()),
+    )
+    .expect("creating the bench directory");
     println!(
         "restore on {}: the billing job, {PARTITIONS} partitions, one event per key; {rounds} rounds; wall: monotonic clock, CPU: each process's own",
         bootstrap()

@@ -49,9 +49,15 @@ pub fn component(wat: &str) -> Vec<u8> {
 /// later when it is linked.
 pub fn importing_an_unknown_state_function() -> Vec<u8> {
     let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/tally-plugin@0.1.0/plugin.wit");
-    let wit = std::fs::read_to_string(wit).unwrap().replace("interface state {", "interface state {\n    frobnicate: func(key: list<u8>);");
-    let imports = r#"(import "tally:plugin/state@0.1.0" "frobnicate" (func $frobnicate (param i32 i32)))"#;
-    component_of(&wit, &module_importing(imports, "", "(call $frobnicate (i32.const 0) (i32.const 0))"))
+    let wit = std::fs::read_to_string(wit)
+        .unwrap()
+        .replace("interface state {", "interface state {\n    frobnicate: func(key: list<u8>);");
+    let imports =
+        r#"(import "tally:plugin/state@0.1.0" "frobnicate" (func $frobnicate (param i32 i32)))"#;
+    component_of(
+        &wit,
+        &module_importing(imports, "", "(call $frobnicate (i32.const 0) (i32.const 0))"),
+    )
 }
 
 /// Encodes core-module WAT as a component of the `plugin` world of `wit`
@@ -61,8 +67,19 @@ fn component_of(wit: &str, wat: &str) -> Vec<u8> {
     let mut resolve = wit_parser::Resolve::default();
     let package = resolve.push_str("plugin.wit", wit).unwrap();
     let world = resolve.select_world(&[package], Some("plugin")).unwrap();
-    wit_component::embed_component_metadata(&mut module, &resolve, world, wit_component::StringEncoding::UTF8).unwrap();
-    wit_component::ComponentEncoder::default().module(&module).unwrap().validate(true).encode().unwrap()
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .unwrap();
+    wit_component::ComponentEncoder::default()
+        .module(&module)
+        .unwrap()
+        .validate(true)
+        .encode()
+        .unwrap()
 }
 
 /// A plugin whose every call grows `tables` tables by `entries` entries
@@ -72,7 +89,8 @@ pub fn table_grower(tables: usize, entries: u32) -> Vec<u8> {
     let mut body = String::new();
     for table in 0..tables {
         writeln!(extra, "  (table $t{table} 0 funcref)").unwrap();
-        writeln!(body, "    (drop (table.grow $t{table} (ref.null func) (i32.const {entries})))").unwrap();
+        writeln!(body, "    (drop (table.grow $t{table} (ref.null func) (i32.const {entries})))")
+            .unwrap();
     }
     component(&module(&extra, &body))
 }

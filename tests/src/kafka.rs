@@ -30,20 +30,27 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// A name no earlier run used, so reruns never see old topics or groups.
 pub fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000_000)
 }
 
 /// Creates `topic` with `partitions` partitions.
 pub fn create_topic(topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
-    try_create_topic(&admin, topic, partitions).unwrap_or_else(|code| panic!("creating {topic}: {code}"));
+    try_create_topic(&admin, topic, partitions)
+        .unwrap_or_else(|code| panic!("creating {topic}: {code}"));
 }
 
 /// Asks `admin` to create `topic`; the broker's refusal, if it refuses.
-fn try_create_topic(admin: &AdminClient<DefaultClientContext>, topic: &str, partitions: i32) -> Result<(), RDKafkaErrorCode> {
+fn try_create_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    partitions: i32,
+) -> Result<(), RDKafkaErrorCode> {
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-    let results = futures_executor::block_on(admin.create_topics(&[new], &AdminOptions::new())).unwrap();
+    let results =
+        futures_executor::block_on(admin.create_topics(&[new], &AdminOptions::new())).unwrap();
     results.into_iter().try_for_each(|result| result.map(drop).map_err(|(_, code)| code))
 }
 
@@ -77,8 +84,14 @@ impl ProducerContext for PlacementTracker {
 /// The partition a customer's usage goes to: usage is keyed by customer, so
 /// one customer's totals live in one partition's state.
 pub fn partition_of(line: &UsageLine, partitions: i32) -> i32 {
-    let customer = line.line.split("\"customer\":\"").nth(1).and_then(|rest| rest.split('"').next()).unwrap_or("");
-    (customer.bytes().fold(7u32, |hash, byte| hash.wrapping_mul(31).wrapping_add(byte as u32)) % partitions as u32) as i32
+    let customer = line
+        .line
+        .split("\"customer\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("");
+    (customer.bytes().fold(7u32, |hash, byte| hash.wrapping_mul(31).wrapping_add(byte as u32))
+        % partitions as u32) as i32
 }
 
 /// Produces `lines` to `topic` (keyed by customer, to the partition
@@ -91,13 +104,23 @@ pub fn produce_usage(topic: &str, lines: &[UsageLine], partitions: i32) -> Vec<P
         .create_with_context(tracker)
         .unwrap();
     for (index, line) in lines.iter().enumerate() {
-        let key = line.line.split("\"customer\":\"").nth(1).and_then(|rest| rest.split('"').next()).unwrap_or("");
-        let mut record =
-            BaseRecord::with_opaque_to(topic, index).partition(partition_of(line, partitions)).key(key).payload(line.line.as_str());
+        let key = line
+            .line
+            .split("\"customer\":\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or("");
+        let mut record = BaseRecord::with_opaque_to(topic, index)
+            .partition(partition_of(line, partitions))
+            .key(key)
+            .payload(line.line.as_str());
         loop {
             match producer.send(record) {
                 Ok(()) => break,
-                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                Err((
+                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                    back,
+                )) => {
                     record = back;
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -110,7 +133,10 @@ pub fn produce_usage(topic: &str, lines: &[UsageLine], partitions: i32) -> Vec<P
     if let Err(err) = flushed {
         panic!("producing usage to {topic} did not finish within 60 s: {err}");
     }
-    placed.into_iter().map(|placed| placed.unwrap_or_else(|err| panic!("producing usage failed: {err}"))).collect()
+    placed
+        .into_iter()
+        .map(|placed| placed.unwrap_or_else(|err| panic!("producing usage failed: {err}")))
+        .collect()
 }
 
 /// One record of an output topic, with its headers.
@@ -126,7 +152,9 @@ pub struct OutputRecord {
 impl OutputRecord {
     /// A header's value; panics naming it when missing.
     pub fn header(&self, name: &str) -> &str {
-        self.headers.get(name).unwrap_or_else(|| panic!("record has no `{name}` header: {:?}", self.headers))
+        self.headers
+            .get(name)
+            .unwrap_or_else(|| panic!("record has no `{name}` header: {:?}", self.headers))
     }
 
     /// The input record it came from: (topic, partition, offset).
@@ -172,7 +200,13 @@ pub fn read_topic(topic: &str, read_committed: bool) -> Vec<OutputRecord> {
                     .map(|headers| {
                         headers
                             .iter()
-                            .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                            .map(|h| {
+                                (
+                                    h.key.to_string(),
+                                    String::from_utf8_lossy(h.value.unwrap_or_default())
+                                        .into_owned(),
+                                )
+                            })
                             .collect()
                     })
                     .unwrap_or_default();
@@ -192,7 +226,8 @@ pub fn read_topic(topic: &str, read_committed: bool) -> Vec<OutputRecord> {
 
 /// The billing key of a `totals` record (its key is the JSON billing key).
 pub fn billing_key(record: &OutputRecord) -> BillingKey {
-    let key: serde_json::Value = serde_json::from_slice(record.key.as_deref().expect("totals records have keys")).unwrap();
+    let key: serde_json::Value =
+        serde_json::from_slice(record.key.as_deref().expect("totals records have keys")).unwrap();
     (
         key["customer"].as_str().unwrap().to_string(),
         key["metric"].as_str().unwrap().to_string(),
@@ -216,7 +251,13 @@ pub struct Verdict {
 /// exactly once (by the lineage headers); replayed in order, each total adds
 /// exactly its own input's quantity to its key; the final totals are
 /// returned for comparison.
-pub fn check(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: &[OutputRecord], dead_letters: &[OutputRecord]) -> Verdict {
+pub fn check(
+    input_topic: &str,
+    lines: &[UsageLine],
+    placed: &[Placed],
+    totals: &[OutputRecord],
+    dead_letters: &[OutputRecord],
+) -> Verdict {
     let line_at: HashMap<Placed, &UsageLine> = placed.iter().copied().zip(lines).collect();
     let mut contributions: HashMap<Placed, u32> = HashMap::new();
     let mut final_totals: BTreeMap<BillingKey, u64> = BTreeMap::new();
@@ -227,12 +268,19 @@ pub fn check(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: 
         *contributions.entry(source).or_default() += 1;
         let total: u64 = serde_json::from_slice(&record.value).unwrap();
         let key = billing_key(record);
-        let line = line_at.get(&source).unwrap_or_else(|| panic!("output names input {source:?}, which was never produced"));
-        let (expected_key, quantity) = line.effect.clone().unwrap_or_else(|| panic!("bad input {source:?} produced a total"));
+        let line = line_at
+            .get(&source)
+            .unwrap_or_else(|| panic!("output names input {source:?}, which was never produced"));
+        let (expected_key, quantity) =
+            line.effect.clone().unwrap_or_else(|| panic!("bad input {source:?} produced a total"));
         assert_eq!(key, expected_key, "output from {source:?} has the wrong key");
         let running = final_totals.entry(key).or_insert(0);
         if contributions[&source] == 1 {
-            assert_eq!(total, *running + quantity, "the total from {source:?} does not add exactly its quantity");
+            assert_eq!(
+                total,
+                *running + quantity,
+                "the total from {source:?} does not add exactly its quantity"
+            );
         }
         *running = total;
     }
@@ -259,7 +307,12 @@ pub fn check(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: 
 /// source input (the input replayed in partition order), no input offset
 /// shows up twice, and each key's records follow its input in order. Returns
 /// the last total of each key.
-pub fn check_latest(input_topic: &str, lines: &[UsageLine], placed: &[Placed], totals: &[OutputRecord]) -> BTreeMap<BillingKey, u64> {
+pub fn check_latest(
+    input_topic: &str,
+    lines: &[UsageLine],
+    placed: &[Placed],
+    totals: &[OutputRecord],
+) -> BTreeMap<BillingKey, u64> {
     let mut in_order: Vec<(Placed, &UsageLine)> = placed.iter().copied().zip(lines).collect();
     in_order.sort_by_key(|(placed, _)| (placed.partition, placed.offset));
     let mut running: HashMap<BillingKey, u64> = HashMap::new();
@@ -278,14 +331,21 @@ pub fn check_latest(input_topic: &str, lines: &[UsageLine], placed: &[Placed], t
         assert_eq!(topic, input_topic);
         let source = Placed { partition, offset };
         assert!(seen.insert(source), "input {source:?} shows up in two committed totals");
-        let (expected_key, expected_total) =
-            total_after.get(&source).unwrap_or_else(|| panic!("output names input {source:?}, which produced no total"));
+        let (expected_key, expected_total) = total_after
+            .get(&source)
+            .unwrap_or_else(|| panic!("output names input {source:?}, which produced no total"));
         let key = billing_key(record);
         let total: u64 = serde_json::from_slice(&record.value).unwrap();
         assert_eq!(&key, expected_key, "output from {source:?} has the wrong key");
-        assert_eq!(total, *expected_total, "the total from {source:?} is not its key's running total after it");
+        assert_eq!(
+            total, *expected_total,
+            "the total from {source:?} is not its key's running total after it"
+        );
         if let Some((before, _)) = last.get(&key) {
-            assert!(before.offset < offset, "{key:?}: the total from {source:?} follows the one from {before:?}");
+            assert!(
+                before.offset < offset,
+                "{key:?}: the total from {source:?} follows the one from {before:?}"
+            );
         }
         last.insert(key, (source, total));
     }
@@ -358,7 +418,14 @@ impl KafkaBillingJob {
     /// Writes the job file for one process of the job, with its own state
     /// directory `state_dir`; `extra` goes at the top level, `client` into
     /// `[kafka.client]`.
-    pub fn write_job_file(&self, dir: &Path, plugin: &str, state_dir: &Path, extra: &str, client: &str) -> PathBuf {
+    pub fn write_job_file(
+        &self,
+        dir: &Path,
+        plugin: &str,
+        state_dir: &Path,
+        extra: &str,
+        client: &str,
+    ) -> PathBuf {
         self.write_job_file_with_kafka(dir, plugin, state_dir, extra, "", client)
     }
 
@@ -394,8 +461,13 @@ impl KafkaBillingJob {
 /// succeeded, and its output.
 pub fn kafka_script(args: &[&str]) -> (bool, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka");
-    let output = std::process::Command::new(script).args(args).output().expect("running scripts/kafka");
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let output =
+        std::process::Command::new(script).args(args).output().expect("running scripts/kafka");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     (output.status.success(), text)
 }
 
@@ -403,7 +475,11 @@ pub fn kafka_script(args: &[&str]) -> (bool, String) {
 pub fn group_reader(group: &str) -> BaseConsumer {
     // read_uncommitted: see committed offsets at once, without waiting for
     // an open transaction's offsets to settle.
-    client_config().set("group.id", group).set("isolation.level", "read_uncommitted").create().unwrap()
+    client_config()
+        .set("group.id", group)
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .unwrap()
 }
 
 /// Sum of the group's committed offsets over `topic`'s first `partitions`
@@ -434,7 +510,13 @@ pub struct InputFeed {
 
 impl InputFeed {
     /// Starts producing.
-    pub fn start(topic: &str, lines: Vec<UsageLine>, partitions: i32, chunks: usize, pause: Duration) -> InputFeed {
+    pub fn start(
+        topic: &str,
+        lines: Vec<UsageLine>,
+        partitions: i32,
+        chunks: usize,
+        pause: Duration,
+    ) -> InputFeed {
         let topic = topic.to_string();
         let held = std::sync::Arc::new((Mutex::new(false), std::sync::Condvar::new()));
         let producing = std::sync::Arc::new(Mutex::new(()));

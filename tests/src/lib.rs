@@ -66,7 +66,8 @@ pub fn distinct_key_lines(count: usize, quantity: u64) -> Vec<UsageLine> {
 /// offsets that move them across the boundary; the expected period of each
 /// is known by construction, not by parsing.
 pub fn usage_lines(seed: u64, count: usize, bad_per_mille: u64) -> Vec<UsageLine> {
-    const CUSTOMERS: &[&str] = &["acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"];
+    const CUSTOMERS: &[&str] =
+        &["acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"];
     const METRICS: &[&str] = &["api_calls", "storage_gb_hours", "egress_mb"];
     // (timestamp, billing period it falls in once converted to UTC)
     const TIMES: &[(&str, &str)] = &[
@@ -107,7 +108,11 @@ pub fn usage_lines(seed: u64, count: usize, bad_per_mille: u64) -> Vec<UsageLine
 
 /// Writes `lines` split round-robin into `files` NDJSON files in `dir`;
 /// returns the paths and, per file, its lines.
-pub fn write_partitions(dir: &Path, lines: &[UsageLine], files: usize) -> (Vec<PathBuf>, Vec<Vec<UsageLine>>) {
+pub fn write_partitions(
+    dir: &Path,
+    lines: &[UsageLine],
+    files: usize,
+) -> (Vec<PathBuf>, Vec<Vec<UsageLine>>) {
     let mut partitions: Vec<Vec<UsageLine>> = vec![Vec::new(); files];
     for (index, line) in lines.iter().enumerate() {
         partitions[index % files].push(line.clone());
@@ -129,7 +134,9 @@ pub fn write_partitions(dir: &Path, lines: &[UsageLine], files: usize) -> (Vec<P
 }
 
 /// The totals the lines must add up to.
-pub fn expected_totals<'a>(lines: impl IntoIterator<Item = &'a UsageLine>) -> BTreeMap<BillingKey, u64> {
+pub fn expected_totals<'a>(
+    lines: impl IntoIterator<Item = &'a UsageLine>,
+) -> BTreeMap<BillingKey, u64> {
     let mut totals = BTreeMap::new();
     for (key, quantity) in lines.into_iter().filter_map(|line| line.effect.clone()) {
         *totals.entry(key).or_insert(0) += quantity;
@@ -139,7 +146,8 @@ pub fn expected_totals<'a>(lines: impl IntoIterator<Item = &'a UsageLine>) -> BT
 
 /// Writes a local-mode job file for the billing plugin.
 pub fn write_billing_job(dir: &Path, plugin: &str, inputs: &[PathBuf], extra: &str) -> PathBuf {
-    let inputs: Vec<String> = inputs.iter().map(|p| format!("{:?}", p.display().to_string())).collect();
+    let inputs: Vec<String> =
+        inputs.iter().map(|p| format!("{:?}", p.display().to_string())).collect();
     let job = format!(
         "name = \"billing\"\nplugin = {plugin:?}\noutputs = [\"totals\"]\n{extra}\n[local]\ninputs = [{}]\noutput_dir = \"out\"\nstate_dir = \"state\"\n",
         inputs.join(", ")
@@ -153,7 +161,8 @@ pub fn write_billing_job(dir: &Path, plugin: &str, inputs: &[PathBuf], extra: &s
 /// to the test binaries' `deps/` directory).
 pub fn tally_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("test binaries live in <target>/<profile>/deps");
+    let profile_dir =
+        exe.parent().and_then(Path::parent).expect("test binaries live in <target>/<profile>/deps");
     let binary = profile_dir.join("tally");
     assert!(
         binary.exists(),
@@ -165,7 +174,11 @@ pub fn tally_binary() -> PathBuf {
 
 /// Starts `tally run <args> <job_file>`, its log (`RUST_LOG=info`) written
 /// to `log_path`.
-pub fn spawn_run_logging_to(args: &[&str], job_file: &Path, log_path: &Path) -> std::process::Child {
+pub fn spawn_run_logging_to(
+    args: &[&str],
+    job_file: &Path,
+    log_path: &Path,
+) -> std::process::Child {
     std::process::Command::new(tally_binary())
         .arg("run")
         .args(args)
@@ -195,7 +208,8 @@ pub fn read_totals(path: &Path) -> Vec<TotalLine> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines()
         .map(|line| {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad output line {line:?}: {e}"));
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("bad output line {line:?}: {e}"));
             let key = &v["key"];
             TotalLine {
                 key: (
@@ -204,7 +218,10 @@ pub fn read_totals(path: &Path) -> Vec<TotalLine> {
                     key["period"].as_str().unwrap().to_string(),
                 ),
                 total: v["value"].as_u64().unwrap(),
-                source: (v["source"]["partition"].as_str().unwrap().to_string(), v["source"]["offset"].as_u64().unwrap()),
+                source: (
+                    v["source"]["partition"].as_str().unwrap().to_string(),
+                    v["source"]["offset"].as_u64().unwrap(),
+                ),
                 idempotency_key: v["idempotency_key"].as_str().unwrap().to_string(),
             }
         })
@@ -243,11 +260,14 @@ pub struct JobReport {
 /// Parses `job `name`: N records (A applied, D dead-lettered), O outputs, C
 /// commits in S.SSs (R records/s)`.
 pub fn parse_job_report(stdout: &str) -> Option<JobReport> {
-    let line = stdout.lines().find(|line| line.starts_with("job `") && line.contains(" records/s)"))?;
+    let line =
+        stdout.lines().find(|line| line.starts_with("job `") && line.contains(" records/s)"))?;
     let after_name = &line[line.find("`: ")? + 3..];
     let number_before = |word: &str| -> Option<f64> {
         let end = after_name.find(word)?;
-        let start = after_name[..end].rfind(|c: char| !(c.is_ascii_digit() || c == '.')).map_or(0, |i| i + 1);
+        let start = after_name[..end]
+            .rfind(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .map_or(0, |i| i + 1);
         after_name[start..end].parse().ok()
     };
     Some(JobReport {

@@ -62,7 +62,9 @@ impl Host for DirectHost<'_> {
     }
 
     fn emit_many(&mut self, output: &str, records: &[OutputRecord<'_>]) {
-        let records = records.iter().map(|record| (record.event, record.key.map(<[u8]>::to_vec), record.value.to_vec()));
+        let records = records
+            .iter()
+            .map(|record| (record.event, record.key.map(<[u8]>::to_vec), record.value.to_vec()));
         if let Err(err) = self.txn.emit_many(output, records) {
             self.fail(err);
         }
@@ -72,7 +74,11 @@ impl Host for DirectHost<'_> {
 }
 
 impl<P: Plugin> Processor for NativeProcessor<P> {
-    fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
+    fn process(
+        &mut self,
+        events: &[Event],
+        txn: &mut Transaction,
+    ) -> Result<Vec<Rejection>, ProcessError> {
         // The Wasm path copies each event into guest memory; this copies it
         // into the SDK's owned type.
         let events = events
@@ -88,9 +94,14 @@ impl<P: Plugin> Processor for NativeProcessor<P> {
         let mut host = DirectHost { txn, failure: None };
         let rejections = self.plugin.process(events, &mut host);
         match host.failure {
-            None => Ok(rejections.into_iter().map(|r| Rejection { index: r.index, reason: r.reason }).collect()),
+            None => Ok(rejections
+                .into_iter()
+                .map(|r| Rejection { index: r.index, reason: r.reason })
+                .collect()),
             Some(HostCallError::Violation(violation)) => Err(ProcessError::Plugin(violation.0)),
-            Some(HostCallError::Misconfigured(message)) => Err(ProcessError::Misconfigured(message)),
+            Some(HostCallError::Misconfigured(message)) => {
+                Err(ProcessError::Misconfigured(message))
+            }
             Some(HostCallError::State(state)) => Err(ProcessError::Host(state)),
         }
     }

@@ -49,7 +49,11 @@ impl ServeHost {
             globex_jobs = if globex.contains("max_jobs") { "" } else { "max_jobs = 3\n" },
         );
         std::fs::write(dir.join("host.toml"), config).unwrap();
-        let mut host = ServeHost { dir: dir.to_path_buf(), server: format!("http://127.0.0.1:{port}"), child: None };
+        let mut host = ServeHost {
+            dir: dir.to_path_buf(),
+            server: format!("http://127.0.0.1:{port}"),
+            child: None,
+        };
         host.launch();
         host
     }
@@ -71,7 +75,11 @@ impl ServeHost {
 
     /// Starts the host process (again) and waits until it answers.
     pub fn launch(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("serve.log")).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("serve.log"))
+            .unwrap();
         let child = Command::new(tally_binary())
             .arg("serve")
             .arg(self.dir.join("host.toml"))
@@ -81,7 +89,9 @@ impl ServeHost {
             .expect("starting tally serve");
         self.child = Some(child);
         let anonymous = JsonApi::new(&self.server, None);
-        wait_for("the host to answer", Duration::from_secs(60), || anonymous.request("GET", "/healthz", None).is_ok());
+        wait_for("the host to answer", Duration::from_secs(60), || {
+            anonymous.request("GET", "/healthz", None).is_ok()
+        });
     }
 
     /// A client with `token`.
@@ -161,7 +171,10 @@ pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
 /// the tenant's input directory).
 pub fn local_job(name: &str, inputs: &[&str], extra: &str) -> String {
     let inputs: Vec<String> = inputs.iter().map(|input| format!("{input:?}")).collect();
-    format!("name = {name:?}\noutputs = [\"totals\"]\n{extra}\n[local]\ninputs = [{}]\n", inputs.join(", "))
+    format!(
+        "name = {name:?}\noutputs = [\"totals\"]\n{extra}\n[local]\ninputs = [{}]\n",
+        inputs.join(", ")
+    )
 }
 
 /// A field of a status as a number (0 when absent).
@@ -195,7 +208,12 @@ impl JsonApi {
     }
 
     /// Sends a request; the JSON (or text, as a JSON string) answer.
-    pub fn request(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, ClientError> {
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<Value, ClientError> {
         self.client.request(method, path, body)
     }
 

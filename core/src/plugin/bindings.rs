@@ -7,10 +7,10 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
 });
 
-pub use tally::plugin::types::{Event, Level, OutputRecord, Rejection};
-pub use tally::plugin::{log, output, state, types};
 pub use Plugin as PluginWorld;
 pub use PluginPre as PluginWorldPre;
+pub use tally::plugin::types::{Event, Level, OutputRecord, Rejection};
+pub use tally::plugin::{log, output, state, types};
 
 /// The WIT package version this host links.
 pub const WIT_VERSION: &str = "0.1.0";

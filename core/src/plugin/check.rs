@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use wasmtime::component::Component;
 use wasmtime::Engine;
+use wasmtime::component::Component;
 
 use super::bindings::{WIT_PACKAGE, WIT_VERSION};
 use super::contract::{self, Mismatch, Side};
@@ -28,13 +28,17 @@ pub enum PluginError {
         source: std::io::Error,
     },
     /// The file is not WebAssembly.
-    #[error("plugin `{name}` is not a WebAssembly file (it does not start with `\\0asm`); build one with `tally plugin build <crate dir>`")]
+    #[error(
+        "plugin `{name}` is not a WebAssembly file (it does not start with `\\0asm`); build one with `tally plugin build <crate dir>`"
+    )]
     NotWasm {
         /// The plugin (its file or upload name).
         name: String,
     },
     /// The file is a core module, not a component.
-    #[error("plugin `{name}` is a core WebAssembly module, not a component; build it with `tally plugin build <crate dir>` (or wrap it with `wasm-tools component new`)")]
+    #[error(
+        "plugin `{name}` is a core WebAssembly module, not a component; build it with `tally plugin build <crate dir>` (or wrap it with `wasm-tools component new`)"
+    )]
     NotAComponent {
         /// The plugin (its file or upload name).
         name: String,
@@ -48,7 +52,9 @@ pub enum PluginError {
         reason: String,
     },
     /// The component was built for another version of the contract.
-    #[error("plugin `{name}` was built for {WIT_PACKAGE}@{found}, but this host runs {WIT_PACKAGE}@{WIT_VERSION}; rebuild it with a tally-sdk for {WIT_VERSION}")]
+    #[error(
+        "plugin `{name}` was built for {WIT_PACKAGE}@{found}, but this host runs {WIT_PACKAGE}@{WIT_VERSION}; rebuild it with a tally-sdk for {WIT_VERSION}"
+    )]
     WrongWitVersion {
         /// The plugin (its file or upload name).
         name: String,
@@ -56,7 +62,9 @@ pub enum PluginError {
         found: String,
     },
     /// The component imports something the host does not provide.
-    #[error("plugin `{name}` imports `{import}`, which Tally does not provide: plugins may only use {WIT_PACKAGE}'s state, output and log")]
+    #[error(
+        "plugin `{name}` imports `{import}`, which Tally does not provide: plugins may only use {WIT_PACKAGE}'s state, output and log"
+    )]
     ForbiddenImport {
         /// The plugin (its file or upload name).
         name: String,
@@ -65,7 +73,9 @@ pub enum PluginError {
     },
     /// An interface the component imports or exports differs from the
     /// host's: an item the host does not have, or one of another type.
-    #[error("plugin `{name}` {side} `{interface}`, which {mismatch}; rebuild it against {WIT_PACKAGE}@{WIT_VERSION}'s WIT (wit/tally-plugin@{WIT_VERSION}) with a tally-sdk for {WIT_VERSION}")]
+    #[error(
+        "plugin `{name}` {side} `{interface}`, which {mismatch}; rebuild it against {WIT_PACKAGE}@{WIT_VERSION}'s WIT (wit/tally-plugin@{WIT_VERSION}) with a tally-sdk for {WIT_VERSION}"
+    )]
     Mismatch {
         /// The plugin (its file or upload name).
         name: String,
@@ -77,7 +87,9 @@ pub enum PluginError {
         mismatch: Mismatch,
     },
     /// The component does not export the entry point.
-    #[error("plugin `{name}` does not export `{WIT_PACKAGE}/{REQUIRED_EXPORT}@{WIT_VERSION}` (it exports: {exports}); is it a Tally plugin? Use `tally_sdk::export!`")]
+    #[error(
+        "plugin `{name}` does not export `{WIT_PACKAGE}/{REQUIRED_EXPORT}@{WIT_VERSION}` (it exports: {exports}); is it a Tally plugin? Use `tally_sdk::export!`"
+    )]
     MissingEntryPoint {
         /// The plugin (its file or upload name).
         name: String,
@@ -131,15 +143,28 @@ pub fn check_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
     let info = read_names(name, bytes)?;
     check_contract(name, &info)?;
     let types = read_types(name, bytes)?;
-    let mismatch = |side, item: &str, mismatch| PluginError::Mismatch { name: name.to_string(), side, interface: item.to_string(), mismatch };
+    let mismatch = |side, item: &str, mismatch| PluginError::Mismatch {
+        name: name.to_string(),
+        side,
+        interface: item.to_string(),
+        mismatch,
+    };
     for import in &info.imports {
-        let (interface, _) = tally_interface(import).ok_or_else(|| PluginError::ForbiddenImport { name: name.to_string(), import: import.clone() })?;
-        let item = types.component_item_for_import(import).ok_or_else(|| invalid(name, format!("its import `{import}` has no type")))?;
-        contract::check_item(types.as_ref(), Side::Import, interface, &item.ty).map_err(|found| mismatch(Side::Import, import, found))?;
+        let (interface, _) = tally_interface(import).ok_or_else(|| {
+            PluginError::ForbiddenImport { name: name.to_string(), import: import.clone() }
+        })?;
+        let item = types
+            .component_item_for_import(import)
+            .ok_or_else(|| invalid(name, format!("its import `{import}` has no type")))?;
+        contract::check_item(types.as_ref(), Side::Import, interface, &item.ty)
+            .map_err(|found| mismatch(Side::Import, import, found))?;
     }
     let entry_point = contract::versioned(REQUIRED_EXPORT);
-    let item = types.component_item_for_export(&entry_point).ok_or_else(|| invalid(name, format!("its export `{entry_point}` has no type")))?;
-    contract::check_item(types.as_ref(), Side::Export, REQUIRED_EXPORT, &item.ty).map_err(|found| mismatch(Side::Export, &entry_point, found))
+    let item = types
+        .component_item_for_export(&entry_point)
+        .ok_or_else(|| invalid(name, format!("its export `{entry_point}` has no type")))?;
+    contract::check_item(types.as_ref(), Side::Export, REQUIRED_EXPORT, &item.ty)
+        .map_err(|found| mismatch(Side::Export, &entry_point, found))
 }
 
 fn invalid(name: &str, reason: impl std::fmt::Display) -> PluginError {
@@ -155,16 +180,19 @@ fn read_names(name: &str, bytes: &[u8]) -> Result<ComponentInfo, PluginError> {
     let mut depth = 0usize;
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
         match payload.map_err(|err| invalid(name, err))? {
-            wasmparser::Payload::ModuleSection { .. } | wasmparser::Payload::ComponentSection { .. } => depth += 1,
+            wasmparser::Payload::ModuleSection { .. }
+            | wasmparser::Payload::ComponentSection { .. } => depth += 1,
             wasmparser::Payload::End(_) => depth = depth.saturating_sub(1),
             wasmparser::Payload::ComponentImportSection(reader) if depth == 0 => {
                 for import in reader {
-                    info.imports.push(import.map_err(|err| invalid(name, err))?.name.name.to_string());
+                    info.imports
+                        .push(import.map_err(|err| invalid(name, err))?.name.name.to_string());
                 }
             }
             wasmparser::Payload::ComponentExportSection(reader) if depth == 0 => {
                 for export in reader {
-                    info.exports.push(export.map_err(|err| invalid(name, err))?.name.name.to_string());
+                    info.exports
+                        .push(export.map_err(|err| invalid(name, err))?.name.name.to_string());
                 }
             }
             _ => {}
@@ -177,12 +205,15 @@ fn read_names(name: &str, bytes: &[u8]) -> Result<ComponentInfo, PluginError> {
 /// validating its structure; function bodies are skipped (the compiler
 /// validates them), so this costs a fraction of a compile.
 fn read_types(name: &str, bytes: &[u8]) -> Result<wasmparser::types::Types, PluginError> {
-    let mut validator = wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::default());
+    let mut validator =
+        wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::default());
     let mut types = None;
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|err| invalid(name, err))?;
         // The last `End` is the outermost component's.
-        if let wasmparser::ValidPayload::End(end) = validator.payload(&payload).map_err(|err| invalid(name, err))? {
+        if let wasmparser::ValidPayload::End(end) =
+            validator.payload(&payload).map_err(|err| invalid(name, err))?
+        {
             types = Some(end);
         }
     }
@@ -192,7 +223,8 @@ fn read_types(name: &str, bytes: &[u8]) -> Result<wasmparser::types::Types, Plug
 /// Compiles a component (the slow step: do it off the hot path).
 pub fn compile(engine: &Engine, name: &str, bytes: &[u8]) -> Result<Component, PluginError> {
     check_is_component(name, bytes)?;
-    Component::new(engine, bytes).map_err(|err| PluginError::Invalid { name: name.to_string(), reason: format!("{err:#}") })
+    Component::new(engine, bytes)
+        .map_err(|err| PluginError::Invalid { name: name.to_string(), reason: format!("{err:#}") })
 }
 
 /// The import and export names of a compiled component.
@@ -216,10 +248,18 @@ fn check_import_names(name: &str, imports: &[String]) -> Result<(), PluginError>
     for import in imports {
         match tally_interface(import) {
             Some((_, version)) if version != WIT_VERSION => {
-                return Err(PluginError::WrongWitVersion { name: name.to_string(), found: version.to_string() });
+                return Err(PluginError::WrongWitVersion {
+                    name: name.to_string(),
+                    found: version.to_string(),
+                });
             }
             Some((interface, _)) if ALLOWED_IMPORTS.contains(&interface) => {}
-            _ => return Err(PluginError::ForbiddenImport { name: name.to_string(), import: import.clone() }),
+            _ => {
+                return Err(PluginError::ForbiddenImport {
+                    name: name.to_string(),
+                    import: import.clone(),
+                });
+            }
         }
     }
     Ok(())
@@ -228,16 +268,26 @@ fn check_import_names(name: &str, imports: &[String]) -> Result<(), PluginError>
 /// Checks a component's imports and exports against what this host links.
 pub fn check_contract(name: &str, info: &ComponentInfo) -> Result<(), PluginError> {
     check_import_names(name, &info.imports)?;
-    let entry_points: Vec<(&str, &str)> =
-        info.exports.iter().filter_map(|export| tally_interface(export)).filter(|(i, _)| *i == REQUIRED_EXPORT).collect();
+    let entry_points: Vec<(&str, &str)> = info
+        .exports
+        .iter()
+        .filter_map(|export| tally_interface(export))
+        .filter(|(i, _)| *i == REQUIRED_EXPORT)
+        .collect();
     if entry_points.iter().any(|(_, version)| *version == WIT_VERSION) {
         return Ok(());
     }
     match entry_points.first() {
-        Some((_, version)) => Err(PluginError::WrongWitVersion { name: name.to_string(), found: version.to_string() }),
+        Some((_, version)) => {
+            Err(PluginError::WrongWitVersion { name: name.to_string(), found: version.to_string() })
+        }
         None => Err(PluginError::MissingEntryPoint {
             name: name.to_string(),
-            exports: if info.exports.is_empty() { "nothing".to_string() } else { info.exports.join(", ") },
+            exports: if info.exports.is_empty() {
+                "nothing".to_string()
+            } else {
+                info.exports.join(", ")
+            },
         }),
     }
 }
@@ -255,13 +305,19 @@ mod tests {
 
     #[test]
     fn a_tally_plugin_passes() {
-        let plugin = info(&["tally:plugin/state@0.1.0", "tally:plugin/output@0.1.0"], &["tally:plugin/aggregator@0.1.0"]);
+        let plugin = info(
+            &["tally:plugin/state@0.1.0", "tally:plugin/output@0.1.0"],
+            &["tally:plugin/aggregator@0.1.0"],
+        );
         check_contract("p.wasm", &plugin).unwrap();
     }
 
     #[test]
     fn a_foreign_import_is_named() {
-        let plugin = info(&["tally:plugin/state@0.1.0", "wasi:sockets/tcp@0.2.0"], &["tally:plugin/aggregator@0.1.0"]);
+        let plugin = info(
+            &["tally:plugin/state@0.1.0", "wasi:sockets/tcp@0.2.0"],
+            &["tally:plugin/aggregator@0.1.0"],
+        );
         let err = check_contract("p.wasm", &plugin).unwrap_err().to_string();
         assert_eq!(
             err,
@@ -271,16 +327,29 @@ mod tests {
 
     #[test]
     fn another_contract_version_is_named() {
-        let err = check_contract("p.wasm", &info(&[], &["tally:plugin/aggregator@0.2.0"])).unwrap_err().to_string();
-        assert!(err.contains("built for tally:plugin@0.2.0, but this host runs tally:plugin@0.1.0"), "{err}");
-        let err = check_contract("p.wasm", &info(&["tally:plugin/state@0.0.9"], &[])).unwrap_err().to_string();
+        let err = check_contract("p.wasm", &info(&[], &["tally:plugin/aggregator@0.2.0"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("built for tally:plugin@0.2.0, but this host runs tally:plugin@0.1.0"),
+            "{err}"
+        );
+        let err = check_contract("p.wasm", &info(&["tally:plugin/state@0.0.9"], &[]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("built for tally:plugin@0.0.9"), "{err}");
     }
 
     #[test]
     fn non_components_are_told_apart() {
-        assert!(matches!(check_is_component("a", b"hello world"), Err(PluginError::NotWasm { .. })));
-        assert!(matches!(check_is_component("a", b"\0asm\x01\0\0\0"), Err(PluginError::NotAComponent { .. })));
+        assert!(matches!(
+            check_is_component("a", b"hello world"),
+            Err(PluginError::NotWasm { .. })
+        ));
+        assert!(matches!(
+            check_is_component("a", b"\0asm\x01\0\0\0"),
+            Err(PluginError::NotAComponent { .. })
+        ));
         check_is_component("a", b"\0asm\x0d\0\x01\0").unwrap();
     }
 }

@@ -22,7 +22,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{check, digest, LoadedPlugin, PluginError, PluginRuntime};
+use super::{LoadedPlugin, PluginError, PluginRuntime, check, digest};
 use crate::sync::lock;
 
 /// The CLI subcommand that runs [`worker_main`].
@@ -74,7 +74,9 @@ pub enum CompileError {
     #[error(transparent)]
     Refused(#[from] PluginError),
     /// Compiling it took longer than the host allows.
-    #[error("compiling plugin `{name}` took more than the host's limit of {seconds} s (max_compile_seconds); make the component smaller or simpler")]
+    #[error(
+        "compiling plugin `{name}` took more than the host's limit of {seconds} s (max_compile_seconds); make the component smaller or simpler"
+    )]
     TooSlow {
         /// The plugin (its file or upload name).
         name: String,
@@ -82,7 +84,9 @@ pub enum CompileError {
         seconds: u64,
     },
     /// Compiling it needed more memory than the host allows.
-    #[error("compiling plugin `{name}` needed more than the host's limit of {bytes} bytes of memory (max_compile_memory_bytes); make the component smaller or simpler")]
+    #[error(
+        "compiling plugin `{name}` needed more than the host's limit of {bytes} bytes of memory (max_compile_memory_bytes); make the component smaller or simpler"
+    )]
     TooLarge {
         /// The plugin (its file or upload name).
         name: String,
@@ -105,7 +109,10 @@ pub enum CompileError {
 impl CompileError {
     /// Whether the upload itself is at fault (a 4xx), rather than the host.
     pub fn is_the_uploads_fault(&self) -> bool {
-        matches!(self, CompileError::Refused(_) | CompileError::TooSlow { .. } | CompileError::TooLarge { .. })
+        matches!(
+            self,
+            CompileError::Refused(_) | CompileError::TooSlow { .. } | CompileError::TooLarge { .. }
+        )
     }
 }
 
@@ -132,7 +139,13 @@ impl Compiler {
     /// `bytes` as a loaded plugin: from the cache when it holds them,
     /// else checked, compiled in a worker (after `tenant`'s turn comes)
     /// and cached.
-    pub fn load(&self, runtime: &PluginRuntime, tenant: &str, name: &str, bytes: &[u8]) -> Result<LoadedPlugin, CompileError> {
+    pub fn load(
+        &self,
+        runtime: &PluginRuntime,
+        tenant: &str,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<LoadedPlugin, CompileError> {
         let digest = digest(bytes);
         let cached = self.cached_path(runtime, &digest);
         if let Some(plugin) = runtime.load_cache_entry(name, &digest, bytes.len(), &cached) {
@@ -154,15 +167,23 @@ impl Compiler {
         let _ = std::fs::remove_file(self.cached_path(runtime, digest));
     }
 
-    fn compile_in_worker(&self, name: &str, bytes: &[u8], output: &Path) -> Result<(), CompileError> {
+    fn compile_in_worker(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        output: &Path,
+    ) -> Result<(), CompileError> {
         let host_error = |reason: String| CompileError::Host { name: name.to_string(), reason };
-        std::fs::create_dir_all(&self.cache_dir).map_err(|err| host_error(format!("cannot create `{}`: {err}", self.cache_dir.display())))?;
+        std::fs::create_dir_all(&self.cache_dir).map_err(|err| {
+            host_error(format!("cannot create `{}`: {err}", self.cache_dir.display()))
+        })?;
         let input = tempfile::Builder::new()
             .prefix("upload-")
             .suffix(".wasm")
             .tempfile_in(&self.cache_dir)
             .map_err(|err| host_error(format!("cannot write the upload for its compile: {err}")))?;
-        std::fs::write(input.path(), bytes).map_err(|err| host_error(format!("cannot write the upload for its compile: {err}")))?;
+        std::fs::write(input.path(), bytes)
+            .map_err(|err| host_error(format!("cannot write the upload for its compile: {err}")))?;
         let started = Instant::now();
         let limits = self.limits;
         let mut command = Command::new(&self.worker);
@@ -173,7 +194,9 @@ impl Compiler {
             command.env("TALLY_PLUGIN_PERFMAP", perfmap);
         }
         restrict(&mut command, limits);
-        let mut child = command.spawn().map_err(|err| host_error(format!("cannot start `{}`: {err}", self.worker.display())))?;
+        let mut child = command.spawn().map_err(|err| {
+            host_error(format!("cannot start `{}`: {err}", self.worker.display()))
+        })?;
         let mut stderr = child.stderr.take().expect("stderr is piped");
         let reader = std::thread::spawn(move || {
             let mut message = String::new();
@@ -199,18 +222,29 @@ impl Compiler {
         tracing::info!(plugin = %name, took_ms = started.elapsed().as_millis() as u64, status = ?status, "compiled an upload in a worker");
         match status {
             Some(status) if status.success() && output.exists() => Ok(()),
-            Some(status) if status.code() == Some(REFUSED) => Err(CompileError::Refused(PluginError::Invalid {
-                name: name.to_string(),
-                reason: message.strip_prefix("error: ").unwrap_or(message).to_string(),
-            })),
+            Some(status) if status.code() == Some(REFUSED) => {
+                Err(CompileError::Refused(PluginError::Invalid {
+                    name: name.to_string(),
+                    reason: message.strip_prefix("error: ").unwrap_or(message).to_string(),
+                }))
+            }
             None => Err(CompileError::TooSlow { name: name.to_string(), seconds: limits.seconds }),
-            Some(status) if killed_by(&status, libc::SIGXCPU) || killed_by(&status, libc::SIGKILL) => {
+            Some(status)
+                if killed_by(&status, libc::SIGXCPU) || killed_by(&status, libc::SIGKILL) =>
+            {
                 Err(CompileError::TooSlow { name: name.to_string(), seconds: limits.seconds })
             }
-            Some(status) if message.contains("memory allocation") || message.contains("out of memory") || killed_by(&status, libc::SIGABRT) || killed_by(&status, libc::SIGSEGV) => {
+            Some(status)
+                if message.contains("memory allocation")
+                    || message.contains("out of memory")
+                    || killed_by(&status, libc::SIGABRT)
+                    || killed_by(&status, libc::SIGSEGV) =>
+            {
                 Err(CompileError::TooLarge { name: name.to_string(), bytes: limits.memory_bytes })
             }
-            Some(status) => Err(host_error(format!("the compiler exited with {status}: {message}"))),
+            Some(status) => {
+                Err(host_error(format!("the compiler exited with {status}: {message}")))
+            }
         }
     }
 }
@@ -232,7 +266,8 @@ fn restrict(command: &mut Command, limits: CompileLimits) {
     unsafe {
         command.pre_exec(move || {
             let set = |resource, soft: u64, hard: u64| {
-                let limit = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
+                let limit =
+                    libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
                 if libc::setrlimit(resource, &limit) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -344,9 +379,15 @@ impl CompileQueue {
                         state.order.retain(|name| name != tenant);
                     }
                 }
-                return Err(CompileError::Busy(format!("the host's compiler stayed busy with other uploads for {} s; try again", longest.as_secs())));
+                return Err(CompileError::Busy(format!(
+                    "the host's compiler stayed busy with other uploads for {} s; try again",
+                    longest.as_secs()
+                )));
             }
-            state = self.changed.wait_timeout(state, deadline - now).map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
         }
     }
 }
@@ -392,11 +433,17 @@ mod tests {
             }));
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(matches!(queue.wait_turn("a", Duration::from_secs(60)), Err(CompileError::Busy(message)) if message.contains("2 uploads waiting")));
+        assert!(
+            matches!(queue.wait_turn("a", Duration::from_secs(60)), Err(CompileError::Busy(message)) if message.contains("2 uploads waiting"))
+        );
         drop(first);
         for waiter in waiters {
             waiter.join().unwrap();
         }
-        assert_eq!(*served.lock().unwrap(), ["a", "b", "a"], "b's upload does not wait behind all of a's");
+        assert_eq!(
+            *served.lock().unwrap(),
+            ["a", "b", "a"],
+            "b's upload does not wait behind all of a's"
+        );
     }
 }

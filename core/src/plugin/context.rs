@@ -35,12 +35,28 @@ pub struct JobContext {
 impl JobContext {
     /// The context of job `job` (its name in log lines), with no CPU seat.
     pub fn new(job: &str) -> JobContext {
-        JobContext::with(Arc::new(AtomicBool::new(false)), None, PluginLog::new(None, job, LogLimits::default()), PluginMeters::default())
+        JobContext::with(
+            Arc::new(AtomicBool::new(false)),
+            None,
+            PluginLog::new(None, job, LogLimits::default()),
+            PluginMeters::default(),
+        )
     }
 
     /// A context of the given parts.
-    pub fn with(stop: StopSignal, seat: Option<Arc<CpuSeat>>, log: PluginLog, meters: PluginMeters) -> JobContext {
-        JobContext { stop, seat, log: Arc::new(log), meters: Arc::new(meters), restore: Arc::default() }
+    pub fn with(
+        stop: StopSignal,
+        seat: Option<Arc<CpuSeat>>,
+        log: PluginLog,
+        meters: PluginMeters,
+    ) -> JobContext {
+        JobContext {
+            stop,
+            seat,
+            log: Arc::new(log),
+            meters: Arc::new(meters),
+            restore: Arc::default(),
+        }
     }
 
     /// Whether the job was asked to stop.
@@ -103,8 +119,21 @@ pub struct PluginMeters {
 
 impl PluginMeters {
     /// Meters counting into the given counters and gauge (a job's metrics).
-    pub fn counting_into(cpu_seconds: Counter<f64, AtomicU64>, traps: Counter, cpu_budget_breaches: Counter, log_lines_dropped: Counter, memory_bytes: Gauge) -> PluginMeters {
-        PluginMeters { cpu_seconds, traps, cpu_budget_breaches, log_lines_dropped, memory_bytes, last_failure: Mutex::default() }
+    pub fn counting_into(
+        cpu_seconds: Counter<f64, AtomicU64>,
+        traps: Counter,
+        cpu_budget_breaches: Counter,
+        log_lines_dropped: Counter,
+        memory_bytes: Gauge,
+    ) -> PluginMeters {
+        PluginMeters {
+            cpu_seconds,
+            traps,
+            cpu_budget_breaches,
+            log_lines_dropped,
+            memory_bytes,
+            last_failure: Mutex::default(),
+        }
     }
 
     /// Records why a plugin call failed.
@@ -139,7 +168,10 @@ pub const DEFAULT_MAX_LOG_LINE_BYTES: usize = 1024;
 
 impl Default for LogLimits {
     fn default() -> Self {
-        LogLimits { lines_per_second: DEFAULT_LOG_LINES_PER_SECOND, max_line_bytes: DEFAULT_MAX_LOG_LINE_BYTES }
+        LogLimits {
+            lines_per_second: DEFAULT_LOG_LINES_PER_SECOND,
+            max_line_bytes: DEFAULT_MAX_LOG_LINE_BYTES,
+        }
     }
 }
 
@@ -169,7 +201,12 @@ impl PluginLog {
             tenant: tenant.map(str::to_string),
             job: job.to_string(),
             limits,
-            bucket: Mutex::new(Bucket { tokens: f64::from(limits.lines_per_second), at: now, dropped_since_said: 0, said_at: now }),
+            bucket: Mutex::new(Bucket {
+                tokens: f64::from(limits.lines_per_second),
+                at: now,
+                dropped_since_said: 0,
+                said_at: now,
+            }),
             dropped: Counter::default(),
         }
     }
@@ -194,11 +231,17 @@ impl PluginLog {
         let tenant = self.tenant.as_deref().unwrap_or("");
         let job = self.job.as_str();
         match level {
-            tracing::Level::ERROR => tracing::error!(target: "tally::plugin", tenant, job, "{line}"),
+            tracing::Level::ERROR => {
+                tracing::error!(target: "tally::plugin", tenant, job, "{line}")
+            }
             tracing::Level::WARN => tracing::warn!(target: "tally::plugin", tenant, job, "{line}"),
             tracing::Level::INFO => tracing::info!(target: "tally::plugin", tenant, job, "{line}"),
-            tracing::Level::DEBUG => tracing::debug!(target: "tally::plugin", tenant, job, "{line}"),
-            tracing::Level::TRACE => tracing::trace!(target: "tally::plugin", tenant, job, "{line}"),
+            tracing::Level::DEBUG => {
+                tracing::debug!(target: "tally::plugin", tenant, job, "{line}")
+            }
+            tracing::Level::TRACE => {
+                tracing::trace!(target: "tally::plugin", tenant, job, "{line}")
+            }
         }
     }
 
@@ -206,7 +249,8 @@ impl PluginLog {
         let mut bucket = lock(&self.bucket);
         let now = Instant::now();
         let rate = f64::from(self.limits.lines_per_second);
-        bucket.tokens = (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * rate).min(rate.max(1.0));
+        bucket.tokens =
+            (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * rate).min(rate.max(1.0));
         bucket.at = now;
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
@@ -263,13 +307,28 @@ mod tests {
 
     #[test]
     fn lines_are_cut_escaped_and_rate_limited() {
-        assert_eq!(sanitize("ok\n2026-12-01T00:00:00Z  INFO tally_host: forged\r\x1b[2J", 1024), "ok\\n2026-12-01T00:00:00Z  INFO tally_host: forged\\r\\u{1b}[2J");
+        assert_eq!(
+            sanitize("ok\n2026-12-01T00:00:00Z  INFO tally_host: forged\r\x1b[2J", 1024),
+            "ok\\n2026-12-01T00:00:00Z  INFO tally_host: forged\\r\\u{1b}[2J"
+        );
         assert_eq!(sanitize("héllo", 2), "h … (5 more bytes cut)", "cut at a character boundary");
-        assert_eq!(sanitize("a\u{2028}b\u{202E}c", 64), "a\\u{2028}b\\u{202e}c", "no line breaks or reordering");
-        let log = PluginLog::new(Some("acme"), "billing", LogLimits { lines_per_second: 5, max_line_bytes: 64 });
+        assert_eq!(
+            sanitize("a\u{2028}b\u{202E}c", 64),
+            "a\\u{2028}b\\u{202e}c",
+            "no line breaks or reordering"
+        );
+        let log = PluginLog::new(
+            Some("acme"),
+            "billing",
+            LogLimits { lines_per_second: 5, max_line_bytes: 64 },
+        );
         for _ in 0..20 {
             log.write(tracing::Level::INFO, "line");
         }
-        assert!(log.dropped() >= 14, "a burst beyond one second of lines is dropped: {}", log.dropped());
+        assert!(
+            log.dropped() >= 14,
+            "a burst beyond one second of lines is dropped: {}",
+            log.dropped()
+        );
     }
 }

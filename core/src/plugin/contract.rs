@@ -11,11 +11,12 @@
 
 use std::sync::OnceLock;
 
+use wasmparser::PrimitiveValType;
 use wasmparser::component_types::{
-    ComponentAnyTypeId, ComponentDefinedType, ComponentEntityType, ComponentFuncType, ComponentValType,
+    ComponentAnyTypeId, ComponentDefinedType, ComponentEntityType, ComponentFuncType,
+    ComponentValType,
 };
 use wasmparser::types::TypesRef;
-use wasmparser::PrimitiveValType;
 use wit_parser::{Function, InterfaceId, Resolve, Type, TypeDefKind};
 
 use super::bindings::{WIT_PACKAGE, WIT_VERSION};
@@ -40,7 +41,11 @@ fn contract() -> &'static Contract {
         let mut resolve = Resolve::default();
         // The WIT is part of this binary; `the_contract_parses` tests it.
         let package = resolve.push_str("plugin.wit", WIT).expect("the contract's WIT parses");
-        let interfaces = resolve.packages[package].interfaces.iter().map(|(name, id)| (name.clone(), *id)).collect();
+        let interfaces = resolve.packages[package]
+            .interfaces
+            .iter()
+            .map(|(name, id)| (name.clone(), *id))
+            .collect();
         Contract { resolve, interfaces }
     })
 }
@@ -101,14 +106,21 @@ pub enum Mismatch {
 impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Mismatch::NotAnInterface { found } => write!(f, "is {found}, not an interface (an instance)"),
+            Mismatch::NotAnInterface { found } => {
+                write!(f, "is {found}, not an interface (an instance)")
+            }
             Mismatch::NoSuchItem { item, available } => {
                 write!(f, "has no item `{item}` in this host (it has: {available})")
             }
             Mismatch::WrongType { item, expected, difference } => {
-                write!(f, "has `{item}` with another type than this host's `{expected}`: {difference}")
+                write!(
+                    f,
+                    "has `{item}` with another type than this host's `{expected}`: {difference}"
+                )
             }
-            Mismatch::Missing { item, expected } => write!(f, "lacks `{item}` (`{expected}`), which the host calls"),
+            Mismatch::Missing { item, expected } => {
+                write!(f, "lacks `{item}` (`{expected}`), which the host calls")
+            }
         }
     }
 }
@@ -135,7 +147,12 @@ impl std::fmt::Display for Difference {
 /// interface of the contract, by its unversioned name `interface`) with
 /// what the host links. Items the host does not use in an export are
 /// allowed; everything imported must be provided exactly.
-pub fn check_item(types: TypesRef<'_>, side: Side, interface: &str, entity: &ComponentEntityType) -> Result<(), Mismatch> {
+pub fn check_item(
+    types: TypesRef<'_>,
+    side: Side,
+    interface: &str,
+    entity: &ComponentEntityType,
+) -> Result<(), Mismatch> {
     let contract = contract();
     let Some(&(_, id)) = contract.interfaces.iter().find(|(name, _)| name == interface) else {
         // Callers check names first; an unknown interface provides nothing.
@@ -158,7 +175,10 @@ pub fn check_item(types: TypesRef<'_>, side: Side, interface: &str, entity: &Com
                 match exports.get(item.as_str()) {
                     Some(found) => compare.item(item, &found.ty, expected)?,
                     None => {
-                        return Err(Mismatch::Missing { item: item.clone(), expected: compare.show_function(function) });
+                        return Err(Mismatch::Missing {
+                            item: item.clone(),
+                            expected: compare.show_function(function),
+                        });
                     }
                 }
             }
@@ -196,26 +216,45 @@ struct Compare<'a> {
 
 impl Compare<'_> {
     /// One item of an interface instance: a function or a named type.
-    fn item(&self, item: &str, found: &ComponentEntityType, interface: &wit_parser::Interface) -> Result<(), Mismatch> {
+    fn item(
+        &self,
+        item: &str,
+        found: &ComponentEntityType,
+        interface: &wit_parser::Interface,
+    ) -> Result<(), Mismatch> {
         let available = || {
-            let names: Vec<&str> = interface.functions.keys().chain(interface.types.keys()).map(String::as_str).collect();
+            let names: Vec<&str> = interface
+                .functions
+                .keys()
+                .chain(interface.types.keys())
+                .map(String::as_str)
+                .collect();
             if names.is_empty() { "nothing".to_string() } else { names.join(", ") }
         };
-        let no_such_item = || Mismatch::NoSuchItem { item: item.to_string(), available: available() };
+        let no_such_item =
+            || Mismatch::NoSuchItem { item: item.to_string(), available: available() };
         match found {
             ComponentEntityType::Func(id) => {
                 let function = interface.functions.get(item).ok_or_else(no_such_item)?;
-                self.function(&self.types[*id], function).map_err(|difference| Mismatch::WrongType {
-                    item: item.to_string(),
-                    expected: self.show_function(function),
-                    difference,
+                self.function(&self.types[*id], function).map_err(|difference| {
+                    Mismatch::WrongType {
+                        item: item.to_string(),
+                        expected: self.show_function(function),
+                        difference,
+                    }
                 })
             }
             ComponentEntityType::Type { referenced, .. } => {
                 let id = *interface.types.get(item).ok_or_else(no_such_item)?;
-                let wrong = |difference| Mismatch::WrongType { item: item.to_string(), expected: self.show(&Type::Id(id), 1), difference };
+                let wrong = |difference| Mismatch::WrongType {
+                    item: item.to_string(),
+                    expected: self.show(&Type::Id(id), 1),
+                    difference,
+                };
                 match referenced {
-                    ComponentAnyTypeId::Defined(defined) => self.value(ComponentValType::Type(*defined), &Type::Id(id), "").map_err(wrong),
+                    ComponentAnyTypeId::Defined(defined) => self
+                        .value(ComponentValType::Type(*defined), &Type::Id(id), "")
+                        .map_err(wrong),
                     other => Err(wrong(Difference {
                         at: String::new(),
                         expected: self.show(&Type::Id(id), 1),
@@ -231,15 +270,26 @@ impl Compare<'_> {
             }
             other => Err(Mismatch::WrongType {
                 item: item.to_string(),
-                expected: interface.functions.get(item).map_or_else(|| "nothing".to_string(), |f| self.show_function(f)),
-                difference: Difference { at: String::new(), expected: "a function or a type".into(), found: entity_kind(other).into() },
+                expected: interface
+                    .functions
+                    .get(item)
+                    .map_or_else(|| "nothing".to_string(), |f| self.show_function(f)),
+                difference: Difference {
+                    at: String::new(),
+                    expected: "a function or a type".into(),
+                    found: entity_kind(other).into(),
+                },
             }),
         }
     }
 
     fn function(&self, found: &ComponentFuncType, expected: &Function) -> Result<(), Difference> {
         if found.async_ {
-            return Err(Difference { at: String::new(), expected: "a synchronous function".into(), found: "an async function".into() });
+            return Err(Difference {
+                at: String::new(),
+                expected: "a synchronous function".into(),
+                found: "an async function".into(),
+            });
         }
         if found.params.len() != expected.params.len() {
             return Err(Difference {
@@ -268,16 +318,30 @@ impl Compare<'_> {
     /// is small and finite, so a hostile type cannot make it deep.
     fn value(&self, found: ComponentValType, expected: &Type, at: &str) -> Result<(), Difference> {
         let expected = self.unalias(expected);
-        let differ = || Difference { at: at.to_string(), expected: self.show(&expected, 1), found: self.show_found(found) };
+        let differ = || Difference {
+            at: at.to_string(),
+            expected: self.show(&expected, 1),
+            found: self.show_found(found),
+        };
         let defined = match found {
-            ComponentValType::Primitive(primitive) => return if primitive_matches(primitive, &expected) { Ok(()) } else { Err(differ()) },
+            ComponentValType::Primitive(primitive) => {
+                return if primitive_matches(primitive, &expected) {
+                    Ok(())
+                } else {
+                    Err(differ())
+                };
+            }
             ComponentValType::Type(id) => &self.types[id],
         };
         let kind = match expected {
             Type::Id(id) => &self.resolve.types[id].kind,
             _ => {
                 return match defined {
-                    ComponentDefinedType::Primitive(primitive) if primitive_matches(*primitive, &expected) => Ok(()),
+                    ComponentDefinedType::Primitive(primitive)
+                        if primitive_matches(*primitive, &expected) =>
+                    {
+                        Ok(())
+                    }
                     _ => Err(differ()),
                 };
             }
@@ -306,18 +370,22 @@ impl Compare<'_> {
                     }
                     match (case.ty, &wit_case.ty) {
                         (None, None) => {}
-                        (Some(ty), Some(wit_ty)) => self.value(ty, wit_ty, &inner(format!("case `{}`", wit_case.name)))?,
+                        (Some(ty), Some(wit_ty)) => {
+                            self.value(ty, wit_ty, &inner(format!("case `{}`", wit_case.name)))?
+                        }
                         _ => return Err(differ()),
                     }
                 }
                 Ok(())
             }
             (ComponentDefinedType::Enum(names), TypeDefKind::Enum(wit)) => {
-                let same = names.len() == wit.cases.len() && names.iter().zip(&wit.cases).all(|(a, b)| a.as_str() == b.name);
+                let same = names.len() == wit.cases.len()
+                    && names.iter().zip(&wit.cases).all(|(a, b)| a.as_str() == b.name);
                 if same { Ok(()) } else { Err(differ()) }
             }
             (ComponentDefinedType::Flags(names), TypeDefKind::Flags(wit)) => {
-                let same = names.len() == wit.flags.len() && names.iter().zip(&wit.flags).all(|(a, b)| a.as_str() == b.name);
+                let same = names.len() == wit.flags.len()
+                    && names.iter().zip(&wit.flags).all(|(a, b)| a.as_str() == b.name);
                 if same { Ok(()) } else { Err(differ()) }
             }
             (ComponentDefinedType::Tuple(tuple), TypeDefKind::Tuple(wit)) => {
@@ -332,22 +400,32 @@ impl Compare<'_> {
             (ComponentDefinedType::List { element, .. }, TypeDefKind::List(wit)) => {
                 self.value(*element, wit, &inner("list element".into()))
             }
-            (ComponentDefinedType::FixedLengthList { element, length, .. }, TypeDefKind::FixedLengthList(wit, wit_length)) => {
+            (
+                ComponentDefinedType::FixedLengthList { element, length, .. },
+                TypeDefKind::FixedLengthList(wit, wit_length),
+            ) => {
                 if length != wit_length {
                     return Err(differ());
                 }
                 self.value(*element, wit, &inner("list element".into()))
             }
-            (ComponentDefinedType::Map { key, value, .. }, TypeDefKind::Map(wit_key, wit_value)) => {
+            (
+                ComponentDefinedType::Map { key, value, .. },
+                TypeDefKind::Map(wit_key, wit_value),
+            ) => {
                 self.value(*key, wit_key, &inner("map key".into()))?;
                 self.value(*value, wit_value, &inner("map value".into()))
             }
-            (ComponentDefinedType::Option { ty, .. }, TypeDefKind::Option(wit)) => self.value(*ty, wit, &inner("option".into())),
+            (ComponentDefinedType::Option { ty, .. }, TypeDefKind::Option(wit)) => {
+                self.value(*ty, wit, &inner("option".into()))
+            }
             (ComponentDefinedType::Result { ok, err, .. }, TypeDefKind::Result(wit)) => {
                 for (side, found, wit) in [("ok", ok, &wit.ok), ("error", err, &wit.err)] {
                     match (found, wit) {
                         (None, None) => {}
-                        (Some(ty), Some(wit_ty)) => self.value(*ty, wit_ty, &inner(format!("result's {side}")))?,
+                        (Some(ty), Some(wit_ty)) => {
+                            self.value(*ty, wit_ty, &inner(format!("result's {side}")))?
+                        }
                         _ => return Err(differ()),
                     }
                 }
@@ -372,8 +450,15 @@ impl Compare<'_> {
     }
 
     fn show_function(&self, function: &Function) -> String {
-        let params: Vec<String> = function.params.iter().map(|param| format!("{}: {}", param.name, self.show(&param.ty, 1))).collect();
-        let result = function.result.as_ref().map_or_else(String::new, |ty| format!(" -> {}", self.show(ty, 1)));
+        let params: Vec<String> = function
+            .params
+            .iter()
+            .map(|param| format!("{}: {}", param.name, self.show(&param.ty, 1)))
+            .collect();
+        let result = function
+            .result
+            .as_ref()
+            .map_or_else(String::new, |ty| format!(" -> {}", self.show(ty, 1)));
         format!("func({}){result}", params.join(", "))
     }
 
@@ -390,13 +475,22 @@ impl Compare<'_> {
         let nested = |ty: &Type| self.show(ty, depth + 1);
         match &def.kind {
             TypeDefKind::Record(record) => {
-                let fields: Vec<String> = record.fields.iter().map(|f| format!("{}: {}", f.name, nested(&f.ty))).collect();
+                let fields: Vec<String> = record
+                    .fields
+                    .iter()
+                    .map(|f| format!("{}: {}", f.name, nested(&f.ty)))
+                    .collect();
                 format!("record {{ {} }}", fields.join(", "))
             }
-            TypeDefKind::Enum(cases) => format!("enum {{ {} }}", cases.cases.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")),
+            TypeDefKind::Enum(cases) => format!(
+                "enum {{ {} }}",
+                cases.cases.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+            ),
             TypeDefKind::List(inner) => format!("list<{}>", nested(inner)),
             TypeDefKind::Option(inner) => format!("option<{}>", nested(inner)),
-            TypeDefKind::Tuple(tuple) => format!("tuple<{}>", tuple.types.iter().map(nested).collect::<Vec<_>>().join(", ")),
+            TypeDefKind::Tuple(tuple) => {
+                format!("tuple<{}>", tuple.types.iter().map(nested).collect::<Vec<_>>().join(", "))
+            }
             TypeDefKind::Type(inner) => self.show(inner, depth),
             other => def.name.clone().unwrap_or_else(|| other.as_str().to_string()),
         }
@@ -415,7 +509,9 @@ impl Compare<'_> {
             return;
         }
         let id = match ty {
-            ComponentValType::Primitive(primitive) => return out.push_str(primitive_val_name(primitive)),
+            ComponentValType::Primitive(primitive) => {
+                return out.push_str(primitive_val_name(primitive));
+            }
             ComponentValType::Type(id) => id,
         };
         if depth >= SHOWN_DEPTH {
@@ -442,13 +538,23 @@ impl Compare<'_> {
             }
         };
         match &self.types[id] {
-            ComponentDefinedType::Primitive(primitive) => out.push_str(primitive_val_name(*primitive)),
+            ComponentDefinedType::Primitive(primitive) => {
+                out.push_str(primitive_val_name(*primitive))
+            }
             ComponentDefinedType::Record(record) => {
-                list(out, "record { ", &mut record.fields.iter().map(|(n, t)| (Some(n.as_str()), Some(*t))));
+                list(
+                    out,
+                    "record { ",
+                    &mut record.fields.iter().map(|(n, t)| (Some(n.as_str()), Some(*t))),
+                );
                 out.push_str(" }");
             }
             ComponentDefinedType::Variant(variant) => {
-                list(out, "variant { ", &mut variant.cases.iter().map(|(n, c)| (Some(n.as_str()), c.ty)));
+                list(
+                    out,
+                    "variant { ",
+                    &mut variant.cases.iter().map(|(n, c)| (Some(n.as_str()), c.ty)),
+                );
                 out.push_str(" }");
             }
             ComponentDefinedType::Tuple(tuple) => {
@@ -577,10 +683,14 @@ mod tests {
 
     #[test]
     fn an_interface_imported_as_a_function_is_refused() {
-        import_of(r#"(component (import "tally:plugin/state@0.1.0" (func)))"#, "tally:plugin/state@0.1.0", |types, entity| {
-            let err = check_item(types, Side::Import, "state", entity).unwrap_err();
-            assert_eq!(err, Mismatch::NotAnInterface { found: "a function" });
-        });
+        import_of(
+            r#"(component (import "tally:plugin/state@0.1.0" (func)))"#,
+            "tally:plugin/state@0.1.0",
+            |types, entity| {
+                let err = check_item(types, Side::Import, "state", entity).unwrap_err();
+                assert_eq!(err, Mismatch::NotAnInterface { found: "a function" });
+            },
+        );
     }
 
     #[test]
@@ -616,20 +726,34 @@ mod tests {
     #[test]
     fn names_results_and_async_count() {
         let cases = [
-            (r#"(export "delete" (func (param "k" (list s8))))"#, "at parameter `key`, list element, the host has `u8`, the plugin `s8`"),
-            (r#"(export "delete" (func (param "key" (list u8)) (result u32)))"#, "at the result, the host has `none`, the plugin `u32`"),
-            (r#"(export "delete" (func async (param "key" (list u8))))"#, "the host has `a synchronous function`, the plugin `an async function`"),
-            (r#"(export "delete" (func (param "key" (list u8)) (param "more" u8)))"#, "at its parameters, the host has `1 parameters`, the plugin `2 parameters`"),
+            (
+                r#"(export "delete" (func (param "k" (list s8))))"#,
+                "at parameter `key`, list element, the host has `u8`, the plugin `s8`",
+            ),
+            (
+                r#"(export "delete" (func (param "key" (list u8)) (result u32)))"#,
+                "at the result, the host has `none`, the plugin `u32`",
+            ),
+            (
+                r#"(export "delete" (func async (param "key" (list u8))))"#,
+                "the host has `a synchronous function`, the plugin `an async function`",
+            ),
+            (
+                r#"(export "delete" (func (param "key" (list u8)) (param "more" u8)))"#,
+                "at its parameters, the host has `1 parameters`, the plugin `2 parameters`",
+            ),
         ];
         for (export, difference) in cases {
-            let wat = format!(r#"(component (import "tally:plugin/state@0.1.0" (instance {export})))"#);
+            let wat =
+                format!(r#"(component (import "tally:plugin/state@0.1.0" (instance {export})))"#);
             let bytes = match wat::parse_str(&wat) {
                 Ok(bytes) => bytes,
                 Err(err) => panic!("{wat}: {err}"),
             };
             let mut features = wasmparser::WasmFeatures::default();
             features.insert(wasmparser::WasmFeatures::CM_ASYNC);
-            let types = wasmparser::Validator::new_with_features(features).validate_all(&bytes).unwrap();
+            let types =
+                wasmparser::Validator::new_with_features(features).validate_all(&bytes).unwrap();
             let item = types.component_item_for_import("tally:plugin/state@0.1.0").unwrap();
             let err = check_item(types.as_ref(), Side::Import, "state", &item.ty).unwrap_err();
             let Mismatch::WrongType { difference: found, .. } = &err else { panic!("{err:?}") };
@@ -643,14 +767,20 @@ mod tests {
             (type $level (enum "trace" "debug" "info" "warn" "error"))
             (export "level" (type (eq $level)))
         )))"#;
-        import_of(wat, "tally:plugin/types@0.1.0", |types, entity| check_item(types, Side::Import, "types", entity).unwrap());
+        import_of(wat, "tally:plugin/types@0.1.0", |types, entity| {
+            check_item(types, Side::Import, "types", entity).unwrap()
+        });
         let wat = r#"(component (import "tally:plugin/types@0.1.0" (instance
             (type $level (enum "trace" "debug" "info" "warn" "error" "fatal"))
             (export "level" (type (eq $level)))
         )))"#;
         import_of(wat, "tally:plugin/types@0.1.0", |types, entity| {
             let err = check_item(types, Side::Import, "types", entity).unwrap_err();
-            assert!(err.to_string().contains("the plugin `enum { trace, debug, info, warn, error, fatal }`"), "{err}");
+            assert!(
+                err.to_string()
+                    .contains("the plugin `enum { trace, debug, info, warn, error, fatal }`"),
+                "{err}"
+            );
         });
         let wat = r#"(component (import "tally:plugin/types@0.1.0" (instance (export "event" (type (sub resource))))))"#;
         import_of(wat, "tally:plugin/types@0.1.0", |types, entity| {
@@ -665,7 +795,9 @@ mod tests {
         for _ in 0..40 {
             ty = format!("(list {ty})");
         }
-        let wat = format!(r#"(component (import "tally:plugin/log@0.1.0" (instance (export "log" (func (param "level" u8) (param "message" {ty}))))))"#);
+        let wat = format!(
+            r#"(component (import "tally:plugin/log@0.1.0" (instance (export "log" (func (param "level" u8) (param "message" {ty}))))))"#
+        );
         import_of(&wat, "tally:plugin/log@0.1.0", |types, entity| {
             let err = check_item(types, Side::Import, "log", entity).unwrap_err().to_string();
             assert!(err.len() < 2 * SHOWN_BYTES, "{err}");

@@ -17,8 +17,8 @@
 mod bindings;
 pub mod check;
 pub mod compiler;
-pub mod contract;
 pub mod context;
+pub mod contract;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -68,7 +68,11 @@ pub enum ProcessError {
 pub trait Processor {
     /// Processes `events` in order; returns the events the plugin refused.
     /// On `Err`, the caller must drop the batch from the transaction.
-    fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError>;
+    fn process(
+        &mut self,
+        events: &[Event],
+        txn: &mut Transaction,
+    ) -> Result<Vec<Rejection>, ProcessError>;
 
     /// The digest that identifies the running code in output lineage.
     fn digest(&self) -> &str;
@@ -117,7 +121,8 @@ impl PluginRuntime {
 
     /// Reads, compiles and checks the plugin at `path`.
     pub fn load_file(&self, path: &Path) -> Result<LoadedPlugin, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path)
+            .map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
         self.load(&file_name(path), &bytes)
     }
 
@@ -129,8 +134,13 @@ impl PluginRuntime {
     ///
     /// `cache_dir` must be writable by this user alone (compiled code is
     /// run as it is): `tally run` uses the user's own cache directory.
-    pub fn load_file_cached(&self, path: &Path, cache_dir: &Path) -> Result<LoadedPlugin, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+    pub fn load_file_cached(
+        &self,
+        path: &Path,
+        cache_dir: &Path,
+    ) -> Result<LoadedPlugin, PluginError> {
+        let bytes = std::fs::read(path)
+            .map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
         let name = file_name(path);
         let digest = digest(&bytes);
         let cached = self.cache_entry(cache_dir, &digest);
@@ -151,8 +161,12 @@ impl PluginRuntime {
             tracing::warn!(path = %cached.display(), error = %err, "cannot cache the compiled plugin; the next start compiles it again");
         }
         // SAFETY: `compiled` is what this engine serialized a moment ago.
-        let component = unsafe { wasmtime::component::Component::deserialize(&self.engine, &compiled) }
-            .map_err(|err| PluginError::Invalid { name: name.clone(), reason: format!("its compiled form cannot be loaded: {err:#}") })?;
+        let component =
+            unsafe { wasmtime::component::Component::deserialize(&self.engine, &compiled) }
+                .map_err(|err| PluginError::Invalid {
+                    name: name.clone(),
+                    reason: format!("its compiled form cannot be loaded: {err:#}"),
+                })?;
         self.prepare(&name, &digest, bytes.len(), &component)
     }
 
@@ -169,13 +183,26 @@ impl PluginRuntime {
     ///
     /// The file must have been written by Tally's own compiler: compiled
     /// code is run as it is, so it must never come from a tenant.
-    pub fn load_compiled(&self, name: &str, digest: &str, size: usize, path: &Path) -> Result<LoadedPlugin, PluginError> {
+    pub fn load_compiled(
+        &self,
+        name: &str,
+        digest: &str,
+        size: usize,
+        path: &Path,
+    ) -> Result<LoadedPlugin, PluginError> {
         // SAFETY: the file holds the output of `Component::serialize` by
         // this binary's compiler (Tally's compile worker, into the host's
         // own data directory, which tenants cannot write); wasmtime checks
         // that it was made for this engine's version and configuration.
-        let component = unsafe { wasmtime::component::Component::deserialize_file(&self.engine, path) }
-            .map_err(|err| PluginError::Invalid { name: name.to_string(), reason: format!("its compiled form `{}` cannot be loaded: {err:#}", path.display()) })?;
+        let component =
+            unsafe { wasmtime::component::Component::deserialize_file(&self.engine, path) }
+                .map_err(|err| PluginError::Invalid {
+                    name: name.to_string(),
+                    reason: format!(
+                        "its compiled form `{}` cannot be loaded: {err:#}",
+                        path.display()
+                    ),
+                })?;
         self.prepare(name, digest, size, &component)
     }
 
@@ -188,7 +215,13 @@ impl PluginRuntime {
 
     /// The plugin cached at `entry`, if there is one that loads; an entry
     /// that does not load is removed (and logged), to be compiled again.
-    pub fn load_cache_entry(&self, name: &str, digest: &str, size: usize, entry: &Path) -> Option<LoadedPlugin> {
+    pub fn load_cache_entry(
+        &self,
+        name: &str,
+        digest: &str,
+        size: usize,
+        entry: &Path,
+    ) -> Option<LoadedPlugin> {
         if !entry.is_file() {
             return None;
         }
@@ -216,16 +249,29 @@ impl PluginRuntime {
         check::check_component(name, bytes)?;
         let component = check::compile(&self.engine, name, bytes)?;
         check::check_contract(name, &check::component_info(&self.engine, &component))?;
-        component.serialize().map_err(|err| PluginError::Invalid { name: name.to_string(), reason: format!("cannot serialize its compiled form: {err:#}") })
+        component.serialize().map_err(|err| PluginError::Invalid {
+            name: name.to_string(),
+            reason: format!("cannot serialize its compiled form: {err:#}"),
+        })
     }
 
     /// Checks a compiled component against the contract and links it.
-    fn prepare(&self, name: &str, digest: &str, size: usize, component: &wasmtime::component::Component) -> Result<LoadedPlugin, PluginError> {
+    fn prepare(
+        &self,
+        name: &str,
+        digest: &str,
+        size: usize,
+        component: &wasmtime::component::Component,
+    ) -> Result<LoadedPlugin, PluginError> {
         let info = check::component_info(&self.engine, component);
         check::check_contract(name, &info)?;
-        let instantiate_error = |err: wasmtime::Error| PluginError::Instantiate { name: name.to_string(), reason: format!("{err:#}") };
+        let instantiate_error = |err: wasmtime::Error| PluginError::Instantiate {
+            name: name.to_string(),
+            reason: format!("{err:#}"),
+        };
         let mut linker = Linker::<StoreData>::new(&self.engine);
-        bindings::PluginWorld::add_to_linker::<_, HasSelf<StoreData>>(&mut linker, |data| data).map_err(instantiate_error)?;
+        bindings::PluginWorld::add_to_linker::<_, HasSelf<StoreData>>(&mut linker, |data| data)
+            .map_err(instantiate_error)?;
         let pre = linker.instantiate_pre(component).map_err(instantiate_error)?;
         let pre = bindings::PluginWorldPre::new(pre).map_err(instantiate_error)?;
         Ok(LoadedPlugin {
@@ -243,7 +289,8 @@ impl PluginRuntime {
     /// Describes the plugin at `path` and whether this host would run it
     /// (for `tally plugin inspect`). Errs only when it is not a component.
     pub fn inspect(&self, path: &Path) -> Result<Inspection, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path)
+            .map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
         let name = file_name(path);
         let component = check::compile(&self.engine, &name, &bytes)?;
         let info = check::component_info(&self.engine, &component);
@@ -304,7 +351,8 @@ pub struct Inspection {
 }
 
 fn file_name(path: &Path) -> String {
-    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    path.file_name()
+        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// The digest that identifies plugin bytes in lineage: `sha256:<hex>`.
@@ -356,15 +404,30 @@ impl LoadedPlugin {
 
     /// What makes the job's first instance when the job opens (after its
     /// checks, so a refused job instantiates nothing).
-    pub fn processor_maker(&self, limits: Limits, context: JobContext) -> impl FnOnce() -> Result<Box<dyn Processor>, PluginError> + use<> {
+    pub fn processor_maker(
+        &self,
+        limits: Limits,
+        context: JobContext,
+    ) -> impl FnOnce() -> Result<Box<dyn Processor>, PluginError> + use<> {
         let plugin = self.clone();
         move || Ok(Box::new(plugin.instantiate_in(limits, context)?) as Box<dyn Processor>)
     }
 
     /// A fresh sandboxed instance with `limits`, for the job of `context`.
-    pub fn instantiate_in(&self, limits: Limits, context: JobContext) -> Result<PluginInstance, PluginError> {
+    pub fn instantiate_in(
+        &self,
+        limits: Limits,
+        context: JobContext,
+    ) -> Result<PluginInstance, PluginError> {
         let sandbox = Sandbox::new(self, limits, &context)?;
-        Ok(PluginInstance { sandbox: Some(sandbox), plugin: self.clone(), limits, context, cpu: Duration::ZERO, traps: 0 })
+        Ok(PluginInstance {
+            sandbox: Some(sandbox),
+            plugin: self.clone(),
+            limits,
+            context,
+            cpu: Duration::ZERO,
+            traps: 0,
+        })
     }
 }
 
@@ -394,7 +457,9 @@ impl StoreData {
     fn grow(&mut self, bytes: u64, what: &str) -> wasmtime::Result<bool> {
         if self.memory_used.saturating_add(bytes) > self.memory_limit {
             self.memory_exceeded = true;
-            return Err(wasmtime::Error::msg(format!("plugin exceeded its memory limit growing {what}")));
+            return Err(wasmtime::Error::msg(format!(
+                "plugin exceeded its memory limit growing {what}"
+            )));
         }
         self.memory_used += bytes;
         self.context.meters.memory_bytes.set(self.memory_used.min(i64::MAX as u64) as i64);
@@ -413,13 +478,26 @@ impl StoreData {
 
 impl ResourceLimiter for StoreData {
     /// Counts every memory of the store against one limit.
-    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         self.grow(desired.saturating_sub(current) as u64, "a linear memory")
     }
 
     /// Tables count against the same limit, at what each element costs.
-    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        self.grow((desired.saturating_sub(current) as u64).saturating_mul(TABLE_ELEMENT_BYTES), "a table")
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.grow(
+            (desired.saturating_sub(current) as u64).saturating_mul(TABLE_ELEMENT_BYTES),
+            "a table",
+        )
     }
 
     fn instances(&self) -> usize {
@@ -505,7 +583,11 @@ impl bindings::output::Host for StoreData {
         self.emit_many(output, vec![record])
     }
 
-    fn emit_many(&mut self, output: String, records: Vec<bindings::OutputRecord>) -> wasmtime::Result<()> {
+    fn emit_many(
+        &mut self,
+        output: String,
+        records: Vec<bindings::OutputRecord>,
+    ) -> wasmtime::Result<()> {
         self.check_entries("output.emit-many", records.len())?;
         let records = records.into_iter().map(|record| (record.event, record.key, record.value));
         self.txn.emit_many(&output, records).map_err(|err| self.fail(err))
@@ -552,7 +634,11 @@ struct Sandbox {
 
 impl Sandbox {
     /// A fresh store with `limits`, and the plugin instantiated in it.
-    fn new(plugin: &LoadedPlugin, limits: Limits, context: &JobContext) -> Result<Sandbox, PluginError> {
+    fn new(
+        plugin: &LoadedPlugin,
+        limits: Limits,
+        context: &JobContext,
+    ) -> Result<Sandbox, PluginError> {
         let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), limits);
         let data = StoreData {
             txn: placeholder,
@@ -594,9 +680,8 @@ impl Sandbox {
         // Instantiation runs guest code too (start functions, allocator setup).
         store.set_epoch_deadline(1);
         let instance_bytes = INSTANCE_BYTES;
-        store.data_mut().grow(instance_bytes, "its instance").map_err(|err| PluginError::Instantiate {
-            name: plugin.name().to_string(),
-            reason: format!("{err:#}"),
+        store.data_mut().grow(instance_bytes, "its instance").map_err(|err| {
+            PluginError::Instantiate { name: plugin.name().to_string(), reason: format!("{err:#}") }
         })?;
         let bindings = plugin.inner.pre.instantiate(&mut store).map_err(|err| {
             let data = store.data();
@@ -621,7 +706,12 @@ const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exh
 
 impl PluginInstance {
     /// Why the last call failed, as a dead-letter reason.
-    fn failure(&self, data: &mut StoreData, err: wasmtime::Error, logged: Option<String>) -> ProcessError {
+    fn failure(
+        &self,
+        data: &mut StoreData,
+        err: wasmtime::Error,
+        logged: Option<String>,
+    ) -> ProcessError {
         if data.stopped {
             return ProcessError::Stopped;
         }
@@ -651,7 +741,9 @@ impl PluginInstance {
                 self.limits.memory_bytes
             ));
         }
-        let trap = err.downcast_ref::<wasmtime::Trap>().map_or_else(|| format!("{err}"), |trap| trap.to_string());
+        let trap = err
+            .downcast_ref::<wasmtime::Trap>()
+            .map_or_else(|| format!("{err}"), |trap| trap.to_string());
         // Wasmtime's text can carry names the plugin chose.
         let trap = context::sanitize(&trap, MAX_LOGGED_ERROR_BYTES);
         match logged {
@@ -662,7 +754,11 @@ impl PluginInstance {
 }
 
 impl Processor for PluginInstance {
-    fn process(&mut self, events: &[Event], txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
+    fn process(
+        &mut self,
+        events: &[Event],
+        txn: &mut Transaction,
+    ) -> Result<Vec<Rejection>, ProcessError> {
         self.context.run();
         if self.context.stopping() {
             return Err(ProcessError::Stopped);
@@ -699,8 +795,11 @@ impl Processor for PluginInstance {
         match result {
             Ok(rejections) => Ok(rejections),
             Err(err) => {
-                let Some(mut sandbox) = self.sandbox.take() else { unreachable!("the call ran in a sandbox") };
-                let failure = self.failure(sandbox.store.data_mut(), err, txn.last_plugin_error.take());
+                let Some(mut sandbox) = self.sandbox.take() else {
+                    unreachable!("the call ran in a sandbox")
+                };
+                let failure =
+                    self.failure(sandbox.store.data_mut(), err, txn.last_plugin_error.take());
                 if !matches!(failure, ProcessError::Stopped) {
                     self.traps += 1;
                     self.context.meters.failed(&failure.to_string());
@@ -718,7 +817,8 @@ impl Processor for PluginInstance {
     }
 
     fn usage(&self) -> PluginUsage {
-        let memory_bytes = self.sandbox.as_ref().map_or(0, |sandbox| sandbox.store.data().memory_used);
+        let memory_bytes =
+            self.sandbox.as_ref().map_or(0, |sandbox| sandbox.store.data().memory_used);
         PluginUsage { cpu: self.cpu, memory_bytes, traps: self.traps }
     }
 }

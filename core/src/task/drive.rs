@@ -84,19 +84,39 @@ pub trait Driver {
     /// Reads the next batch into `events` (cleared first), waiting at most
     /// `wait` for input. Records over the record limit are dead-lettered in
     /// `txn` instead.
-    fn next_batch(&mut self, txn: &mut Transaction, events: &mut Vec<Event>, wait: Duration) -> Result<Input, Self::Error>;
+    fn next_batch(
+        &mut self,
+        txn: &mut Transaction,
+        events: &mut Vec<Event>,
+        wait: Duration,
+    ) -> Result<Input, Self::Error>;
 
     /// The batch in `events` ran into `txn` (`on_trial`: a plugin version
     /// on trial ran it): note where the input stands, stage what is written.
-    fn ran(&mut self, txn: &mut Transaction, events: &[Event], outcome: &BatchOutcome, on_trial: bool) -> Result<(), Self::Error>;
+    fn ran(
+        &mut self,
+        txn: &mut Transaction,
+        events: &[Event],
+        outcome: &BatchOutcome,
+        on_trial: bool,
+    ) -> Result<(), Self::Error>;
 
     /// Makes the open transaction durable, carrying `carried`. With
     /// `may_overlap`, the commit may finish while the next transaction runs
     /// ([`CommitOutcome::InFlight`]).
-    fn commit(&mut self, txn: &mut Transaction, carried: RunSummary, may_overlap: bool) -> Result<CommitOutcome, Self::Error>;
+    fn commit(
+        &mut self,
+        txn: &mut Transaction,
+        carried: RunSummary,
+        may_overlap: bool,
+    ) -> Result<CommitOutcome, Self::Error>;
 
     /// The outcome of a commit in flight, if there is one (see [`Settle`]).
-    fn settle(&mut self, txn: &mut Transaction, how: Settle) -> Result<Option<CommitOutcome>, Self::Error> {
+    fn settle(
+        &mut self,
+        txn: &mut Transaction,
+        how: Settle,
+    ) -> Result<Option<CommitOutcome>, Self::Error> {
         let _ = (txn, how);
         Ok(None)
     }
@@ -122,13 +142,20 @@ impl Task {
     /// before it is driven again. This is the one place the
     /// steps are ordered: boundary, run and trial judgement, roll-back,
     /// transaction judgement, commit.
-    pub fn drive<D: Driver>(&mut self, driver: &mut D, stop: &AtomicBool, summary: &mut RunSummary) -> Result<Finish, D::Error> {
+    pub fn drive<D: Driver>(
+        &mut self,
+        driver: &mut D,
+        stop: &AtomicBool,
+        summary: &mut RunSummary,
+    ) -> Result<Finish, D::Error> {
         let result = self.turns(driver, stop, summary);
         if let Err(err) = &result {
             // A commit in flight may still have taken effect: count it.
             // What is open is dropped; the driver's next run starts from
             // the last commit.
-            if let Ok(Some(outcome @ CommitOutcome::Done(_))) = driver.settle(&mut self.txn, Settle::AfterFailure) {
+            if let Ok(Some(outcome @ CommitOutcome::Done(_))) =
+                driver.settle(&mut self.txn, Settle::AfterFailure)
+            {
                 self.settled(outcome, summary);
             }
             self.drop_transaction(&err.to_string());
@@ -136,7 +163,12 @@ impl Task {
         result
     }
 
-    fn turns<D: Driver>(&mut self, driver: &mut D, stop: &AtomicBool, summary: &mut RunSummary) -> Result<Finish, D::Error> {
+    fn turns<D: Driver>(
+        &mut self,
+        driver: &mut D,
+        stop: &AtomicBool,
+        summary: &mut RunSummary,
+    ) -> Result<Finish, D::Error> {
         let mut events = Vec::new();
         let mut last_commit = Instant::now();
         self.at_boundary();
@@ -209,7 +241,12 @@ impl Task {
     /// Settles a commit in flight, judges the open transaction and commits
     /// it (or rolls it back). `false` if it did not commit: its input is
     /// read again.
-    fn commit<D: Driver>(&mut self, driver: &mut D, summary: &mut RunSummary, may_overlap: bool) -> Result<bool, D::Error> {
+    fn commit<D: Driver>(
+        &mut self,
+        driver: &mut D,
+        summary: &mut RunSummary,
+        may_overlap: bool,
+    ) -> Result<bool, D::Error> {
         if let Some(outcome) = driver.settle(&mut self.txn, Settle::Wait)?
             && !self.settled(outcome, summary)
         {
@@ -274,7 +311,11 @@ mod tests {
     }
 
     impl Processor for Accepts {
-        fn process(&mut self, _events: &[Event], _txn: &mut Transaction) -> Result<Vec<Rejection>, ProcessError> {
+        fn process(
+            &mut self,
+            _events: &[Event],
+            _txn: &mut Transaction,
+        ) -> Result<Vec<Rejection>, ProcessError> {
             self.calls += 1;
             if self.stop_at_call == Some(self.calls - 1) {
                 return Err(ProcessError::Stopped);
@@ -321,14 +362,25 @@ mod tests {
     impl Driver for Scripted {
         type Error = Failed;
 
-        fn next_batch(&mut self, _txn: &mut Transaction, events: &mut Vec<Event>, _wait: Duration) -> Result<Input, Failed> {
+        fn next_batch(
+            &mut self,
+            _txn: &mut Transaction,
+            events: &mut Vec<Event>,
+            _wait: Duration,
+        ) -> Result<Input, Failed> {
             events.clear();
             let step = self.script.get(self.next).copied().unwrap_or(Step::End);
             self.next += 1;
             self.calls.push(format!("{step:?}"));
             Ok(match step {
                 Step::Batch(count) => {
-                    let event = |offset| Event { partition: 0, offset, timestamp_ms: None, key: None, value: b"{}".to_vec() };
+                    let event = |offset| Event {
+                        partition: 0,
+                        offset,
+                        timestamp_ms: None,
+                        key: None,
+                        value: b"{}".to_vec(),
+                    };
                     events.extend((0..count as u64).map(event));
                     Input::Batch { read: count, oversized: 0, more_buffered: false }
                 }
@@ -339,12 +391,23 @@ mod tests {
             })
         }
 
-        fn ran(&mut self, _txn: &mut Transaction, events: &[Event], _outcome: &BatchOutcome, _on_trial: bool) -> Result<(), Failed> {
+        fn ran(
+            &mut self,
+            _txn: &mut Transaction,
+            events: &[Event],
+            _outcome: &BatchOutcome,
+            _on_trial: bool,
+        ) -> Result<(), Failed> {
             self.calls.push(format!("ran {}", events.len()));
             Ok(())
         }
 
-        fn commit(&mut self, txn: &mut Transaction, carried: RunSummary, may_overlap: bool) -> Result<CommitOutcome, Failed> {
+        fn commit(
+            &mut self,
+            txn: &mut Transaction,
+            carried: RunSummary,
+            may_overlap: bool,
+        ) -> Result<CommitOutcome, Failed> {
             let number = self.commits;
             self.commits += 1;
             self.calls.push(format!("commit {}", carried.records));
@@ -358,16 +421,30 @@ mod tests {
                 return Ok(CommitOutcome::InFlight);
             }
             txn.committed();
-            Ok(CommitOutcome::Done(Some(Committed { at: Instant::now(), took: Duration::ZERO, lag: None, carried })))
+            Ok(CommitOutcome::Done(Some(Committed {
+                at: Instant::now(),
+                took: Duration::ZERO,
+                lag: None,
+                carried,
+            })))
         }
 
-        fn settle(&mut self, _txn: &mut Transaction, how: Settle) -> Result<Option<CommitOutcome>, Failed> {
+        fn settle(
+            &mut self,
+            _txn: &mut Transaction,
+            how: Settle,
+        ) -> Result<Option<CommitOutcome>, Failed> {
             if how == Settle::IfReady {
                 return Ok(None); // still in flight
             }
             let Some(carried) = self.in_flight.take() else { return Ok(None) };
             self.calls.push(format!("settle {how:?}"));
-            Ok(Some(CommitOutcome::Done(Some(Committed { at: Instant::now(), took: Duration::ZERO, lag: None, carried }))))
+            Ok(Some(CommitOutcome::Done(Some(Committed {
+                at: Instant::now(),
+                took: Duration::ZERO,
+                lag: None,
+                carried,
+            }))))
         }
 
         fn discard(&mut self, _txn: &mut Transaction) -> Result<(), Failed> {
@@ -383,11 +460,21 @@ mod tests {
     }
 
     fn task(commit_interval: Duration) -> Task {
-        let txn = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), Limits::default());
-        Task::new("test", Box::new(Accepts::default()), txn, JobContext::new("test"), commit_interval)
+        let txn =
+            Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), Limits::default());
+        Task::new(
+            "test",
+            Box::new(Accepts::default()),
+            txn,
+            JobContext::new("test"),
+            commit_interval,
+        )
     }
 
-    fn drive(driver: &mut Scripted, commit_interval: Duration) -> (Result<Finish, Failed>, RunSummary) {
+    fn drive(
+        driver: &mut Scripted,
+        commit_interval: Duration,
+    ) -> (Result<Finish, Failed>, RunSummary) {
         let mut summary = RunSummary::default();
         let result = task(commit_interval).drive(driver, &AtomicBool::new(false), &mut summary);
         (result, summary)
@@ -395,7 +482,10 @@ mod tests {
 
     #[test]
     fn batches_commit_at_the_end_of_the_input() {
-        let mut driver = Scripted { script: vec![Step::Batch(3), Step::Batch(2), Step::End], ..Scripted::default() };
+        let mut driver = Scripted {
+            script: vec![Step::Batch(3), Step::Batch(2), Step::End],
+            ..Scripted::default()
+        };
         let (result, summary) = drive(&mut driver, Duration::from_secs(3600));
         assert_eq!(result.unwrap(), Finish::End);
         assert_eq!((summary.records, summary.commits), (5, 1));
@@ -404,53 +494,104 @@ mod tests {
 
     #[test]
     fn an_aborted_commit_is_redone_and_its_records_count_once() {
-        let mut driver = Scripted { script: vec![Step::Batch(3), Step::End], aborting: vec![0], ..Scripted::default() };
+        let mut driver = Scripted {
+            script: vec![Step::Batch(3), Step::End],
+            aborting: vec![0],
+            ..Scripted::default()
+        };
         let (result, summary) = drive(&mut driver, Duration::from_secs(3600));
         assert_eq!(result.unwrap(), Finish::End);
         assert_eq!((summary.records, summary.commits), (3, 1));
-        assert_eq!(driver.calls, ["Batch(3)", "ran 3", "End", "commit 3", "Batch(3)", "ran 3", "End", "commit 3"]);
+        assert_eq!(
+            driver.calls,
+            ["Batch(3)", "ran 3", "End", "commit 3", "Batch(3)", "ran 3", "End", "commit 3"]
+        );
     }
 
     #[test]
     fn a_lost_transaction_is_dropped_and_not_counted() {
-        let mut driver = Scripted { script: vec![Step::Batch(3), Step::Lost, Step::Batch(2), Step::End], ..Scripted::default() };
+        let mut driver = Scripted {
+            script: vec![Step::Batch(3), Step::Lost, Step::Batch(2), Step::End],
+            ..Scripted::default()
+        };
         let (_, summary) = drive(&mut driver, Duration::from_secs(3600));
-        assert_eq!((summary.records, summary.commits), (2, 1), "the lost transaction's 3 records are its new owner's");
+        assert_eq!(
+            (summary.records, summary.commits),
+            (2, 1),
+            "the lost transaction's 3 records are its new owner's"
+        );
     }
 
     #[test]
     fn dry_input_commits_what_is_open_before_waiting() {
-        let mut driver = Scripted { script: vec![Step::Batch(4), Step::Dry, Step::Dry, Step::End], ..Scripted::default() };
+        let mut driver = Scripted {
+            script: vec![Step::Batch(4), Step::Dry, Step::Dry, Step::End],
+            ..Scripted::default()
+        };
         let (_, summary) = drive(&mut driver, Duration::from_secs(3600));
-        assert_eq!(driver.calls, ["Batch(4)", "ran 4", "Dry", "commit 4", "wait", "Dry", "wait", "End", "commit 0"]);
+        assert_eq!(
+            driver.calls,
+            ["Batch(4)", "ran 4", "Dry", "commit 4", "wait", "Dry", "wait", "End", "commit 0"]
+        );
         assert_eq!((summary.records, summary.commits), (4, 2));
     }
 
     #[test]
     fn a_commit_in_flight_is_settled_before_the_next_and_counted_after_a_failure() {
         // A zero interval: every batch commits, in the background.
-        let mut driver =
-            Scripted { script: vec![Step::Batch(1), Step::Batch(2), Step::Fail], overlapping: true, ..Scripted::default() };
+        let mut driver = Scripted {
+            script: vec![Step::Batch(1), Step::Batch(2), Step::Fail],
+            overlapping: true,
+            ..Scripted::default()
+        };
         let (result, summary) = drive(&mut driver, Duration::ZERO);
         assert!(matches!(result, Err(Failed::Driver)));
         assert_eq!(
             driver.calls,
-            ["Batch(1)", "ran 1", "commit 1", "Batch(2)", "ran 2", "settle Wait", "commit 2", "Fail", "settle AfterFailure"]
+            [
+                "Batch(1)",
+                "ran 1",
+                "commit 1",
+                "Batch(2)",
+                "ran 2",
+                "settle Wait",
+                "commit 2",
+                "Fail",
+                "settle AfterFailure"
+            ]
         );
-        assert_eq!((summary.records, summary.commits), (3, 2), "both commits took effect, the last after the failure");
+        assert_eq!(
+            (summary.records, summary.commits),
+            (3, 2),
+            "both commits took effect, the last after the failure"
+        );
     }
 
     #[test]
     fn a_stop_during_a_plugin_call_goes_back_to_the_last_commit() {
-        let mut driver = Scripted { script: vec![Step::Batch(1), Step::Batch(2), Step::End], ..Scripted::default() };
-        let txn = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), Limits::default());
+        let mut driver = Scripted {
+            script: vec![Step::Batch(1), Step::Batch(2), Step::End],
+            ..Scripted::default()
+        };
+        let txn =
+            Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), Limits::default());
         let plugin = Accepts { stop_at_call: Some(1), calls: 0 };
-        let mut task = Task::new("test", Box::new(plugin), txn, JobContext::new("test"), Duration::from_secs(3600));
+        let mut task = Task::new(
+            "test",
+            Box::new(plugin),
+            txn,
+            JobContext::new("test"),
+            Duration::from_secs(3600),
+        );
         let mut summary = RunSummary::default();
         let result = task.drive(&mut driver, &AtomicBool::new(false), &mut summary);
         assert_eq!(result.unwrap(), Finish::Stopped);
         assert_eq!(driver.calls, ["Batch(1)", "ran 1", "Batch(2)", "discard"]);
-        assert_eq!((summary.records, summary.commits), (0, 0), "nothing committed: the next run redoes both batches");
+        assert_eq!(
+            (summary.records, summary.commits),
+            (0, 0),
+            "nothing committed: the next run redoes both batches"
+        );
     }
 
     #[test]

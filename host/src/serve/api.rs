@@ -35,13 +35,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
 use base64::Engine as _;
 use http_body_util::BodyExt as _;
 use tokio::sync::Semaphore;
@@ -86,19 +86,33 @@ struct Api {
 
 impl Api {
     fn new(host: Arc<Host>) -> Api {
-        Api { host, working: Arc::new(Semaphore::new(MAX_WORKING_REQUESTS)), uploads: Arc::new(Semaphore::new(MAX_UPLOADS_IN_FLIGHT)) }
+        Api {
+            host,
+            working: Arc::new(Semaphore::new(MAX_WORKING_REQUESTS)),
+            uploads: Arc::new(Semaphore::new(MAX_UPLOADS_IN_FLIGHT)),
+        }
     }
 
     /// Runs `work` on the blocking pool, within the bound on working
     /// requests; a panic in it is a 500, not a dead worker.
-    async fn run<T: Send + 'static>(&self, work: impl FnOnce(&Arc<Host>) -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
-        let _permit = self.working.clone().acquire_owned().await.map_err(|_| ApiError::new(503, "the host is shutting down"))?;
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Arc<Host>) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let _permit = self
+            .working
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::new(503, "the host is shutting down"))?;
         let host = self.host.clone();
         match tokio::task::spawn_blocking(move || work(&host)).await {
             Ok(result) => result,
             Err(err) if err.is_panic() => {
                 tracing::error!("an admin request panicked; the API goes on");
-                Err(ApiError::internal("the host failed on this request (a bug: it was logged); nothing else is affected"))
+                Err(ApiError::internal(
+                    "the host failed on this request (a bug: it was logged); nothing else is affected",
+                ))
             }
             Err(_) => Err(ApiError::new(503, "the host is shutting down")),
         }
@@ -160,7 +174,11 @@ impl Drop for ConnectionSlot {
     }
 }
 
-async fn accept_until_stopped(host: Arc<Host>, listen: SocketAddr, stop: Arc<AtomicBool>) -> Result<(), ServeError> {
+async fn accept_until_stopped(
+    host: Arc<Host>,
+    listen: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> Result<(), ServeError> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Listen { addr: listen, source })?;
@@ -240,16 +258,25 @@ impl IntoResponse for ApiError {
         if status.is_client_error() {
             tracing::info!(status = self.status, "admin request refused");
         }
-        let mut response = (status, [(header::CONTENT_TYPE, "application/json")], serde_json::json!({ "error": self.message }).to_string()).into_response();
+        let mut response = (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::json!({ "error": self.message }).to_string(),
+        )
+            .into_response();
         if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }
 }
 
 fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
-    let body = serde_json::to_string(value).unwrap_or_else(|err| serde_json::json!({ "error": format!("reply not serializable: {err}") }).to_string());
+    let body = serde_json::to_string(value).unwrap_or_else(|err| {
+        serde_json::json!({ "error": format!("reply not serializable: {err}") }).to_string()
+    });
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
@@ -266,18 +293,19 @@ impl FromRequestParts<Api> for Tenant {
 
     async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Tenant, ApiError> {
         let token = bearer(&parts.headers)?;
-        api.host
-            .config()
-            .tenant_of(&token)
-            .map(|tenant| Tenant(tenant.to_string()))
-            .ok_or_else(|| ApiError::new(401, "the token is not recognised; check --token or TALLY_TOKEN"))
+        api.host.config().tenant_of(&token).map(|tenant| Tenant(tenant.to_string())).ok_or_else(
+            || ApiError::new(401, "the token is not recognised; check --token or TALLY_TOKEN"),
+        )
     }
 }
 
 /// The bearer token of a request.
 fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(ApiError::new(401, "missing `Authorization: Bearer <token>` header; pass --token or set TALLY_TOKEN"));
+        return Err(ApiError::new(
+            401,
+            "missing `Authorization: Bearer <token>` header; pass --token or set TALLY_TOKEN",
+        ));
     };
     match value.to_str().ok().and_then(|value| value.strip_prefix("Bearer ")) {
         Some(token) => Ok(token.trim().to_string()),
@@ -290,16 +318,30 @@ fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
 /// within [`BODY_TIMEOUT`], once it is its turn ([`MAX_UPLOADS_IN_FLIGHT`]).
 async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let limit = api.host.config().max_upload_bytes;
-    let too_large = || ApiError::new(413, format!("the request body is larger than the host's max_upload_bytes ({limit} bytes)"));
-    let announced = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()).and_then(|value| value.parse::<u64>().ok());
+    let too_large = || {
+        ApiError::new(
+            413,
+            format!("the request body is larger than the host's max_upload_bytes ({limit} bytes)"),
+        )
+    };
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
     if announced.is_some_and(|length| length > limit) {
         return Err(too_large());
     }
-    let _turn = api.uploads.acquire().await.map_err(|_| ApiError::new(503, "the host is shutting down"))?;
+    let _turn =
+        api.uploads.acquire().await.map_err(|_| ApiError::new(503, "the host is shutting down"))?;
     let limited = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
     match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
-        Err(_) => Err(ApiError::new(408, format!("the request body did not arrive within {} s", BODY_TIMEOUT.as_secs()))),
-        Ok(Err(err)) if err.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+        Err(_) => Err(ApiError::new(
+            408,
+            format!("the request body did not arrive within {} s", BODY_TIMEOUT.as_secs()),
+        )),
+        Ok(Err(err)) if err.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            Err(too_large())
+        }
         Ok(Err(err)) => Err(ApiError::bad_request(format!("cannot read the request body: {err}"))),
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
     }
@@ -308,9 +350,17 @@ async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, 
 async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response, ApiError> {
     let token = bearer(&headers)?;
     match &api.host.config().metrics_token {
-        Some(expected) if super::config::same_secret(expected, &token) => Ok(text(api.run(|host| Ok(host.render_metrics())).await?)),
-        Some(_) => Err(ApiError::new(403, "this token may not read /metrics; use the host's metrics_token")),
-        None => Err(ApiError::new(404, "/metrics is off: set metrics_token in the host file to serve it")),
+        Some(expected) if super::config::same_secret(expected, &token) => {
+            Ok(text(api.run(|host| Ok(host.render_metrics())).await?))
+        }
+        Some(_) => Err(ApiError::new(
+            403,
+            "this token may not read /metrics; use the host's metrics_token",
+        )),
+        None => Err(ApiError::new(
+            404,
+            "/metrics is off: set metrics_token in the host file to serve it",
+        )),
     }
 }
 
@@ -318,7 +368,12 @@ async fn list(State(api): State<Api>, Tenant(tenant): Tenant) -> Result<Response
     Ok(json(StatusCode::OK, &api.run(move |host| Ok(host.list(&tenant))).await?))
 }
 
-async fn deploy(State(api): State<Api>, Tenant(tenant): Tenant, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn deploy(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read_body(&api, &headers, body).await?;
     let status = api
         .run(move |host| {
@@ -335,25 +390,47 @@ async fn deploy(State(api): State<Api>, Tenant(tenant): Tenant, headers: HeaderM
     Ok(json(StatusCode::CREATED, &status))
 }
 
-async fn status(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+async fn status(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+) -> Result<Response, ApiError> {
     Ok(json(StatusCode::OK, &api.run(move |host| Ok(host.job(&tenant, &job)?.status())).await?))
 }
 
-async fn delete(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+async fn delete(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+) -> Result<Response, ApiError> {
     let deleted = job.clone();
     api.run(move |host| host.delete(&tenant, &job)).await?;
     Ok(json(StatusCode::OK, &Deleted { deleted }))
 }
 
-async fn pause(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+async fn pause(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+) -> Result<Response, ApiError> {
     Ok(json(StatusCode::OK, &api.run(move |host| host.set_paused(&tenant, &job, true)).await?))
 }
 
-async fn resume(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+async fn resume(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+) -> Result<Response, ApiError> {
     Ok(json(StatusCode::OK, &api.run(move |host| host.set_paused(&tenant, &job, false)).await?))
 }
 
-async fn push(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn push(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     // The job must be the tenant's before its body is read.
     let (check_tenant, check_job) = (tenant.clone(), job.clone());
     api.run(move |host| host.job(&check_tenant, &check_job).map(drop)).await?;
@@ -362,16 +439,29 @@ async fn push(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<St
     Ok(json(if pushed.accepted { StatusCode::ACCEPTED } else { StatusCode::OK }, &pushed.version))
 }
 
-async fn history(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+async fn history(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+) -> Result<Response, ApiError> {
     Ok(json(StatusCode::OK, &api.run(move |host| host.history(&tenant, &job)).await?))
 }
 
-async fn rollback(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>) -> Result<Response, ApiError> {
+async fn rollback(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+) -> Result<Response, ApiError> {
     let pushed = api.run(move |host| host.rollback(&tenant, &job)).await?;
     Ok(json(if pushed.accepted { StatusCode::ACCEPTED } else { StatusCode::OK }, &pushed.version))
 }
 
-async fn state(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<String>, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
+async fn state(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
     let key = query
         .as_deref()
         .and_then(|query| query_param(query, "key"))
@@ -380,17 +470,27 @@ async fn state(State(api): State<Api>, Tenant(tenant): Tenant, Path(job): Path<S
 }
 
 async fn not_found(uri: Uri) -> ApiError {
-    ApiError::new(404, format!("{} is not part of the admin API (it lives under /v1/jobs)", uri.path()))
+    ApiError::new(
+        404,
+        format!("{} is not part of the admin API (it lives under /v1/jobs)", uri.path()),
+    )
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::new(405, format!("{method} {} is not part of the admin API; see `tally --help`", uri.path()))
+    ApiError::new(
+        405,
+        format!("{method} {} is not part of the admin API; see `tally --help`", uri.path()),
+    )
 }
 
 fn query_param(query: &str, name: &str) -> Option<String> {
     query.split('&').find_map(|pair| {
         let (key, value) = pair.split_once('=')?;
-        (key == name).then(|| percent_encoding::percent_decode_str(&value.replace('+', " ")).decode_utf8_lossy().into_owned())
+        (key == name).then(|| {
+            percent_encoding::percent_decode_str(&value.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        })
     })
 }
 
@@ -412,7 +512,10 @@ mod tests {
         const TOKEN: &str = "acme-token-0123456789";
 
         fn api(dir: &std::path::Path) -> Router {
-            let text = format!("data_dir = {:?}\nmetrics_token = \"metrics-token-0123456789\"\nmax_upload_bytes = 4096\n[tenants.acme]\ntoken = {TOKEN:?}\n", dir.display());
+            let text = format!(
+                "data_dir = {:?}\nmetrics_token = \"metrics-token-0123456789\"\nmax_upload_bytes = 4096\n[tenants.acme]\ntoken = {TOKEN:?}\n",
+                dir.display()
+            );
             let config: crate::serve::config::HostConfig = toml::from_str(&text).unwrap();
             let host = Host::open(config, "/nonexistent/tally".into()).unwrap();
             router(Api::new(host))
@@ -420,14 +523,36 @@ mod tests {
 
         fn request() -> impl Strategy<Value = (String, String, Vec<(String, String)>, Vec<u8>)> {
             let segment = prop::sample::select(vec![
-                "v1", "jobs", "billing", "plugin", "history", "rollback", "state", "pause", "resume", "metrics", "healthz", "..", "%2e%2e",
-                "%00", "a%2Fb", "x".repeat(300).leak(), "\u{1F600}", "",
+                "v1",
+                "jobs",
+                "billing",
+                "plugin",
+                "history",
+                "rollback",
+                "state",
+                "pause",
+                "resume",
+                "metrics",
+                "healthz",
+                "..",
+                "%2e%2e",
+                "%00",
+                "a%2Fb",
+                "x".repeat(300).leak(),
+                "\u{1F600}",
+                "",
             ]);
             let path = prop::collection::vec(segment, 0..6).prop_flat_map(|segments| {
                 let path = format!("/{}", segments.join("/"));
-                prop_oneof![Just(path.clone()), "[a-z=&%0-9]{0,20}".prop_map(move |query| format!("{path}?{query}"))]
+                prop_oneof![
+                    Just(path.clone()),
+                    "[a-z=&%0-9]{0,20}".prop_map(move |query| format!("{path}?{query}"))
+                ]
             });
-            let method = prop::sample::select(vec!["GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"]).prop_map(str::to_string);
+            let method = prop::sample::select(vec![
+                "GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS",
+            ])
+            .prop_map(str::to_string);
             let header = prop_oneof![
                 Just(("authorization".to_string(), format!("Bearer {TOKEN}"))),
                 Just(("authorization".to_string(), "Bearer metrics-token-0123456789".to_string())),

@@ -28,7 +28,6 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-
 /// Shortest bearer token accepted: guessing must be hopeless.
 pub const MIN_TOKEN_CHARS: usize = 16;
 
@@ -159,7 +158,9 @@ fn default_max_cpu_budget_ms() -> u64 {
 /// from them with `.` (`tally-<tenant>.<job>`), and Kafka treats `.` and
 /// `_` alike, so neither may appear inside a name.
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
 /// A host file value out of range or inconsistent; the message says what
@@ -201,9 +202,10 @@ pub enum HostFileError {
 impl HostConfig {
     /// Reads and checks a host file; relative paths are taken relative to it.
     pub fn from_file(path: &Path) -> Result<HostConfig, HostFileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| HostFileError::Read { path: path.to_path_buf(), source })?;
-        let mut config: HostConfig =
-            toml::from_str(&text).map_err(|source| HostFileError::Parse { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| HostFileError::Read { path: path.to_path_buf(), source })?;
+        let mut config: HostConfig = toml::from_str(&text)
+            .map_err(|source| HostFileError::Parse { path: path.to_path_buf(), source })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |path: &mut PathBuf| {
             if path.is_relative() {
@@ -216,35 +218,49 @@ impl HostConfig {
                 resolve(dir);
             }
         }
-        config.validate().map_err(|source| HostFileError::Invalid { path: path.to_path_buf(), source })?;
+        config
+            .validate()
+            .map_err(|source| HostFileError::Invalid { path: path.to_path_buf(), source })?;
         Ok(config)
     }
 
     /// Checks names and tokens; the message says what to change.
     pub fn validate(&self) -> Result<(), InvalidHostFile> {
         if self.tenants.is_empty() {
-            return Err(InvalidHostFile("add at least one tenant: [tenants.<name>] with a token".into()));
+            return Err(InvalidHostFile(
+                "add at least one tenant: [tenants.<name>] with a token".into(),
+            ));
         }
         let mut tokens = std::collections::HashSet::new();
         for (name, tenant) in &self.tenants {
             if !valid_name(name) {
-                return Err(InvalidHostFile(format!("tenant name {name:?} must use only letters, digits and `-` (at most 64)")));
+                return Err(InvalidHostFile(format!(
+                    "tenant name {name:?} must use only letters, digits and `-` (at most 64)"
+                )));
             }
             if name.to_ascii_lowercase().starts_with("tally") {
                 // Tally's own Kafka names start with `tally-`: a tenant `tally-x`
                 // could otherwise claim topics such as `tally-x.job-state-changelog`.
-                return Err(InvalidHostFile(format!("tenant name {name:?} may not start with `tally`")));
+                return Err(InvalidHostFile(format!(
+                    "tenant name {name:?} may not start with `tally`"
+                )));
             }
             if tenant.token.chars().count() < MIN_TOKEN_CHARS {
-                return Err(InvalidHostFile(format!("tenant `{name}`: the token must have at least {MIN_TOKEN_CHARS} characters")));
+                return Err(InvalidHostFile(format!(
+                    "tenant `{name}`: the token must have at least {MIN_TOKEN_CHARS} characters"
+                )));
             }
             if !tokens.insert(tenant.token.as_str()) {
-                return Err(InvalidHostFile(format!("tenant `{name}` shares its token with another tenant; give each tenant its own")));
+                return Err(InvalidHostFile(format!(
+                    "tenant `{name}` shares its token with another tenant; give each tenant its own"
+                )));
             }
         }
         if let Some(token) = &self.metrics_token {
             if token.chars().count() < MIN_TOKEN_CHARS || tokens.contains(token.as_str()) {
-                return Err(InvalidHostFile(format!("metrics_token must have at least {MIN_TOKEN_CHARS} characters and differ from every tenant's token")));
+                return Err(InvalidHostFile(format!(
+                    "metrics_token must have at least {MIN_TOKEN_CHARS} characters and differ from every tenant's token"
+                )));
             }
         }
         if self.max_upload_bytes < 1024 {
@@ -252,10 +268,15 @@ impl HostConfig {
         }
         for (name, tenant) in &self.tenants {
             if tenant.cpu_share == 0 || tenant.cpu_share > 1000 {
-                return Err(InvalidHostFile(format!("tenant `{name}`: cpu_share must be between 1 and 1000, got {}", tenant.cpu_share)));
+                return Err(InvalidHostFile(format!(
+                    "tenant `{name}`: cpu_share must be between 1 and 1000, got {}",
+                    tenant.cpu_share
+                )));
             }
             if tenant.max_total_memory_bytes < 1 << 20 {
-                return Err(InvalidHostFile(format!("tenant `{name}`: max_total_memory_bytes must be at least 1048576 (1 MiB)")));
+                return Err(InvalidHostFile(format!(
+                    "tenant `{name}`: max_total_memory_bytes must be at least 1048576 (1 MiB)"
+                )));
             }
         }
         if self.plugin_versions_kept == 0 {
@@ -280,7 +301,10 @@ impl HostConfig {
 
     /// The tenant whose token is `token`, compared in constant time.
     pub fn tenant_of(&self, token: &str) -> Option<&str> {
-        self.tenants.iter().find(|(_, tenant)| same_secret(&tenant.token, token)).map(|(name, _)| name.as_str())
+        self.tenants
+            .iter()
+            .find(|(_, tenant)| same_secret(&tenant.token, token))
+            .map(|(name, _)| name.as_str())
     }
 }
 
@@ -296,16 +320,21 @@ mod tests {
     use super::*;
 
     fn host(tenants: &str) -> Result<HostConfig, String> {
-        let config: HostConfig = toml::from_str(&format!("data_dir = \"d\"\n{tenants}")).map_err(|err| err.to_string())?;
+        let config: HostConfig = toml::from_str(&format!("data_dir = \"d\"\n{tenants}"))
+            .map_err(|err| err.to_string())?;
         config.validate().map(|()| config).map_err(|err| err.to_string())
     }
 
     #[test]
     fn tokens_must_be_long_and_distinct() {
         assert!(host("[tenants.a]\ntoken = \"short\"").unwrap_err().contains("at least 16"));
-        let shared = "[tenants.a]\ntoken = \"0123456789abcdef\"\n[tenants.b]\ntoken = \"0123456789abcdef\"";
+        let shared =
+            "[tenants.a]\ntoken = \"0123456789abcdef\"\n[tenants.b]\ntoken = \"0123456789abcdef\"";
         assert!(host(shared).unwrap_err().contains("shares its token"));
-        let ok = host("[tenants.a]\ntoken = \"0123456789abcdef\"\n[tenants.b]\ntoken = \"fedcba9876543210\"").unwrap();
+        let ok = host(
+            "[tenants.a]\ntoken = \"0123456789abcdef\"\n[tenants.b]\ntoken = \"fedcba9876543210\"",
+        )
+        .unwrap();
         assert_eq!(ok.tenant_of("fedcba9876543210"), Some("b"));
         assert_eq!(ok.tenant_of("fedcba987654321"), None);
         assert_eq!(ok.listen, default_listen(), "loopback unless configured");
@@ -313,7 +342,11 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_refused() {
-        assert!(host("[tenants.a]\ntoken = \"0123456789abcdef\"\nadmin = true").unwrap_err().contains("unknown field"));
+        assert!(
+            host("[tenants.a]\ntoken = \"0123456789abcdef\"\nadmin = true")
+                .unwrap_err()
+                .contains("unknown field")
+        );
     }
 
     mod fuzz {

@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use tally_core::plugin::compiler::CompileError;
 use tally_core::plugin::PluginError;
+use tally_core::plugin::compiler::CompileError;
 
 use super::job_spec::JobSpecError;
 use tally_core::lock::LockError;
@@ -46,7 +46,9 @@ pub enum ServeError {
     #[error(transparent)]
     Spec(#[from] JobSpecError),
     /// A job's tenant was removed from the host file.
-    #[error("tenant `{tenant}` is no longer in the host configuration; add it back, or delete the job's directory")]
+    #[error(
+        "tenant `{tenant}` is no longer in the host configuration; add it back, or delete the job's directory"
+    )]
     TenantGone {
         /// The tenant.
         tenant: String,
@@ -63,7 +65,9 @@ pub enum ServeError {
         source: std::io::Error,
     },
     /// A kept plugin version's file holds other bytes than its name says.
-    #[error("the job's file of plugin version {digest} holds other bytes now (its digest is {found}); delete the job and deploy it again")]
+    #[error(
+        "the job's file of plugin version {digest} holds other bytes now (its digest is {found}); delete the job and deploy it again"
+    )]
     VersionChanged {
         /// The version the file is named after.
         digest: String,
@@ -71,7 +75,9 @@ pub enum ServeError {
         found: String,
     },
     /// The job's active version is not loaded in this process.
-    #[error("plugin version {digest} is not loaded in this host; restart the host to load it from the data directory")]
+    #[error(
+        "plugin version {digest} is not loaded in this host; restart the host to load it from the data directory"
+    )]
     NotLoaded {
         /// The version.
         digest: String,
@@ -97,7 +103,10 @@ pub enum ServeError {
 
 impl ServeError {
     /// A file error: `action` on `path` failed with `source`.
-    pub(crate) fn file(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ServeError {
+    pub(crate) fn file(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> ServeError {
         let path = path.into();
         move |source| ServeError::File { action, path, source }
     }

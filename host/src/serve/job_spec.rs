@@ -18,10 +18,11 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, InvalidJob, JobSettings, Mode, ModeError, 
-    default_batch_size, default_commit_interval_ms, default_create_partitions, default_dead_letter_output,
-    default_transaction_timeout_ms, Emit, Guarantee, JobConfig, KafkaConfig, Limits, LocalConfig,
-    DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH,
+use crate::config::{
+    ConfigError, DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH, Emit,
+    Guarantee, InvalidJob, JobConfig, JobSettings, KafkaConfig, Limits, LocalConfig, Mode,
+    ModeError, default_batch_size, default_commit_interval_ms, default_create_partitions,
+    default_dead_letter_output, default_transaction_timeout_ms,
 };
 use tally_core::hot_swap::SwapPolicy;
 use tally_local::SourceError;
@@ -46,10 +47,16 @@ pub const MAX_FAILURES_IN_A_ROW: u64 = 1000;
 /// Names a tenant might try to set, each with why the host sets it: used
 /// only to explain a refusal (the types below cannot hold them anyway).
 const HOST_OWNED: &[(&str, &str)] = &[
-    ("plugin", "the plugin is uploaded with the job (`tally jobs deploy <job.toml> --plugin <file>`)"),
+    (
+        "plugin",
+        "the plugin is uploaded with the job (`tally jobs deploy <job.toml> --plugin <file>`)",
+    ),
     ("state_dir", "the host keeps each job's state in its data directory"),
     ("output_dir", "the host keeps a local job's outputs in its data directory"),
-    ("brokers", "jobs use the brokers the host is configured with (kafka_brokers in the host file)"),
+    (
+        "brokers",
+        "jobs use the brokers the host is configured with (kafka_brokers in the host file)",
+    ),
     ("group", "the host names each job's consumer group (tally-<tenant>.<job>)"),
     ("client", "the host owns the Kafka client settings of the jobs it runs"),
 ];
@@ -162,7 +169,9 @@ pub enum JobSpecError {
     #[error(transparent)]
     Mode(#[from] ModeError),
     /// A local job of a tenant without an input directory.
-    #[error("tenant `{tenant}` has no input_dir in the host configuration, so it cannot run local jobs; use a [kafka] job, or ask the operator for an input_dir")]
+    #[error(
+        "tenant `{tenant}` has no input_dir in the host configuration, so it cannot run local jobs; use a [kafka] job, or ask the operator for an input_dir"
+    )]
     NoInputDir {
         /// The tenant.
         tenant: String,
@@ -171,7 +180,9 @@ pub enum JobSpecError {
     #[error("this host runs no Kafka jobs (its host file has no kafka_brokers); use a [local] job")]
     NoKafka,
     /// An input path that could leave the tenant's input directory.
-    #[error("input {input:?} must be a path inside the tenant's input directory, without `..` or a leading `/` (like \"usage-0.ndjson\")")]
+    #[error(
+        "input {input:?} must be a path inside the tenant's input directory, without `..` or a leading `/` (like \"usage-0.ndjson\")"
+    )]
     InputPath {
         /// The path as given.
         input: String,
@@ -183,7 +194,9 @@ pub enum JobSpecError {
         input: String,
     },
     /// An input that does not exist yet.
-    #[error("input `{input}` does not exist in the tenant's input directory; put the file there first")]
+    #[error(
+        "input `{input}` does not exist in the tenant's input directory; put the file there first"
+    )]
     InputMissing {
         /// The input, inside the tenant's directory.
         input: String,
@@ -197,7 +210,9 @@ pub enum JobSpecError {
         kind: std::io::ErrorKind,
     },
     /// A topic outside the tenant's names.
-    #[error("topic `{topic}` is not one of tenant `{tenant}`'s: a job may only use topics named `{tenant}.<name>`")]
+    #[error(
+        "topic `{topic}` is not one of tenant `{tenant}`'s: a job may only use topics named `{tenant}.<name>`"
+    )]
     ForeignTopic {
         /// The topic.
         topic: String,
@@ -205,7 +220,9 @@ pub enum JobSpecError {
         tenant: String,
     },
     /// `kafka.create_topics` on a host that does not create topics.
-    #[error("this host does not create tenants' topics (kafka_create_topics in the host file): ask the operator to create them, and remove kafka.create_topics")]
+    #[error(
+        "this host does not create tenants' topics (kafka_create_topics in the host file): ask the operator to create them, and remove kafka.create_topics"
+    )]
     CreateTopicsRefused,
     /// A setting over the host's cap.
     #[error("{setting} may be at most {max} on this host{why}, got {got}")]
@@ -246,7 +263,12 @@ fn explain(err: toml::de::Error) -> JobSpecError {
 /// calls it and the config the host runs. The host runs it as
 /// `<tenant>.<name>`, so Kafka groups, transactional ids and changelogs of
 /// two tenants' same-named jobs never meet.
-pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostConfig) -> Result<(String, JobConfig), JobSpecError> {
+pub fn parse(
+    text: &str,
+    tenant_name: &str,
+    tenant: &TenantConfig,
+    host: &HostConfig,
+) -> Result<(String, JobConfig), JobSpecError> {
     let served = ServedJob::parse(text)?;
     let name = served.name.clone();
     if !super::config::valid_name(&name) {
@@ -255,7 +277,9 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostCo
     let dir = JobDir::new(&host.data_dir, tenant_name, &name);
     let config = served.into_config(tenant_name, tenant, host, &dir)?;
     // Said in the tenant's terms: the job's name without the tenant prefix.
-    config.validate().map_err(|InvalidJob { message, .. }| ConfigError::Invalid(InvalidJob { job: name.clone(), message }))?;
+    config.validate().map_err(|InvalidJob { message, .. }| {
+        ConfigError::Invalid(InvalidJob { job: name.clone(), message })
+    })?;
     check_caps(&config, tenant_name, host)?;
     if let (Mode::Local(local), Some(input_dir)) = (&config.mode, tenant.input_dir.as_deref()) {
         check_inputs(input_dir, &local.inputs)?;
@@ -266,7 +290,13 @@ pub fn parse(text: &str, tenant_name: &str, tenant: &TenantConfig, host: &HostCo
 impl ServedJob {
     /// The config the host runs: the tenant's settings, with the host's
     /// paths, brokers and names.
-    fn into_config(self, tenant_name: &str, tenant: &TenantConfig, host: &HostConfig, dir: &JobDir) -> Result<JobConfig, JobSpecError> {
+    fn into_config(
+        self,
+        tenant_name: &str,
+        tenant: &TenantConfig,
+        host: &HostConfig,
+        dir: &JobDir,
+    ) -> Result<JobConfig, JobSpecError> {
         let mode = match (self.local, self.kafka) {
             (Some(_), Some(_)) => return Err(ModeError::Both.into()),
             (None, None) => return Err(ModeError::Neither.into()),
@@ -274,9 +304,18 @@ impl ServedJob {
                 let Some(input_dir) = &tenant.input_dir else {
                     return Err(JobSpecError::NoInputDir { tenant: tenant_name.to_string() });
                 };
-                let inputs = local.inputs.iter().map(|input| inside(input_dir, input)).collect::<Result<_, _>>()?;
+                let inputs = local
+                    .inputs
+                    .iter()
+                    .map(|input| inside(input_dir, input))
+                    .collect::<Result<_, _>>()?;
                 // Checked again on every file the job opens, after it is open.
-                Mode::Local(LocalConfig { inputs, output_dir: dir.output_dir(), state_dir: dir.state_dir(), confine_to: Some(input_dir.clone()) })
+                Mode::Local(LocalConfig {
+                    inputs,
+                    output_dir: dir.output_dir(),
+                    state_dir: dir.state_dir(),
+                    confine_to: Some(input_dir.clone()),
+                })
             }
             (None, Some(kafka)) => {
                 let Some(brokers) = &host.kafka_brokers else {
@@ -318,46 +357,89 @@ impl ServedJob {
 }
 
 /// The host's caps on what a served job may ask for, and its tenant's topics.
-fn check_caps(config: &JobConfig, tenant_name: &str, host: &HostConfig) -> Result<(), JobSpecError> {
+fn check_caps(
+    config: &JobConfig,
+    tenant_name: &str,
+    host: &HostConfig,
+) -> Result<(), JobSpecError> {
     let over = |setting: &'static str, max: u64, got: u64, why: &str| {
         Err(JobSpecError::OverCap { setting, max, got, why: why.to_string() })
     };
     if let Mode::Kafka(kafka) = &config.mode {
         let prefix = format!("{tenant_name}.");
-        let topics = kafka.inputs.iter().chain(kafka.outputs.values()).chain([&kafka.dead_letter_topic]);
+        let topics =
+            kafka.inputs.iter().chain(kafka.outputs.values()).chain([&kafka.dead_letter_topic]);
         for topic in topics {
             if !topic.starts_with(&prefix) || topic.starts_with("tally-") {
-                return Err(JobSpecError::ForeignTopic { topic: topic.clone(), tenant: tenant_name.to_string() });
+                return Err(JobSpecError::ForeignTopic {
+                    topic: topic.clone(),
+                    tenant: tenant_name.to_string(),
+                });
             }
         }
         if kafka.create_topics && !host.kafka_create_topics {
             return Err(JobSpecError::CreateTopicsRefused);
         }
         if kafka.create_partitions > MAX_CREATE_PARTITIONS {
-            return over("kafka.create_partitions", MAX_CREATE_PARTITIONS.into(), kafka.create_partitions.into(), "");
+            return over(
+                "kafka.create_partitions",
+                MAX_CREATE_PARTITIONS.into(),
+                kafka.create_partitions.into(),
+                "",
+            );
         }
     }
     let limits = &config.settings.limits;
     if limits.memory_bytes > host.max_memory_bytes {
-        return over("limits.memory_bytes", host.max_memory_bytes, limits.memory_bytes, " (max_memory_bytes)");
+        return over(
+            "limits.memory_bytes",
+            host.max_memory_bytes,
+            limits.memory_bytes,
+            " (max_memory_bytes)",
+        );
     }
     if limits.cpu_budget_ms > host.max_cpu_budget_ms {
-        return over("limits.cpu_budget_ms", host.max_cpu_budget_ms, limits.cpu_budget_ms, " (max_cpu_budget_ms)");
+        return over(
+            "limits.cpu_budget_ms",
+            host.max_cpu_budget_ms,
+            limits.cpu_budget_ms,
+            " (max_cpu_budget_ms)",
+        );
     }
     // What one batch may make the host buffer: no more than the defaults.
     if limits.max_output_bytes_per_batch > DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH {
-        return over("limits.max_output_bytes_per_batch", DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, limits.max_output_bytes_per_batch, "");
+        return over(
+            "limits.max_output_bytes_per_batch",
+            DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH,
+            limits.max_output_bytes_per_batch,
+            "",
+        );
     }
     if limits.max_state_bytes_per_batch > DEFAULT_MAX_STATE_BYTES_PER_BATCH {
-        return over("limits.max_state_bytes_per_batch", DEFAULT_MAX_STATE_BYTES_PER_BATCH, limits.max_state_bytes_per_batch, "");
+        return over(
+            "limits.max_state_bytes_per_batch",
+            DEFAULT_MAX_STATE_BYTES_PER_BATCH,
+            limits.max_state_bytes_per_batch,
+            "",
+        );
     }
     if limits.max_failures_in_a_row > MAX_FAILURES_IN_A_ROW {
-        return over("limits.max_failures_in_a_row", MAX_FAILURES_IN_A_ROW, limits.max_failures_in_a_row, "");
+        return over(
+            "limits.max_failures_in_a_row",
+            MAX_FAILURES_IN_A_ROW,
+            limits.max_failures_in_a_row,
+            "",
+        );
     }
     // A record is read into memory whole, and into the plugin's too.
     let records = MAX_RECORD_BYTES.min(limits.memory_bytes);
     if limits.max_record_bytes > records {
-        return over("limits.max_record_bytes", records, limits.max_record_bytes, &format!(" ({MAX_RECORD_BYTES}, and no more than limits.memory_bytes)"));
+        return over(
+            "limits.max_record_bytes",
+            records,
+            limits.max_record_bytes,
+            &format!(" ({MAX_RECORD_BYTES}, and no more than limits.memory_bytes)"),
+        );
     }
     Ok(())
 }
@@ -374,13 +456,20 @@ fn check_inputs(input_dir: &Path, inputs: &[PathBuf]) -> Result<(), JobSpecError
             Err(SourceError::Outside { .. }) => {
                 return Err(JobSpecError::InputOutside { input: shown });
             }
-            Err(SourceError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Err(SourceError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
                 return Err(JobSpecError::InputMissing { input: shown });
             }
             Err(SourceError::Read { source, .. }) => {
                 return Err(JobSpecError::InputUnreadable { input: shown, kind: source.kind() });
             }
-            Err(_) => return Err(JobSpecError::InputUnreadable { input: shown, kind: std::io::ErrorKind::Other }),
+            Err(_) => {
+                return Err(JobSpecError::InputUnreadable {
+                    input: shown,
+                    kind: std::io::ErrorKind::Other,
+                });
+            }
         }
     }
     Ok(())
@@ -389,7 +478,9 @@ fn check_inputs(input_dir: &Path, inputs: &[PathBuf]) -> Result<(), JobSpecError
 /// `relative` under `input_dir`, refusing anything that could leave it.
 fn inside(input_dir: &Path, relative: &str) -> Result<PathBuf, JobSpecError> {
     let path = Path::new(relative);
-    if relative.is_empty() || !path.components().all(|component| matches!(component, Component::Normal(_))) {
+    if relative.is_empty()
+        || !path.components().all(|component| matches!(component, Component::Normal(_)))
+    {
         return Err(JobSpecError::InputPath { input: relative.to_string() });
     }
     Ok(input_dir.join(path))
@@ -406,12 +497,15 @@ mod tests {
     }
 
     fn host() -> HostConfig {
-        let mut host: HostConfig = toml::from_str("data_dir = \"/data\"\nkafka_brokers = \"127.0.0.1:9092\"\n[tenants]\n").unwrap();
+        let mut host: HostConfig =
+            toml::from_str("data_dir = \"/data\"\nkafka_brokers = \"127.0.0.1:9092\"\n[tenants]\n")
+                .unwrap();
         host.data_dir = "/data".into();
         host
     }
 
-    const LOCAL: &str = "name = \"billing\"\noutputs = [\"totals\"]\n[local]\ninputs = [\"usage-0.ndjson\"]\n";
+    const LOCAL: &str =
+        "name = \"billing\"\noutputs = [\"totals\"]\n[local]\ninputs = [\"usage-0.ndjson\"]\n";
     const KAFKA: &str = "name = \"billing\"\noutputs = [\"totals\"]\n[kafka]\ninputs = [\"acme.usage\"]\noutputs = { totals = \"acme.totals\" }\ndead_letter_topic = \"acme.dead\"\n";
 
     #[test]
@@ -434,21 +528,34 @@ mod tests {
         std::fs::write(inputs.path().join("usage-0.ndjson"), "").unwrap();
         let tenant = tenant(Some(inputs.path()));
         let data = &host();
-        let err = parse(&LOCAL.replace("usage-0", "../../etc/passwd"), "acme", &tenant, data).unwrap_err().to_string();
+        let err = parse(&LOCAL.replace("usage-0", "../../etc/passwd"), "acme", &tenant, data)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("without `..`"), "{err}");
-        let err = parse(&format!("{LOCAL}colour = \"red\"\n"), "acme", &tenant, data).unwrap_err().to_string();
+        let err = parse(&format!("{LOCAL}colour = \"red\"\n"), "acme", &tenant, data)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown field `colour`"), "{err}");
         let err = parse("name = [", "acme", &tenant, data).unwrap_err().to_string();
         assert!(err.contains("not valid TOML"), "{err}");
         let err = parse(LOCAL, "acme", &super::tests::tenant(None), data).unwrap_err().to_string();
         assert!(err.contains("no input_dir"), "{err}");
         std::os::unix::fs::symlink("/etc/hostname", inputs.path().join("link.ndjson")).unwrap();
-        let err = parse(&LOCAL.replace("usage-0", "link"), "acme", &tenant, data).unwrap_err().to_string();
+        let err = parse(&LOCAL.replace("usage-0", "link"), "acme", &tenant, data)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("leads outside"), "{err}");
-        let err = parse(&LOCAL.replace("usage-0", "missing"), "acme", &tenant, data).unwrap_err().to_string();
+        let err = parse(&LOCAL.replace("usage-0", "missing"), "acme", &tenant, data)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("input `missing.ndjson` does not exist"), "{err}");
-        assert!(!err.contains(&inputs.path().display().to_string()), "the host's paths stay the host's: {err}");
-        let err = parse(&"#".repeat(MAX_JOB_FILE_BYTES + 1), "acme", &tenant, data).unwrap_err().to_string();
+        assert!(
+            !err.contains(&inputs.path().display().to_string()),
+            "the host's paths stay the host's: {err}"
+        );
+        let err = parse(&"#".repeat(MAX_JOB_FILE_BYTES + 1), "acme", &tenant, data)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(&format!("at most {MAX_JOB_FILE_BYTES}")), "{err}");
     }
 
@@ -497,11 +604,24 @@ mod tests {
         let (_, config) = parse(KAFKA, "acme", &tenant(None), &host()).unwrap();
         let kafka = config.kafka().unwrap().clone();
         assert_eq!(kafka.brokers, "127.0.0.1:9092");
-        assert!(kafka.client.is_empty() && kafka.group.is_none(), "the host's settings, not the tenant's");
+        assert!(
+            kafka.client.is_empty() && kafka.group.is_none(),
+            "the host's settings, not the tenant's"
+        );
         assert_eq!(kafka.state_dir, Path::new("/data/jobs/acme/billing/state"));
-        let err = parse(&KAFKA.replace("acme.usage", "globex.usage"), "acme", &tenant(None), &host()).unwrap_err().to_string();
+        let err =
+            parse(&KAFKA.replace("acme.usage", "globex.usage"), "acme", &tenant(None), &host())
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("not one of tenant `acme`'s"), "{err}");
-        let err = parse(&format!("{KAFKA}[limits]\nmemory_bytes = 1099511627776\n"), "acme", &tenant(None), &host()).unwrap_err().to_string();
+        let err = parse(
+            &format!("{KAFKA}[limits]\nmemory_bytes = 1099511627776\n"),
+            "acme",
+            &tenant(None),
+            &host(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("at most") && err.contains("max_memory_bytes"), "{err}");
     }
 
@@ -511,9 +631,29 @@ mod tests {
 
         /// Keys a tenant might write, the host's own among them.
         const KEYS: &[&str] = &[
-            "name", "outputs", "plugin", "local", "kafka", "inputs", "state_dir", "output_dir", "brokers", "group", "client",
-            "limits", "memory_bytes", "cpu_budget_ms", "dead_letter_topic", "commit_interval_ms", "emit", "totals",
-            "plugin.library.paths", "bootstrap.servers", "max_record_bytes", "confine_to", "hot_swap",
+            "name",
+            "outputs",
+            "plugin",
+            "local",
+            "kafka",
+            "inputs",
+            "state_dir",
+            "output_dir",
+            "brokers",
+            "group",
+            "client",
+            "limits",
+            "memory_bytes",
+            "cpu_budget_ms",
+            "dead_letter_topic",
+            "commit_interval_ms",
+            "emit",
+            "totals",
+            "plugin.library.paths",
+            "bootstrap.servers",
+            "max_record_bytes",
+            "confine_to",
+            "hot_swap",
         ];
 
         fn value() -> impl Strategy<Value = String> {
@@ -529,20 +669,32 @@ mod tests {
             ];
             leaf.prop_recursive(3, 24, 4, |inner| {
                 prop_oneof![
-                    prop::collection::vec(inner.clone(), 0..4).prop_map(|items| format!("[{}]", items.join(", "))),
-                    prop::collection::vec((prop::sample::select(KEYS), inner), 0..4)
-                        .prop_map(|pairs| format!("{{ {} }}", pairs.iter().map(|(k, v)| format!("{k:?} = {v}")).collect::<Vec<_>>().join(", "))),
+                    prop::collection::vec(inner.clone(), 0..4)
+                        .prop_map(|items| format!("[{}]", items.join(", "))),
+                    prop::collection::vec((prop::sample::select(KEYS), inner), 0..4).prop_map(
+                        |pairs| format!(
+                            "{{ {} }}",
+                            pairs
+                                .iter()
+                                .map(|(k, v)| format!("{k:?} = {v}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    ),
                 ]
             })
         }
 
         fn document() -> impl Strategy<Value = String> {
             let line = prop_oneof![
-                (prop::sample::select(KEYS), value()).prop_map(|(key, value)| format!("{key:?} = {value}")),
-                (prop::sample::select(KEYS), prop::sample::select(KEYS), value()).prop_map(|(a, b, value)| format!("{a:?}.{b:?} = {value}")),
+                (prop::sample::select(KEYS), value())
+                    .prop_map(|(key, value)| format!("{key:?} = {value}")),
+                (prop::sample::select(KEYS), prop::sample::select(KEYS), value())
+                    .prop_map(|(a, b, value)| format!("{a:?}.{b:?} = {value}")),
                 prop::sample::select(KEYS).prop_map(|key| format!("[{key:?}]")),
                 prop::sample::select(KEYS).prop_map(|key| format!("[[{key:?}]]")),
-                (prop::sample::select(KEYS), prop::sample::select(KEYS)).prop_map(|(a, b)| format!("[{a:?}.{b:?}]")),
+                (prop::sample::select(KEYS), prop::sample::select(KEYS))
+                    .prop_map(|(a, b)| format!("[{a:?}.{b:?}]")),
             ];
             prop::collection::vec(line, 0..12).prop_map(|lines| lines.join("\n"))
         }

@@ -15,17 +15,16 @@ pub mod runner;
 pub mod wire;
 
 use error::ServeError;
-use tally_core::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use tally_core::sync::lock;
 
-
+use crate::metrics::HostMetrics;
 use tally_core::fair_share::CpuScheduler;
 use tally_core::lock::DirLock;
-use crate::metrics::HostMetrics;
 use tally_core::plugin::compiler::{CompileError, CompileLimits, Compiler};
 use tally_core::plugin::{LoadedPlugin, PluginRuntime};
 
@@ -87,7 +86,9 @@ impl From<CompileError> for ApiError {
             _ => {
                 // The host's own trouble: its details (paths) stay in its log.
                 tracing::error!(error = %err, "cannot compile an upload");
-                ApiError::internal("the host could not compile the upload (its log says why); nothing changed")
+                ApiError::internal(
+                    "the host could not compile the upload (its log says why); nothing changed",
+                )
             }
         }
     }
@@ -127,10 +128,14 @@ impl Host {
     /// compiled by `compile_worker` (the `tally` binary: see
     /// [`tally_core::plugin::compiler`]).
     pub fn open(config: HostConfig, compile_worker: PathBuf) -> Result<Arc<Host>, ServeError> {
-        std::fs::create_dir_all(&config.data_dir).map_err(ServeError::file("create the data directory", &config.data_dir))?;
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(ServeError::file("create the data directory", &config.data_dir))?;
         let data_lock = DirLock::acquire(&config.data_dir)?;
         let plugins = PluginRuntime::new()?;
-        let limits = CompileLimits { seconds: config.max_compile_seconds, memory_bytes: config.max_compile_memory_bytes };
+        let limits = CompileLimits {
+            seconds: config.max_compile_seconds,
+            memory_bytes: config.max_compile_memory_bytes,
+        };
         let compiler = Compiler::new(compile_worker, config.data_dir.join("compiled"), limits);
         let cpu = CpuScheduler::for_this_machine();
         for (name, tenant) in &config.tenants {
@@ -153,7 +158,10 @@ impl Host {
                 Ok(()) => tracing::info!(%tenant, job = %name, "job resumed"),
                 Err(err) => {
                     tracing::error!(%tenant, job = %name, error = %err, "cannot resume job; fix the cause and restart the host");
-                    let shown = runner::redact_paths(&err.to_string(), &[(host.config.data_dir.display().to_string(), "<data_dir>".to_string())]);
+                    let shown = runner::redact_paths(
+                        &err.to_string(),
+                        &[(host.config.data_dir.display().to_string(), "<data_dir>".to_string())],
+                    );
                     lock(&host.broken).insert((tenant, name), shown);
                 }
             }
@@ -168,7 +176,11 @@ impl Host {
 
     /// The longest a request may take: one that compiles waits its turn and compiles.
     pub fn longest_request(&self) -> std::time::Duration {
-        CompileLimits { seconds: self.config.max_compile_seconds, memory_bytes: self.config.max_compile_memory_bytes }.longest_request()
+        CompileLimits {
+            seconds: self.config.max_compile_seconds,
+            memory_bytes: self.config.max_compile_memory_bytes,
+        }
+        .longest_request()
     }
 
     /// Every job's metrics in Prometheus text format.
@@ -177,8 +189,13 @@ impl Host {
     }
 
     fn resume_job(&self, tenant: &str, name: &str, dir: JobDir) -> Result<(), ServeError> {
-        let tenant_config = self.config.tenants.get(tenant).ok_or_else(|| ServeError::TenantGone { tenant: tenant.to_string() })?;
-        let text = std::fs::read_to_string(dir.job_file()).map_err(ServeError::file("read", dir.job_file()))?;
+        let tenant_config = self
+            .config
+            .tenants
+            .get(tenant)
+            .ok_or_else(|| ServeError::TenantGone { tenant: tenant.to_string() })?;
+        let text = std::fs::read_to_string(dir.job_file())
+            .map_err(ServeError::file("read", dir.job_file()))?;
         let (_, config) = job_spec::parse(&text, tenant, tenant_config, &self.config)?;
         let mut record = dir.read_record()?;
         let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
@@ -189,7 +206,11 @@ impl Host {
             match self.load_version(tenant, &dir, &version.digest) {
                 Ok(loaded) => pending = Some(loaded),
                 Err(err) => {
-                    record.failed(&version.digest, VersionStatus::Refused, &format!("could not be loaded after a host restart: {err}"));
+                    record.failed(
+                        &version.digest,
+                        VersionStatus::Refused,
+                        &format!("could not be loaded after a host restart: {err}"),
+                    );
                     dir.write_record(&record)?;
                 }
             }
@@ -204,16 +225,40 @@ impl Host {
     }
 
     /// A job's runtime, with its seat in the tenant's CPU share.
-    fn runtime(&self, tenant: &str, name: &str, config: crate::config::JobConfig, dir: JobDir, record: JobRecord, plugin: LoadedPlugin) -> Arc<JobRuntime> {
+    fn runtime(
+        &self,
+        tenant: &str,
+        name: &str,
+        config: crate::config::JobConfig,
+        dir: JobDir,
+        record: JobRecord,
+        plugin: LoadedPlugin,
+    ) -> Arc<JobRuntime> {
         let metrics = self.metrics.job(tenant, name);
-        JobRuntime::new(tenant, name, config, dir, record, plugin, metrics, self.cpu.seat(tenant), self.config.log_limits())
+        JobRuntime::new(
+            tenant,
+            name,
+            config,
+            dir,
+            record,
+            plugin,
+            metrics,
+            self.cpu.seat(tenant),
+            self.config.log_limits(),
+        )
     }
 
     /// A version kept in a job's directory: its compiled form from the
     /// cache, compiled anew (in a worker) only if the cache lost it.
-    fn load_version(&self, tenant: &str, dir: &JobDir, digest: &str) -> Result<LoadedPlugin, ServeError> {
+    fn load_version(
+        &self,
+        tenant: &str,
+        dir: &JobDir,
+        digest: &str,
+    ) -> Result<LoadedPlugin, ServeError> {
         let path = dir.plugin_file(digest);
-        let bytes = std::fs::read(&path).map_err(|source| ServeError::ReadVersion { digest: digest.to_string(), source })?;
+        let bytes = std::fs::read(&path)
+            .map_err(|source| ServeError::ReadVersion { digest: digest.to_string(), source })?;
         let found = tally_core::plugin::digest(&bytes);
         if found != digest {
             return Err(ServeError::VersionChanged { digest: digest.to_string(), found });
@@ -237,7 +282,9 @@ impl Host {
         match lock(&self.broken).get(&key) {
             Some(reason) => Err(ApiError::new(
                 409,
-                format!("job `{name}` could not be resumed when the host started: {reason}; fix that and restart the host, or delete the job"),
+                format!(
+                    "job `{name}` could not be resumed when the host started: {reason}; fix that and restart the host, or delete the job"
+                ),
             )),
             None => Err(ApiError::not_found(name)),
         }
@@ -248,10 +295,19 @@ impl Host {
     pub fn list(&self, tenant: &str) -> Vec<JobStatus> {
         // Statuses are read without the jobs' lock held: a job's own locks
         // can wait on its disk.
-        let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs).iter().filter(|((owner, _), _)| owner == tenant).map(|(_, job)| job.clone()).collect();
+        let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs)
+            .iter()
+            .filter(|((owner, _), _)| owner == tenant)
+            .map(|(_, job)| job.clone())
+            .collect();
         let mut statuses: Vec<JobStatus> = jobs.iter().map(|job| job.status()).collect();
         let broken = lock(&self.broken);
-        statuses.extend(broken.iter().filter(|((owner, _), _)| owner == tenant).map(|((_, name), reason)| JobStatus::broken(name, reason)));
+        statuses.extend(
+            broken
+                .iter()
+                .filter(|((owner, _), _)| owner == tenant)
+                .map(|((_, name), reason)| JobStatus::broken(name, reason)),
+        );
         statuses.sort_by(|a, b| a.name.cmp(&b.name));
         statuses
     }
@@ -259,27 +315,45 @@ impl Host {
     /// Deploys job file `text` with `plugin` for `tenant`. Checks everything
     /// before writing anything: a refused deploy changes nothing.
     pub fn deploy(&self, tenant: &str, text: &str, plugin: &[u8]) -> Result<JobStatus, ApiError> {
-        let tenant_config = self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
-        let (name, config) = job_spec::parse(text, tenant, tenant_config, &self.config).map_err(|err| ApiError::bad_request(err.to_string()))?;
+        let tenant_config =
+            self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
+        let (name, config) = job_spec::parse(text, tenant, tenant_config, &self.config)
+            .map_err(|err| ApiError::bad_request(err.to_string()))?;
         let key = (tenant.to_string(), name.clone());
         if let Some(reason) = lock(&self.broken).get(&key) {
-            return Err(ApiError::new(409, format!("job `{name}` exists on disk but could not be resumed: {reason}; delete it first")));
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "job `{name}` exists on disk but could not be resumed: {reason}; delete it first"
+                ),
+            ));
         }
         {
             let jobs = lock(&self.jobs);
             let mut deploying = lock(&self.deploying);
-            let owned = jobs.keys().chain(deploying.iter().map(|(key, _)| key)).filter(|(owner, _)| owner == tenant).count();
+            let owned = jobs
+                .keys()
+                .chain(deploying.iter().map(|(key, _)| key))
+                .filter(|(owner, _)| owner == tenant)
+                .count();
             if owned >= tenant_config.max_jobs && !jobs.contains_key(&key) {
                 return Err(ApiError::new(
                     409,
-                    format!("tenant `{tenant}` already has {owned} jobs, its limit (max_jobs in the host file); delete one first"),
+                    format!(
+                        "tenant `{tenant}` already has {owned} jobs, its limit (max_jobs in the host file); delete one first"
+                    ),
                 ));
             }
             let memory: u64 = jobs
                 .iter()
                 .filter(|((owner, _), _)| owner == tenant)
                 .map(|(_, job)| job.config.settings.limits.memory_bytes)
-                .chain(deploying.iter().filter(|((owner, _), _)| owner == tenant).map(|(_, memory)| *memory))
+                .chain(
+                    deploying
+                        .iter()
+                        .filter(|((owner, _), _)| owner == tenant)
+                        .map(|(_, memory)| *memory),
+                )
                 .sum();
             let asked = config.settings.limits.memory_bytes;
             if memory + asked > tenant_config.max_total_memory_bytes {
@@ -294,7 +368,9 @@ impl Host {
             if jobs.contains_key(&key) || deploying.insert(key.clone(), asked).is_some() {
                 return Err(ApiError::new(
                     409,
-                    format!("job `{name}` already exists; push a new plugin version with `tally plugin push {name} <file>`, or delete the job first"),
+                    format!(
+                        "job `{name}` already exists; push a new plugin version with `tally plugin push {name} <file>`, or delete the job first"
+                    ),
                 ));
             }
         }
@@ -303,15 +379,26 @@ impl Host {
         result
     }
 
-    fn create(&self, tenant: &str, name: &str, config: crate::config::JobConfig, text: &str, bytes: &[u8]) -> Result<JobStatus, ApiError> {
+    fn create(
+        &self,
+        tenant: &str,
+        name: &str,
+        config: crate::config::JobConfig,
+        text: &str,
+        bytes: &[u8],
+    ) -> Result<JobStatus, ApiError> {
         let plugin = self.compile(tenant, name, bytes)?;
         if let crate::config::Mode::Kafka(kafka) = &config.mode {
             // Missing topics are a bad deploy, said now, not a job failing later.
-            tally_kafka::prepare_topics(&config.settings, kafka).map_err(|err| ApiError::bad_request(err.to_string()))?;
+            tally_kafka::prepare_topics(&config.settings, kafka)
+                .map_err(|err| ApiError::bad_request(err.to_string()))?;
         }
         let dir = JobDir::new(&self.config.data_dir, tenant, name);
         if dir.exists() {
-            return Err(ApiError::new(409, format!("job `{name}` still has files in the data directory; delete the job first")));
+            return Err(ApiError::new(
+                409,
+                format!("job `{name}` still has files in the data directory; delete the job first"),
+            ));
         }
         if dir.path().exists() {
             // Left by a deploy or delete that did not finish: no record, so no job.
@@ -321,7 +408,11 @@ impl Host {
             })?;
         }
         let mut record = JobRecord::default();
-        record.pushed(PluginVersion::new(plugin.digest(), bytes.len() as u64, VersionStatus::Active));
+        record.pushed(PluginVersion::new(
+            plugin.digest(),
+            bytes.len() as u64,
+            VersionStatus::Active,
+        ));
         let written = dir
             .create()
             .and_then(|()| dir.write_file(&dir.plugin_file(plugin.digest()), bytes))
@@ -331,7 +422,9 @@ impl Host {
         if let Err(err) = written {
             let _ = std::fs::remove_dir_all(dir.path());
             tracing::error!(%tenant, job = %name, error = %err, "cannot write a deployed job's files");
-            return Err(ApiError::internal(format!("the host cannot write job `{name}`'s files (its disk?); nothing was deployed")));
+            return Err(ApiError::internal(format!(
+                "the host cannot write job `{name}`'s files (its disk?); nothing was deployed"
+            )));
         }
         let runtime = self.runtime(tenant, name, config, dir, record, plugin.clone());
         runtime.metrics.set_plugin_info("", plugin.digest());
@@ -348,7 +441,12 @@ impl Host {
     }
 
     /// Pauses or resumes `tenant`'s job `name`.
-    pub fn set_paused(&self, tenant: &str, name: &str, paused: bool) -> Result<JobStatus, ApiError> {
+    pub fn set_paused(
+        &self,
+        tenant: &str,
+        name: &str,
+        paused: bool,
+    ) -> Result<JobStatus, ApiError> {
         let job = self.job(tenant, name)?;
         job.set_paused(paused)?;
         Ok(job.status())
@@ -366,14 +464,21 @@ impl Host {
         }
         let job = self.job(tenant, name)?;
         // Held until the files are gone: no deploy of the name meanwhile.
-        if lock(&self.deploying).insert(key.clone(), job.config.settings.limits.memory_bytes).is_some() {
-            return Err(ApiError::new(409, format!("job `{name}` is being deployed or deleted right now; try again")));
+        if lock(&self.deploying)
+            .insert(key.clone(), job.config.settings.limits.memory_bytes)
+            .is_some()
+        {
+            return Err(ApiError::new(
+                409,
+                format!("job `{name}` is being deployed or deleted right now; try again"),
+            ));
         }
         job.mark_deleted();
         job.end();
         let thread = lock(&self.threads).remove(&key);
         let finish = {
-            let (job, key, tenant, name) = (job.clone(), key.clone(), tenant.to_string(), name.to_string());
+            let (job, key, tenant, name) =
+                (job.clone(), key.clone(), tenant.to_string(), name.to_string());
             move |host: &Host| {
                 if let Some(thread) = thread {
                     let _ = thread.join();
@@ -384,7 +489,9 @@ impl Host {
                 lock(&host.deploying).remove(&key);
                 match &removed {
                     Ok(()) => tracing::info!(%tenant, job = %name, "job deleted"),
-                    Err(err) => tracing::error!(%tenant, job = %name, error = %err, "job stopped, but its files could not all be removed"),
+                    Err(err) => {
+                        tracing::error!(%tenant, job = %name, error = %err, "job stopped, but its files could not all be removed")
+                    }
                 }
                 removed
             }
@@ -402,8 +509,13 @@ impl Host {
             .map_err(|err| ApiError::internal(format!("cannot start the delete: {err}")))?;
         match finished.recv_timeout(DELETE_WAIT) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(ApiError::internal("the job stopped, but some of its files could not be removed; the host's log says which")),
-            Err(_) => Err(ApiError::new(202, format!("job `{name}` is stopping; its files are removed once it has"))),
+            Ok(Err(_)) => Err(ApiError::internal(
+                "the job stopped, but some of its files could not be removed; the host's log says which",
+            )),
+            Err(_) => Err(ApiError::new(
+                202,
+                format!("job `{name}` is stopping; its files are removed once it has"),
+            )),
         }
     }
 
@@ -421,12 +533,19 @@ impl Host {
             tracing::error!(%tenant, job = %name, error = %err, "cannot write a pushed plugin version");
             ApiError::internal("the host cannot write the plugin version (its disk?); nothing was pushed")
         })?;
-        let version = PluginVersion::new(plugin.digest(), bytes.len() as u64, VersionStatus::Pending);
+        let version =
+            PluginVersion::new(plugin.digest(), bytes.len() as u64, VersionStatus::Pending);
         let removed = job.push(plugin, version.clone(), self.config.plugin_versions_kept)?;
         // A compiled form is shared by every job with the same plugin.
         let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs).values().cloned().collect();
         for digest in removed {
-            let in_use = jobs.iter().any(|other| other.record().versions.iter().any(|version| version.digest == digest && !version.removed));
+            let in_use = jobs.iter().any(|other| {
+                other
+                    .record()
+                    .versions
+                    .iter()
+                    .any(|version| version.digest == digest && !version.removed)
+            });
             if !in_use {
                 self.compiler.remove(&self.plugins, &digest);
             }
@@ -441,8 +560,9 @@ impl Host {
         let previous = job.record().previous().cloned().ok_or_else(|| {
             ApiError::new(409, format!("job `{name}` has no earlier version to go back to; `tally plugin history {name}` lists its versions"))
         })?;
-        let bytes = std::fs::read(job.dir.plugin_file(&previous.digest))
-            .map_err(|err| ApiError::internal(format!("cannot read version {}: {}", previous.digest, err.kind())))?;
+        let bytes = std::fs::read(job.dir.plugin_file(&previous.digest)).map_err(|err| {
+            ApiError::internal(format!("cannot read version {}: {}", previous.digest, err.kind()))
+        })?;
         self.push(tenant, name, &bytes)
     }
 
@@ -465,7 +585,11 @@ impl Host {
         let keys: Vec<(Option<i32>, Vec<u8>)> = if partitions == 0 {
             vec![(None, key.as_bytes().to_vec())]
         } else {
-            (0..partitions).map(|partition| (Some(partition), tally_kafka::keys::namespaced(partition, key.as_bytes()))).collect()
+            (0..partitions)
+                .map(|partition| {
+                    (Some(partition), tally_kafka::keys::namespaced(partition, key.as_bytes()))
+                })
+                .collect()
         };
         let refs: Vec<&[u8]> = keys.iter().map(|(_, key)| key.as_slice()).collect();
         let values = store.get_many(&refs).map_err(|err| {
@@ -474,14 +598,17 @@ impl Host {
         })?;
         for ((partition, _), value) in keys.iter().zip(values) {
             if let Some(value) = value {
-                let value = serde_json::from_slice(&value)
-                    .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&value).into_owned()));
+                let value = serde_json::from_slice(&value).unwrap_or_else(|_| {
+                    serde_json::Value::String(String::from_utf8_lossy(&value).into_owned())
+                });
                 return Ok(StateValue { key: key.to_string(), value, partition: *partition });
             }
         }
         Err(ApiError::new(
             404,
-            format!("job `{name}` has no committed value for key {key:?}; keys are matched byte for byte (the Rust SDK stores them as JSON)"),
+            format!(
+                "job `{name}` has no committed value for key {key:?}; keys are matched byte for byte (the Rust SDK stores them as JSON)"
+            ),
         ))
     }
 
@@ -491,7 +618,8 @@ impl Host {
         for job in &jobs {
             job.end();
         }
-        let threads: Vec<JoinHandle<()>> = lock(&self.threads).drain().map(|(_, thread)| thread).collect();
+        let threads: Vec<JoinHandle<()>> =
+            lock(&self.threads).drain().map(|(_, thread)| thread).collect();
         for thread in threads {
             let _ = thread.join();
         }
@@ -506,12 +634,19 @@ mod tests {
     #[test]
     fn a_host_side_failure_answers_without_the_hosts_paths() {
         let path = std::path::PathBuf::from("/srv/tally-data/jobs/acme/billing/record.json");
-        let source = std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is read-only", path.display()));
-        let answer = ApiError::from(ServeError::File { action: "write", path: path.clone(), source });
+        let source = std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{} is read-only", path.display()),
+        );
+        let answer =
+            ApiError::from(ServeError::File { action: "write", path: path.clone(), source });
         assert_eq!(answer.status, 500);
         assert!(!answer.message.contains("/srv/tally-data"), "{}", answer.message);
         assert!(answer.message.contains("log says why"), "{}", answer.message);
         let deleted = ApiError::from(ServeError::Deleted { job: "acme.billing".into() });
-        assert_eq!((deleted.status, deleted.message.as_str()), (409, "job `acme.billing` is being deleted"));
+        assert_eq!(
+            (deleted.status, deleted.message.as_str()),
+            (409, "job `acme.billing` is being deleted")
+        );
     }
 }

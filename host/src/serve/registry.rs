@@ -61,8 +61,16 @@ pub const MAX_HISTORY_ENTRIES: usize = 200;
 impl PluginVersion {
     /// A version pushed now.
     pub fn new(digest: &str, size: u64, status: VersionStatus) -> PluginVersion {
-        let pushed_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
-        PluginVersion { digest: digest.to_string(), size, pushed_at, status, reason: None, removed: false }
+        let pushed_at =
+            SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
+        PluginVersion {
+            digest: digest.to_string(),
+            size,
+            pushed_at,
+            status,
+            reason: None,
+            removed: false,
+        }
     }
 }
 
@@ -83,23 +91,30 @@ impl JobRecord {
 
     /// A version waiting for its trial, or on it.
     pub fn pending(&self) -> Option<&PluginVersion> {
-        self.versions.iter().rev().find(|version| matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial))
+        self.versions.iter().rev().find(|version| {
+            matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial)
+        })
     }
 
     /// The version that ran before the active one (what `rollback` returns to).
     pub fn previous(&self) -> Option<&PluginVersion> {
         let active = self.active()?;
-        self.versions
-            .iter()
-            .rev()
-            .find(|version| version.status == VersionStatus::Retired && version.digest != active.digest && !version.removed)
+        self.versions.iter().rev().find(|version| {
+            version.status == VersionStatus::Retired
+                && version.digest != active.digest
+                && !version.removed
+        })
     }
 
     /// The version with `digest` if it is the active one, or waiting or on
     /// trial: pushing it again changes nothing.
     pub fn undecided_or_active(&self, digest: &str) -> Option<&PluginVersion> {
         self.versions.iter().rev().find(|version| {
-            version.digest == digest && matches!(version.status, VersionStatus::Active | VersionStatus::Pending | VersionStatus::OnTrial)
+            version.digest == digest
+                && matches!(
+                    version.status,
+                    VersionStatus::Active | VersionStatus::Pending | VersionStatus::OnTrial
+                )
         })
     }
 
@@ -110,7 +125,10 @@ impl JobRecord {
     pub fn prune(&mut self, kept: usize) -> Vec<String> {
         let mut keep: Vec<&str> = Vec::new();
         for version in self.versions.iter().rev() {
-            let live = matches!(version.status, VersionStatus::Active | VersionStatus::Pending | VersionStatus::OnTrial);
+            let live = matches!(
+                version.status,
+                VersionStatus::Active | VersionStatus::Pending | VersionStatus::OnTrial
+            );
             let newest = keep.len() < kept && !version.removed;
             if (live || newest) && !keep.contains(&version.digest.as_str()) {
                 keep.push(&version.digest);
@@ -146,7 +164,11 @@ impl JobRecord {
         if digest == by {
             return;
         }
-        if let Some(version) = self.versions.iter_mut().rev().find(|version| version.digest == digest && version.status == VersionStatus::Pending) {
+        if let Some(version) =
+            self.versions.iter_mut().rev().find(|version| {
+                version.digest == digest && version.status == VersionStatus::Pending
+            })
+        {
             version.status = VersionStatus::Refused;
             version.reason = Some(format!("superseded by {by} before the job took it"));
         }
@@ -156,7 +178,8 @@ impl JobRecord {
     /// still waiting or on trial will never run.
     pub fn on_trial(&mut self, digest: &str) {
         let Some(index) = self.versions.iter().rposition(|version| {
-            version.digest == digest && matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial)
+            version.digest == digest
+                && matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial)
         }) else {
             return;
         };
@@ -172,7 +195,8 @@ impl JobRecord {
     /// `digest` passed its trial: it is active, the one before retired.
     pub fn activated(&mut self, digest: &str) {
         let Some(index) = self.versions.iter().rposition(|version| {
-            version.digest == digest && matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial)
+            version.digest == digest
+                && matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial)
         }) else {
             return;
         };
@@ -193,10 +217,10 @@ impl JobRecord {
     }
 
     fn latest_undecided(&mut self, digest: &str) -> Option<&mut PluginVersion> {
-        self.versions
-            .iter_mut()
-            .rev()
-            .find(|version| version.digest == digest && matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial))
+        self.versions.iter_mut().rev().find(|version| {
+            version.digest == digest
+                && matches!(version.status, VersionStatus::Pending | VersionStatus::OnTrial)
+        })
     }
 }
 
@@ -273,7 +297,10 @@ impl JobDir {
 
     /// Writes the job's record, whole or not at all.
     pub fn write_record(&self, record: &JobRecord) -> Result<(), ServeError> {
-        write_atomically(&self.path.join("record.json"), &serde_json::to_vec_pretty(record).expect("records serialize"))
+        write_atomically(
+            &self.path.join("record.json"),
+            &serde_json::to_vec_pretty(record).expect("records serialize"),
+        )
     }
 
     /// Writes a file of the job, whole or not at all.
@@ -335,7 +362,11 @@ mod tests {
         assert_eq!(record.previous().unwrap().digest, "sha256:a");
         record.pushed(PluginVersion::new("sha256:c", 1, VersionStatus::Pending));
         record.failed("sha256:c", VersionStatus::RolledBack, "trapped");
-        assert_eq!(record.active().unwrap().digest, "sha256:b", "a rollback keeps the active version");
+        assert_eq!(
+            record.active().unwrap().digest,
+            "sha256:b",
+            "a rollback keeps the active version"
+        );
         assert_eq!(record.versions[2].reason.as_deref(), Some("trapped"));
     }
 
@@ -354,7 +385,8 @@ mod tests {
         record.superseded("sha256:c", "sha256:d");
         record.pushed(PluginVersion::new("sha256:e", 1, VersionStatus::Pending));
         record.on_trial("sha256:e");
-        let statuses: Vec<VersionStatus> = record.versions.iter().map(|version| version.status).collect();
+        let statuses: Vec<VersionStatus> =
+            record.versions.iter().map(|version| version.status).collect();
         use VersionStatus::*;
         assert_eq!(statuses, [Retired, Active, Refused, Refused, OnTrial]);
     }
@@ -369,13 +401,28 @@ mod tests {
             record.activated(&digest);
         }
         record.pushed(PluginVersion::new("sha256:e", 1, VersionStatus::Pending));
-        assert_eq!(record.undecided_or_active("sha256:e").map(|v| v.status), Some(VersionStatus::Pending));
-        assert_eq!(record.undecided_or_active("sha256:b"), None, "a retired version may be pushed again");
-        assert_eq!(record.prune(3), ["sha256:a", "sha256:b"], "kept: e (waiting), d (active), and the newest three: e, d, c");
+        assert_eq!(
+            record.undecided_or_active("sha256:e").map(|v| v.status),
+            Some(VersionStatus::Pending)
+        );
+        assert_eq!(
+            record.undecided_or_active("sha256:b"),
+            None,
+            "a retired version may be pushed again"
+        );
+        assert_eq!(
+            record.prune(3),
+            ["sha256:a", "sha256:b"],
+            "kept: e (waiting), d (active), and the newest three: e, d, c"
+        );
         assert_eq!(record.previous().unwrap().digest, "sha256:c");
         assert!(record.versions.iter().filter(|v| v.removed).count() == 2);
         assert!(record.prune(3).is_empty(), "pruning twice removes nothing more");
-        assert_eq!(record.prune(1), ["sha256:c"], "the active and the waiting versions stay, however few are kept");
+        assert_eq!(
+            record.prune(1),
+            ["sha256:c"],
+            "the active and the waiting versions stay, however few are kept"
+        );
         assert!(record.previous().is_none(), "a removed version cannot be rolled back to");
     }
 
@@ -389,7 +436,8 @@ mod tests {
         job.write_record(&record).unwrap();
         assert_eq!(job.read_record().unwrap(), record);
         std::fs::create_dir_all(JobDir::new(dir.path(), "acme", "half").path()).unwrap();
-        let listed: Vec<String> = list_jobs(dir.path()).unwrap().into_iter().map(|(_, name, _)| name).collect();
+        let listed: Vec<String> =
+            list_jobs(dir.path()).unwrap().into_iter().map(|(_, name, _)| name).collect();
         assert_eq!(listed, ["billing"]);
     }
 }

@@ -12,16 +12,16 @@ use tally_core::batch::BatchOutcome;
 use tally_core::fair_share::CpuSeat;
 use tally_core::hot_swap::{PluginSlot, SwapEvent};
 use tally_core::observe::{CommitReport, JobObserver};
-use tally_core::plugin::context::{sanitize, LogLimits, PluginLog, MAX_REASON_BYTES};
+use tally_core::plugin::context::{LogLimits, MAX_REASON_BYTES, PluginLog, sanitize};
 use tally_core::plugin::{JobContext, LoadedPlugin};
 use tally_core::state::StateStore;
 use tally_core::sync::lock;
 
 use crate::config::JobConfig;
 use crate::job::{Job, JobError};
+use crate::metrics::JobMetrics;
 use tally_kafka::KafkaJob;
 use tally_local::LocalTask;
-use crate::metrics::JobMetrics;
 
 use super::error::ServeError;
 use super::registry::{JobDir, JobRecord, VersionStatus};
@@ -160,8 +160,14 @@ impl JobRuntime {
         log_limits: LogLimits,
     ) -> Arc<JobRuntime> {
         let paused = record.paused;
-        let log = PluginLog::new(Some(tenant), name, log_limits).count_drops_in(metrics.log_lines_dropped());
-        let mut context = JobContext::with(Arc::new(AtomicBool::new(paused)), Some(seat), log, metrics.plugin_meters());
+        let log = PluginLog::new(Some(tenant), name, log_limits)
+            .count_drops_in(metrics.log_lines_dropped());
+        let mut context = JobContext::with(
+            Arc::new(AtomicBool::new(paused)),
+            Some(seat),
+            log,
+            metrics.plugin_meters(),
+        );
         context.restore = metrics.restore.clone();
         let mut redactions = vec![(dir.path().display().to_string(), format!("<job {name}>"))];
         if let Some(input_dir) = config.local().ok().and_then(|local| local.confine_to.as_ref()) {
@@ -233,7 +239,9 @@ impl JobRuntime {
             records: status.records,
             // No commit for a while: nothing is flowing.
             throughput: match status.last_commit {
-                Some(last) if last.elapsed() < IDLE_AFTER => (status.throughput * 10.0).round() / 10.0,
+                Some(last) if last.elapsed() < IDLE_AFTER => {
+                    (status.throughput * 10.0).round() / 10.0
+                }
                 _ => 0.0,
             },
             lag: status.lag,
@@ -246,7 +254,9 @@ impl JobRuntime {
             traps: meters.traps.get(),
             cpu_budget_breaches: meters.cpu_budget_breaches.get(),
             log_lines_dropped: meters.log_lines_dropped.get(),
-            last_plugin_failure: meters.last_failure().map(|(ago, reason)| format!("{reason} ({}s ago)", ago.as_secs())),
+            last_plugin_failure: meters
+                .last_failure()
+                .map(|(ago, reason)| format!("{reason} ({}s ago)", ago.as_secs())),
             demoted: self.context.seat.as_ref().is_some_and(|seat| seat.is_demoted()),
             restore,
         }
@@ -273,7 +283,12 @@ impl JobRuntime {
     /// the next transaction boundary and judged on its first transaction.
     /// Keeps the components of `kept` versions on disk (and those the job
     /// runs or will): returns the digests whose files were removed.
-    pub fn push(&self, plugin: LoadedPlugin, version: super::registry::PluginVersion, kept: usize) -> Result<Vec<String>, ServeError> {
+    pub fn push(
+        &self,
+        plugin: LoadedPlugin,
+        version: super::registry::PluginVersion,
+        kept: usize,
+    ) -> Result<Vec<String>, ServeError> {
         // Under the record lock, so the record and the slot agree.
         let mut record = lock(&self.record);
         if self.deleted.load(Ordering::SeqCst) {
@@ -378,7 +393,9 @@ impl JobRuntime {
     /// Sleeps `pause` unless the job is ended or paused meanwhile.
     fn sleep_unless_stopped(&self, pause: Duration) {
         let control = lock(&self.control);
-        let _ = self.wake.wait_timeout_while(control, pause, |control| !control.ended && !control.paused);
+        let _ = self
+            .wake
+            .wait_timeout_while(control, pause, |control| !control.ended && !control.paused);
     }
 
     /// The job's thread: open, run until stopped, and on failure reopen
@@ -391,7 +408,13 @@ impl JobRuntime {
             let opened_at = Instant::now();
             // A bug of the host's must stop this job, not leave it looking
             // alive with its thread gone.
-            let run = std::panic::AssertUnwindSafe(|| if self.is_kafka() { self.run_job::<KafkaJob>() } else { self.run_job::<LocalTask>() });
+            let run = std::panic::AssertUnwindSafe(|| {
+                if self.is_kafka() {
+                    self.run_job::<KafkaJob>()
+                } else {
+                    self.run_job::<LocalTask>()
+                }
+            });
             let result = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
                 let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
                 Err(Failure {
@@ -406,15 +429,19 @@ impl JobRuntime {
                 Ok(()) => backoff = Duration::from_secs(1),
                 Err(Failure { message, then: AfterFailure::Halt }) => {
                     tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job stopped: retrying cannot fix this; resume it once fixed");
-                    lock(&self.status).last_error =
-                        Some(format!("{message} (the job waits: fix this, then `tally jobs resume {}`)", self.name));
+                    lock(&self.status).last_error = Some(format!(
+                        "{message} (the job waits: fix this, then `tally jobs resume {}`)",
+                        self.name
+                    ));
                     self.set_state(JobState::Failed);
                     lock(&self.control).halted = true;
                 }
                 Err(Failure { message, then: AfterFailure::Pause }) => {
                     tracing::error!(tenant = %self.tenant, job = %self.name, error = %message, "job paused: its plugin keeps failing");
-                    lock(&self.status).last_error =
-                        Some(format!("{message} (the job is paused: push a fixed version with `tally plugin push {0}`, then `tally jobs resume {0}`)", self.name));
+                    lock(&self.status).last_error = Some(format!(
+                        "{message} (the job is paused: push a fixed version with `tally plugin push {0}`, then `tally jobs resume {0}`)",
+                        self.name
+                    ));
                     if let Err(err) = self.set_paused(true) {
                         tracing::error!(tenant = %self.tenant, job = %self.name, error = %err, "cannot record the pause");
                         lock(&self.control).halted = true;
@@ -464,7 +491,9 @@ impl JobRuntime {
     /// Opens the job as a `J`, then runs it until it is deleted or the
     /// host stops, waiting while it is paused.
     fn run_job<J: Job>(self: &Arc<Self>) -> Result<(), Failure> {
-        let plugin = self.active_plugin().map_err(|err| Failure { message: err.to_string(), then: AfterFailure::Halt })?;
+        let plugin = self
+            .active_plugin()
+            .map_err(|err| Failure { message: err.to_string(), then: AfterFailure::Halt })?;
         let mut job = J::open(&self.config, &plugin, self.context.clone()).map_err(Failure::of)?;
         job.attach(self.slot.clone(), self.config.settings.hot_swap, self.observer());
         *lock(&self.store) = Some(job.state());
@@ -537,12 +566,14 @@ impl JobObserver for Observer {
                 status.last_swap = Some(format!("{digest} is active"));
                 // Retired versions leave memory (a rollback loads one again).
                 let pending = record.pending().map(|version| version.digest.clone());
-                lock(&runtime.plugins).retain(|kept, _| kept == digest || Some(kept) == pending.as_ref());
+                lock(&runtime.plugins)
+                    .retain(|kept, _| kept == digest || Some(kept) == pending.as_ref());
             }
             SwapEvent::RolledBack { digest, restored, reason } => {
                 let reason = cut(reason);
                 record.failed(digest, VersionStatus::RolledBack, &reason);
-                status.last_swap = Some(format!("{digest} was rolled back to {restored}: {reason}"));
+                status.last_swap =
+                    Some(format!("{digest} was rolled back to {restored}: {reason}"));
                 lock(&runtime.plugins).remove(digest);
             }
             SwapEvent::Refused { digest, reason } => {
@@ -563,7 +594,8 @@ impl JobObserver for Observer {
         if let Err(err) = runtime.dir.write_record(&record) {
             tracing::error!(tenant = %runtime.tenant, job = %runtime.name, error = %err, "cannot save the plugin history");
             // The tenant sees what failed, not the host's paths.
-            status.last_error = Some("the host could not save the plugin history (its log says why)".into());
+            status.last_error =
+                Some("the host could not save the plugin history (its log says why)".into());
         }
     }
 }

@@ -6,11 +6,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-
 use super::progress::{consumer_lag, rewind};
 use super::session::Session;
 use super::{Restart, SessionError};
-use crate::committer::{classify, KafkaCommitError, KafkaTransactions, Recovery};
+use crate::committer::{KafkaCommitError, KafkaTransactions, Recovery, classify};
 use tally_core::commit::TwoPhaseCommitter;
 use tally_core::observe::RunSummary;
 use tally_core::task::{CommitOutcome, Committed, Settle};
@@ -20,10 +19,16 @@ impl Session<'_, '_, '_> {
     /// Commits the open transaction: sends its records, then leaves its
     /// Kafka commit to a thread and goes on with the next transaction
     /// (`may_overlap`), or waits for it.
-    pub(super) fn commit_transaction(&mut self, txn: &mut Transaction, carried: RunSummary, may_overlap: bool) -> Result<CommitOutcome, SessionError> {
+    pub(super) fn commit_transaction(
+        &mut self,
+        txn: &mut Transaction,
+        carried: RunSummary,
+        may_overlap: bool,
+    ) -> Result<CommitOutcome, SessionError> {
         let started = Instant::now();
         // Phase one here; phase two, the commit point, on the commit thread.
-        let mut two_phase = KafkaTransactions { committer: self.committer, consumer: self.consumer };
+        let mut two_phase =
+            KafkaTransactions { committer: self.committer, consumer: self.consumer };
         let sent = match two_phase.prepare(txn, &self.progress.positions) {
             Ok(sent) => sent,
             Err(err) => return self.commit_failed(err, Settle::Wait),
@@ -51,16 +56,29 @@ impl Session<'_, '_, '_> {
     /// The outcome of the commit in flight: with [`Settle::IfReady`], only
     /// once it finished or a rebalance waits (a revocation aborts the open
     /// transaction, so the commit's outcome comes first).
-    pub(super) fn settle_in_flight(&mut self, txn: &mut Transaction, how: Settle) -> Result<Option<CommitOutcome>, SessionError> {
+    pub(super) fn settle_in_flight(
+        &mut self,
+        txn: &mut Transaction,
+        how: Settle,
+    ) -> Result<Option<CommitOutcome>, SessionError> {
         let Some(in_flight) = &self.in_flight else { return Ok(None) };
-        if how == Settle::IfReady && !in_flight.is_finished() && !self.fetch.consumer_events_waiting() {
+        if how == Settle::IfReady
+            && !in_flight.is_finished()
+            && !self.fetch.consumer_events_waiting()
+        {
             return Ok(None);
         }
         self.finish_in_flight(txn, how).map(Some)
     }
 
-    fn finish_in_flight(&mut self, txn: &mut Transaction, how: Settle) -> Result<CommitOutcome, SessionError> {
-        let Some(mut in_flight) = self.in_flight.take() else { return Ok(CommitOutcome::Done(None)) };
+    fn finish_in_flight(
+        &mut self,
+        txn: &mut Transaction,
+        how: Settle,
+    ) -> Result<CommitOutcome, SessionError> {
+        let Some(mut in_flight) = self.in_flight.take() else {
+            return Ok(CommitOutcome::Done(None));
+        };
         if !in_flight.is_finished() {
             // Waiting for Kafka: another job of the tenant may use the CPU.
             self.context.idle();
@@ -78,11 +96,20 @@ impl Session<'_, '_, '_> {
     }
 
     /// A commit that took effect at `finished`.
-    fn took_effect(&mut self, txn: &mut Transaction, done: CommitDone, finished: Instant) -> CommitOutcome {
+    fn took_effect(
+        &mut self,
+        txn: &mut Transaction,
+        done: CommitDone,
+        finished: Instant,
+    ) -> CommitOutcome {
         txn.commit_finished();
         let took = finished.saturating_duration_since(done.started);
-        let report = (!done.positions.is_empty())
-            .then(|| Committed { at: finished, took, lag: consumer_lag(self.consumer), carried: done.carried });
+        let report = (!done.positions.is_empty()).then(|| Committed {
+            at: finished,
+            took,
+            lag: consumer_lag(self.consumer),
+            carried: done.carried,
+        });
         self.progress.included.extend(done.positions);
         tracing::debug!(job = %self.job.name, took_us = took.as_micros() as u64, "committed");
         CommitOutcome::Done(report)
@@ -92,7 +119,11 @@ impl Session<'_, '_, '_> {
     /// ([`CommitOutcome::Aborted`]; after a run's failure, nothing is
     /// undone: the next session starts from the committed offsets);
     /// anything else ends the session.
-    fn commit_failed(&mut self, err: KafkaCommitError, how: Settle) -> Result<CommitOutcome, SessionError> {
+    fn commit_failed(
+        &mut self,
+        err: KafkaCommitError,
+        how: Settle,
+    ) -> Result<CommitOutcome, SessionError> {
         match err {
             KafkaCommitError::Kafka(err) if classify(&err) == Recovery::Abort => {
                 if how != Settle::AfterFailure {
@@ -113,7 +144,8 @@ impl Session<'_, '_, '_> {
 /// of its own.
 pub(super) struct InFlight<'scope> {
     /// `None` when there was nothing to commit.
-    pub(super) finishing: Option<std::thread::ScopedJoinHandle<'scope, (Result<(), KafkaCommitError>, Instant)>>,
+    pub(super) finishing:
+        Option<std::thread::ScopedJoinHandle<'scope, (Result<(), KafkaCommitError>, Instant)>>,
     pub(super) done: CommitDone,
 }
 
@@ -127,7 +159,8 @@ impl InFlight<'_> {
         match self.finishing.take() {
             None => Ok(Instant::now()),
             Some(finishing) => {
-                let (result, finished) = finishing.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                let (result, finished) =
+                    finishing.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
                 result.map(|()| finished)
             }
         }

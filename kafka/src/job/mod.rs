@@ -10,16 +10,16 @@ mod progress;
 mod rebalance;
 mod session;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
 
+use super::KafkaJobError;
 use super::changelog::{RestoreError, Restorer};
 use super::committer::{KafkaCommitError, MAX_KAFKA_VALUE_BYTES};
 use super::topics::{self, TopicLayout};
-use super::KafkaJobError;
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{JobObserver, RunSummary};
 use tally_core::plugin::{JobContext, LoadedPlugin, PluginError, Processor};
@@ -29,8 +29,8 @@ use tally_core::transaction::Transaction;
 use tally_state_rocks::RocksStore;
 
 use crate::config::KafkaConfig;
-use tally_core::settings::JobSettings;
 use tally_core::lock::DirLock;
+use tally_core::settings::JobSettings;
 
 /// How long a transactional call (init, send offsets, commit, abort) may take.
 pub(super) const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
@@ -158,13 +158,22 @@ pub(super) enum SessionEnd {
 impl KafkaJob {
     /// Opens Kafka job `config` running `plugin`: locks its state
     /// directory, and checks (or creates) its topics.
-    pub fn open(config: &JobSettings, kafka: &KafkaConfig, plugin: &LoadedPlugin) -> Result<KafkaJob, KafkaJobError> {
+    pub fn open(
+        config: &JobSettings,
+        kafka: &KafkaConfig,
+        plugin: &LoadedPlugin,
+    ) -> Result<KafkaJob, KafkaJobError> {
         KafkaJob::open_in(config, kafka, plugin, JobContext::new(&config.name))
     }
 
     /// Like [`KafkaJob::open`], with the plugin's instances in `context`
     /// (stopped by its signal, seated in the host's CPU sharing).
-    pub fn open_in(config: &JobSettings, kafka: &KafkaConfig, plugin: &LoadedPlugin, context: JobContext) -> Result<KafkaJob, KafkaJobError> {
+    pub fn open_in(
+        config: &JobSettings,
+        kafka: &KafkaConfig,
+        plugin: &LoadedPlugin,
+        context: JobContext,
+    ) -> Result<KafkaJob, KafkaJobError> {
         let make = plugin.processor_maker(config.limits, context.clone());
         KafkaJob::open_with_in(config, kafka, context, make)
     }
@@ -192,11 +201,11 @@ impl KafkaJob {
         let instance = instance_id::instance_id(&kafka.state_dir)
             .map_err(|err| KafkaJobError::Setup { job: config.name.clone(), source: err.into() })?;
         let layout = topics::prepare(config, &kafka)?;
-        let store: Arc<dyn StateStore> =
-            Arc::new(RocksStore::open(&kafka.state_dir.join("db"))?);
+        let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&kafka.state_dir.join("db"))?);
         let mut limits = config.limits;
         limits.max_value_bytes = limits.max_value_bytes.min(MAX_KAFKA_VALUE_BYTES);
-        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits).with_emit(config.emit_per_output());
+        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits)
+            .with_emit(config.emit_per_output());
         tracing::info!(job = %config.name, plugin = %processor.digest(), partitions = layout.partitions, instance = %instance, "Kafka job opened");
         Ok(KafkaJob {
             config: config.clone(),
@@ -212,7 +221,12 @@ impl KafkaJob {
 
     /// Lets new plugin versions pushed into `slot` be swapped in at
     /// transaction boundaries, and reports commits and swaps to `observer`.
-    pub fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>) {
+    pub fn attach(
+        &mut self,
+        slot: Arc<PluginSlot>,
+        policy: SwapPolicy,
+        observer: Arc<dyn JobObserver>,
+    ) {
         self.task.attach(slot, self.config.limits, policy, observer);
     }
 
@@ -236,7 +250,11 @@ impl KafkaJob {
     /// assigned partitions are read to their end), committing what it
     /// processed before returning. Kafka failures rebuild the clients and
     /// go on; only failures retrying cannot fix end the run.
-    pub fn run_until(&mut self, stop: &AtomicBool, options: KafkaRunOptions) -> Result<RunSummary, KafkaJobError> {
+    pub fn run_until(
+        &mut self,
+        stop: &AtomicBool,
+        options: KafkaRunOptions,
+    ) -> Result<RunSummary, KafkaJobError> {
         let started = Instant::now();
         let mut summary = RunSummary::default();
         let mut backoff = Duration::from_millis(250);

@@ -7,8 +7,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::rebalance::Rebalancer;
 use super::KAFKA_TIMEOUT;
+use super::rebalance::Rebalancer;
 use crate::keys::source_id;
 use tally_core::plugin::Event;
 
@@ -66,7 +66,8 @@ pub(super) fn consumer_lag<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> Op
                 &mut high,
             )
         };
-        if status != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || high < 0 {
+        if status != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || high < 0
+        {
             return None;
         }
         if let Offset::Offset(position) = element.offset() {
@@ -82,7 +83,9 @@ pub(super) fn consumer_lag<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> Op
 /// of a transaction not settled yet) is an error, not "no committed
 /// offset", which would look like a group moved back by hand and stop an
 /// exactly-once job.
-pub(super) fn every_offset_read(committed: TopicPartitionList) -> Result<TopicPartitionList, KafkaError> {
+pub(super) fn every_offset_read(
+    committed: TopicPartitionList,
+) -> Result<TopicPartitionList, KafkaError> {
     for element in committed.elements() {
         element.error()?;
     }
@@ -93,7 +96,10 @@ pub(super) fn every_offset_read(committed: TopicPartitionList) -> Result<TopicPa
 /// the group has no offset for goes back to the first offset the open
 /// transaction read of it (`first`, by source id), not to the start of the
 /// log or its end (`auto.offset.reset`).
-pub(super) fn rewind(consumer: &BaseConsumer<Rebalancer>, first: &HashMap<u32, i64>) -> Result<(), KafkaError> {
+pub(super) fn rewind(
+    consumer: &BaseConsumer<Rebalancer>,
+    first: &HashMap<u32, i64>,
+) -> Result<(), KafkaError> {
     let committed = every_offset_read(consumer.committed(KAFKA_TIMEOUT)?)?;
     let inputs = &consumer.context().inputs;
     for element in committed.elements() {
@@ -125,7 +131,10 @@ mod tests {
         committed.add_partition_offset("usage", 1, Offset::Invalid).unwrap();
         assert!(every_offset_read(committed.clone()).is_ok(), "no committed offset is an answer");
         // SAFETY: the list has two elements; only the second's error code is written.
-        unsafe { (*(*committed.ptr()).elems.add(1)).err = rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS };
+        unsafe {
+            (*(*committed.ptr()).elems.add(1)).err =
+                rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS
+        };
         let err = every_offset_read(committed).expect_err("partition 1's offset was not read");
         assert!(err.to_string().contains("Coordinator load in progress"), "{err}");
     }

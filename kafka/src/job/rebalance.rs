@@ -14,10 +14,10 @@ use rdkafka::producer::Producer;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use super::{Restart, SessionError, KAFKA_TIMEOUT};
-use crate::config::Guarantee;
-use crate::changelog::{read_offset, RestoreError, Restorer};
+use super::{KAFKA_TIMEOUT, Restart, SessionError};
+use crate::changelog::{RestoreError, Restorer, read_offset};
 use crate::committer::JobProducer;
+use crate::config::Guarantee;
 use crate::fetch::Router;
 use crate::keys::{checkpoint_key, included_key};
 use crate::{KafkaJobError, SetupError};
@@ -25,10 +25,15 @@ use tally_core::state::StateStore;
 
 /// A partition this process got of some inputs but not of all, with an
 /// input it lacks.
-pub(super) fn split_namespace<'a>(inputs: &'a [String], assigned: &[(String, i32)]) -> Option<(i32, &'a str)> {
-    let assigned_set: BTreeSet<(&str, i32)> = assigned.iter().map(|(topic, partition)| (topic.as_str(), *partition)).collect();
+pub(super) fn split_namespace<'a>(
+    inputs: &'a [String],
+    assigned: &[(String, i32)],
+) -> Option<(i32, &'a str)> {
+    let assigned_set: BTreeSet<(&str, i32)> =
+        assigned.iter().map(|(topic, partition)| (topic.as_str(), *partition)).collect();
     assigned.iter().find_map(|(_, partition)| {
-        let missing = inputs.iter().find(|topic| !assigned_set.contains(&(topic.as_str(), *partition)))?;
+        let missing =
+            inputs.iter().find(|topic| !assigned_set.contains(&(topic.as_str(), *partition)))?;
         Some((*partition, missing.as_str()))
     })
 }
@@ -85,16 +90,22 @@ impl Rebalancer {
     /// Restores the state of newly assigned partitions, then compares what
     /// it includes with the group's committed offsets.
     fn restore_and_check(&self, assigned: &[(String, i32)]) -> Result<Checked, SessionError> {
-        let partitions: Vec<i32> = assigned.iter().map(|(_, partition)| *partition).collect::<BTreeSet<_>>().into_iter().collect();
+        let partitions: Vec<i32> = assigned
+            .iter()
+            .map(|(_, partition)| *partition)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         self.check_changelog_kept(&partitions)?;
         // Measured from the first restore's end: a long restore does not
         // shorten the wait for a previous owner's transaction to settle.
         let mut deadline = None;
         loop {
             self.restorer.restore(&partitions).map_err(|err| match err {
-                RestoreError::Foreign { .. } => {
-                    SessionError::Fatal(KafkaJobError::Setup { job: self.job.clone(), source: SetupError::ForeignChangelog(err) })
-                }
+                RestoreError::Foreign { .. } => SessionError::Fatal(KafkaJobError::Setup {
+                    job: self.job.clone(),
+                    source: SetupError::ForeignChangelog(err),
+                }),
                 RestoreError::State(state) => SessionError::fatal(state),
                 other => Restart::Restore(other).into(),
             })?;
@@ -103,7 +114,9 @@ impl Rebalancer {
             for (topic, partition) in assigned {
                 wanted.add_partition(topic, *partition);
             }
-            let committed = super::progress::every_offset_read(self.restorer.consumer().committed_offsets(wanted, KAFKA_TIMEOUT)?)?;
+            let committed = super::progress::every_offset_read(
+                self.restorer.consumer().committed_offsets(wanted, KAFKA_TIMEOUT)?,
+            )?;
             let mut behind = Vec::new();
             let mut checked = Checked::default();
             for element in committed.elements() {
@@ -113,7 +126,8 @@ impl Rebalancer {
                     _ => None,
                 };
                 checked.committed.push(((topic.to_string(), partition), group_offset));
-                let included = read_offset(&*self.store, &included_key(topic, partition)).map_err(SessionError::fatal)?;
+                let included = read_offset(&*self.store, &included_key(topic, partition))
+                    .map_err(SessionError::fatal)?;
                 if let Some(included) = included {
                     checked.included.push(((topic.to_string(), partition), included));
                 }
@@ -132,7 +146,9 @@ impl Rebalancer {
                         }
                         tracing::warn!(job = %self.job, "{rewound} (at_least_once: going on, those records count again)");
                     }
-                    (Some(group), included) if group > included.unwrap_or(0) => behind.push((topic.to_string(), partition, group, included)),
+                    (Some(group), included) if group > included.unwrap_or(0) => {
+                        behind.push((topic.to_string(), partition, group, included))
+                    }
                     _ => {}
                 }
             }
@@ -168,15 +184,31 @@ impl Rebalancer {
     fn check_changelog_kept(&self, partitions: &[i32]) -> Result<(), SessionError> {
         let changelog = self.restorer.topic();
         for &partition in partitions {
-            let checkpoint = read_offset(&*self.store, &checkpoint_key(partition)).map_err(SessionError::fatal)?;
-            let Some(checkpoint) = checkpoint.filter(|&checkpoint| checkpoint > 0) else { continue };
-            let (_, end) = self.producer.client().fetch_watermarks(changelog, partition, KAFKA_TIMEOUT).map_err(|err| {
-                SessionError::from(Restart::ChangelogEnd { changelog: changelog.to_string(), partition, source: err })
-            })?;
+            let checkpoint = read_offset(&*self.store, &checkpoint_key(partition))
+                .map_err(SessionError::fatal)?;
+            let Some(checkpoint) = checkpoint.filter(|&checkpoint| checkpoint > 0) else {
+                continue;
+            };
+            let (_, end) = self
+                .producer
+                .client()
+                .fetch_watermarks(changelog, partition, KAFKA_TIMEOUT)
+                .map_err(|err| {
+                    SessionError::from(Restart::ChangelogEnd {
+                        changelog: changelog.to_string(),
+                        partition,
+                        source: err,
+                    })
+                })?;
             if checkpoint > end {
                 return Err(SessionError::Fatal(KafkaJobError::Setup {
                     job: self.job.clone(),
-                    source: SetupError::ChangelogLost { changelog: changelog.to_string(), partition, end, checkpoint },
+                    source: SetupError::ChangelogLost {
+                        changelog: changelog.to_string(),
+                        partition,
+                        end,
+                        checkpoint,
+                    },
                 }));
             }
         }
@@ -208,9 +240,16 @@ impl ConsumerContext for Rebalancer {
     /// Replaces rust-rdkafka's default handler, which assigns before the
     /// state is restored: here the assignment starts each partition at the
     /// offset the rewind check read, so librdkafka need not fetch it again.
-    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, partitions: &mut TopicPartitionList) {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
         match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.assign(consumer, partitions),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.assign(consumer, partitions)
+            }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(consumer),
             _ => {
                 tracing::warn!(job = %self.job, error = %RDKafkaErrorCode::from(err), "rebalance failed");
@@ -230,11 +269,18 @@ impl Rebalancer {
         for element in partitions.elements() {
             self.router.route(consumer, element.topic(), element.partition());
         }
-        let assigned: Vec<(String, i32)> =
-            partitions.elements().iter().map(|element| (element.topic().to_string(), element.partition())).collect();
+        let assigned: Vec<(String, i32)> = partitions
+            .elements()
+            .iter()
+            .map(|element| (element.topic().to_string(), element.partition()))
+            .collect();
         tracing::info!(job = %self.job, ?assigned, "partitions assigned");
         let result = self.check_whole_namespaces(&assigned).and_then(|()| {
-            if assigned.is_empty() { Ok(Checked::default()) } else { self.restore_and_check(&assigned) }
+            if assigned.is_empty() {
+                Ok(Checked::default())
+            } else {
+                self.restore_and_check(&assigned)
+            }
         });
         // After a failure the session ends; the partitions are assigned
         // anyway, with librdkafka's own starting offsets, so the consumer's
@@ -246,10 +292,10 @@ impl Rebalancer {
                 let _ = start.set_partition_offset(topic, *partition, offset);
             }
         }
-        let assign_failure = consumer
-            .assign(&start)
-            .err()
-            .map(|source| Restart::Call { doing: "assigning the partitions the group gave this process", source }.into());
+        let assign_failure = consumer.assign(&start).err().map(|source| {
+            Restart::Call { doing: "assigning the partitions the group gave this process", source }
+                .into()
+        });
         self.note(|events| {
             events.assigned = true;
             match result {
@@ -268,7 +314,10 @@ impl Rebalancer {
         let mut failure = None;
         if self.guarantee == Guarantee::ExactlyOnce && self.open.swap(false, Ordering::SeqCst) {
             if let Err(err) = self.producer.abort_transaction(KAFKA_TIMEOUT) {
-                failure = Some(Restart::Call { doing: "aborting the transaction on revocation", source: err }.into());
+                failure = Some(
+                    Restart::Call { doing: "aborting the transaction on revocation", source: err }
+                        .into(),
+                );
             }
             tracing::info!(job = %self.job, "partitions revoked; the in-flight transaction was aborted");
         } else {
@@ -291,9 +340,15 @@ mod tests {
     #[test]
     fn a_partition_is_owned_for_every_input_or_not_at_all() {
         let inputs = vec!["usage".to_string(), "credits".to_string()];
-        let both = vec![("usage".to_string(), 0), ("credits".to_string(), 0), ("usage".to_string(), 2), ("credits".to_string(), 2)];
+        let both = vec![
+            ("usage".to_string(), 0),
+            ("credits".to_string(), 0),
+            ("usage".to_string(), 2),
+            ("credits".to_string(), 2),
+        ];
         assert_eq!(split_namespace(&inputs, &both), None);
-        let half = vec![("usage".to_string(), 0), ("credits".to_string(), 0), ("usage".to_string(), 1)];
+        let half =
+            vec![("usage".to_string(), 0), ("credits".to_string(), 0), ("usage".to_string(), 1)];
         assert_eq!(split_namespace(&inputs, &half), Some((1, "credits")));
     }
 }

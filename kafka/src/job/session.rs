@@ -13,40 +13,63 @@ use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::commit::InFlight;
-use super::progress::{rewind, Progress};
+use super::progress::{Progress, rewind};
 use super::rebalance::Rebalancer;
-use super::{KafkaJob, KafkaRunOptions, Restart, SessionEnd, SessionError, CONNECT_BUDGET, IDLE_FETCH_WAIT, KAFKA_TIMEOUT, MAX_EVENTS_PER_TURN};
-use crate::config::{Guarantee, KafkaConfig};
-use tally_core::settings::JobSettings;
+use super::{
+    CONNECT_BUDGET, IDLE_FETCH_WAIT, KAFKA_TIMEOUT, KafkaJob, KafkaRunOptions, MAX_EVENTS_PER_TURN,
+    Restart, SessionEnd, SessionError,
+};
 use crate::changelog::{RestoreLimits, Restorer};
 use crate::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
+use crate::config::{Guarantee, KafkaConfig};
 use crate::fetch::{FetchQueue, Fetched, FetchedRecord, Router};
 use crate::keys::{namespace, source_id, split_source_id};
-use crate::{topics, KafkaJobError, QuietEof, SetupError};
+use crate::{KafkaJobError, QuietEof, SetupError, topics};
 use tally_core::batch::BatchOutcome;
 use tally_core::observe::RunSummary;
 use tally_core::plugin::{Event, JobContext};
+use tally_core::settings::JobSettings;
 use tally_core::task::{CommitOutcome, Driver, Finish, Input, Settle};
 use tally_core::transaction::{SourcePosition, Transaction};
 
 impl KafkaJob {
-    pub(super) fn run_session(&mut self, stop: &AtomicBool, options: KafkaRunOptions, summary: &mut RunSummary) -> Result<SessionEnd, SessionError> {
+    pub(super) fn run_session(
+        &mut self,
+        stop: &AtomicBool,
+        options: KafkaRunOptions,
+        summary: &mut RunSummary,
+    ) -> Result<SessionEnd, SessionError> {
         let (config, kafka) = (&self.config, &self.kafka);
         let tracker = DeliveryTracker::new(self.layout.changelog.clone());
         let producer: Arc<JobProducer> = Arc::new(
-            topics::producer_config(config, kafka, &self.instance).create_with_context(tracker).map_err(|err| self.client_error(err))?,
+            topics::producer_config(config, kafka, &self.instance)
+                .create_with_context(tracker)
+                .map_err(|err| self.client_error(err))?,
         );
-        let settle = Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
+        let settle =
+            Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
         let (restorer, new_restorer) = match &self.restorer {
             Some(restorer) => (restorer.clone(), false),
             None => {
                 let restore_config = topics::restore_config(config, kafka);
                 let leader_fetch = topics::leader_fetch_settings(kafka, &restore_config);
-                let consumer: BaseConsumer<QuietEof> = restore_config.create_with_context(QuietEof).map_err(|err| self.client_error(err))?;
-                let limits = RestoreLimits { stall: Duration::from_millis(kafka.restore_stall_ms), checkpoint_bytes: kafka.restore_checkpoint_bytes };
+                let consumer: BaseConsumer<QuietEof> = restore_config
+                    .create_with_context(QuietEof)
+                    .map_err(|err| self.client_error(err))?;
+                let limits = RestoreLimits {
+                    stall: Duration::from_millis(kafka.restore_stall_ms),
+                    checkpoint_bytes: kafka.restore_checkpoint_bytes,
+                };
                 let progress = self.task.context().restore.clone();
                 let changelog = self.layout.changelog.clone();
-                let restorer = Arc::new(Restorer::new(consumer, self.store.clone(), changelog, limits, leader_fetch, progress));
+                let restorer = Arc::new(Restorer::new(
+                    consumer,
+                    self.store.clone(),
+                    changelog,
+                    limits,
+                    leader_fetch,
+                    progress,
+                ));
                 (self.restorer.insert(restorer).clone(), true)
             }
         };
@@ -68,8 +91,9 @@ impl KafkaJob {
             start_without_commit: topics::start_without_commit(&consumer_config),
             events: Mutex::default(),
         };
-        let consumer: BaseConsumer<Rebalancer> =
-            consumer_config.create_with_context(rebalancer).map_err(|err| self.client_error(err))?;
+        let consumer: BaseConsumer<Rebalancer> = consumer_config
+            .create_with_context(rebalancer)
+            .map_err(|err| self.client_error(err))?;
         // Open before subscribing: every assigned partition is routed to it.
         let fetch = FetchQueue::open(&consumer, router, config.batch_size);
         let topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
@@ -91,11 +115,22 @@ impl KafkaJob {
         let addresses = Addresses {
             job: config.name.clone(),
             inputs: kafka.inputs.clone(),
-            outputs: config.outputs.iter().map(|name| kafka.output_topic(name).unwrap_or_default().to_string()).collect(),
+            outputs: config
+                .outputs
+                .iter()
+                .map(|name| kafka.output_topic(name).unwrap_or_default().to_string())
+                .collect(),
             dead_letter: kafka.dead_letter_topic.clone(),
             changelog: self.layout.changelog.clone(),
         };
-        let committer = KafkaCommitter::new(producer, kafka.guarantee, addresses, self.store.clone(), open, KAFKA_TIMEOUT);
+        let committer = KafkaCommitter::new(
+            producer,
+            kafka.guarantee,
+            addresses,
+            self.store.clone(),
+            open,
+            KAFKA_TIMEOUT,
+        );
         let KafkaJob { config, kafka, task, .. } = self;
         let result = std::thread::scope(|scope| {
             let mut session = Session {
@@ -106,7 +141,10 @@ impl KafkaJob {
                 committer: &committer,
                 scope,
                 in_flight: None,
-                progress: Progress { pending: Vec::with_capacity(config.batch_size), ..Progress::default() },
+                progress: Progress {
+                    pending: Vec::with_capacity(config.batch_size),
+                    ..Progress::default()
+                },
                 batch_ends: Vec::new(),
                 failure: None,
                 options,
@@ -125,7 +163,10 @@ impl KafkaJob {
 
     /// A client that cannot even be created has a bad setting: say which.
     pub(super) fn client_error(&self, err: KafkaError) -> SessionError {
-        SessionError::Fatal(KafkaJobError::Setup { job: self.config.name.clone(), source: SetupError::Client(err) })
+        SessionError::Fatal(KafkaJobError::Setup {
+            job: self.config.name.clone(),
+            source: SetupError::Client(err),
+        })
     }
 }
 
@@ -155,7 +196,12 @@ impl Driver for Session<'_, '_, '_> {
     /// Hands the loop the records read, one input partition number at a
     /// time (each runs in its partition's state namespace); reads more
     /// when none are left.
-    fn next_batch(&mut self, txn: &mut Transaction, events: &mut Vec<Event>, wait: Duration) -> Result<Input, SessionError> {
+    fn next_batch(
+        &mut self,
+        txn: &mut Transaction,
+        events: &mut Vec<Event>,
+        wait: Duration,
+    ) -> Result<Input, SessionError> {
         events.clear();
         if self.progress.pending.is_empty() {
             if let Some(lost) = self.read(txn, wait)? {
@@ -170,7 +216,13 @@ impl Driver for Session<'_, '_, '_> {
         self.take_partition(txn, events)
     }
 
-    fn ran(&mut self, txn: &mut Transaction, _events: &[Event], _outcome: &BatchOutcome, on_trial: bool) -> Result<(), SessionError> {
+    fn ran(
+        &mut self,
+        txn: &mut Transaction,
+        _events: &[Event],
+        _outcome: &BatchOutcome,
+        on_trial: bool,
+    ) -> Result<(), SessionError> {
         for (source, next) in self.batch_ends.drain(..) {
             let position = self.progress.positions.entry(source).or_insert(0);
             *position = (*position).max(next);
@@ -184,16 +236,27 @@ impl Driver for Session<'_, '_, '_> {
         // in the transaction.
         let at_least_once_trial = on_trial && self.kafka.guarantee == Guarantee::AtLeastOnce;
         if txn.sends_outputs_early() && self.in_flight.is_none() && !at_least_once_trial {
-            self.committer.send_outputs(txn).map_err(|source| Restart::Call { doing: "sending the outputs", source })?;
+            self.committer
+                .send_outputs(txn)
+                .map_err(|source| Restart::Call { doing: "sending the outputs", source })?;
         }
         Ok(())
     }
 
-    fn commit(&mut self, txn: &mut Transaction, carried: RunSummary, may_overlap: bool) -> Result<CommitOutcome, SessionError> {
+    fn commit(
+        &mut self,
+        txn: &mut Transaction,
+        carried: RunSummary,
+        may_overlap: bool,
+    ) -> Result<CommitOutcome, SessionError> {
         self.commit_transaction(txn, carried, may_overlap)
     }
 
-    fn settle(&mut self, txn: &mut Transaction, how: Settle) -> Result<Option<CommitOutcome>, SessionError> {
+    fn settle(
+        &mut self,
+        txn: &mut Transaction,
+        how: Settle,
+    ) -> Result<Option<CommitOutcome>, SessionError> {
         self.settle_in_flight(txn, how)
     }
 
@@ -220,7 +283,11 @@ impl Session<'_, '_, '_> {
     /// reads records, waiting at most `wait` for the first, until a batch
     /// is full or nothing more waits. `Some` if partitions were revoked:
     /// the open transaction is lost.
-    fn read(&mut self, txn: &mut Transaction, wait: Duration) -> Result<Option<Input>, SessionError> {
+    fn read(
+        &mut self,
+        txn: &mut Transaction,
+        wait: Duration,
+    ) -> Result<Option<Input>, SessionError> {
         // Rebalances and client errors arrive on the consumer's own queue,
         // records on the fetch queue: serve the first before reading the
         // second. A poll serves one event, so poll while events wait (a
@@ -231,7 +298,9 @@ impl Session<'_, '_, '_> {
             if served > 0 && !self.fetch.consumer_events_waiting() {
                 break;
             }
-            let mut take = |fetched| take_fetched(self.job, self.kafka, &mut self.progress, fetched, &mut self.failure);
+            let mut take = |fetched| {
+                take_fetched(self.job, self.kafka, &mut self.progress, fetched, &mut self.failure)
+            };
             match self.consumer.poll(Duration::ZERO) {
                 // Only a partition the router missed delivers here.
                 Some(Ok(record)) => take(Fetched::Record(FetchedRecord::of(&record))),
@@ -275,12 +344,18 @@ impl Session<'_, '_, '_> {
                 self.context.idle();
             }
             let room = batch_size.saturating_sub(self.progress.pending.len());
-            let (job, kafka, progress, failure) = (self.job, self.kafka, &mut self.progress, &mut self.failure);
-            let read = self.fetch.read(wait, room, |item| take_fetched(job, kafka, progress, item, failure));
+            let (job, kafka, progress, failure) =
+                (self.job, self.kafka, &mut self.progress, &mut self.failure);
+            let read = self
+                .fetch
+                .read(wait, room, |item| take_fetched(job, kafka, progress, item, failure));
             if let Some(reason) = self.failure.take() {
                 return Err(Restart::Consumer(reason).into());
             }
-            if read == 0 || self.progress.pending.len() >= batch_size || self.progress.pending_bytes >= batch_bytes {
+            if read == 0
+                || self.progress.pending.len() >= batch_size
+                || self.progress.pending_bytes >= batch_bytes
+            {
                 return Ok(None);
             }
             wait = Duration::ZERO; // more may be waiting: fill the batch first
@@ -292,11 +367,19 @@ impl Session<'_, '_, '_> {
     /// `exactly_once`, a record below what the state already includes (the
     /// consumer was moved back: an offset reset, a truncated log) stops the
     /// job instead of counting twice.
-    fn take_partition(&mut self, txn: &mut Transaction, events: &mut Vec<Event>) -> Result<Input, SessionError> {
+    fn take_partition(
+        &mut self,
+        txn: &mut Transaction,
+        events: &mut Vec<Event>,
+    ) -> Result<Input, SessionError> {
         self.batch_ends.clear();
         let progress = &mut self.progress;
         let number = split_source_id(progress.pending[0].partition).1;
-        let len = progress.pending.iter().take_while(|event| split_source_id(event.partition).1 == number).count();
+        let len = progress
+            .pending
+            .iter()
+            .take_while(|event| split_source_id(event.partition).1 == number)
+            .count();
         let batch = &progress.pending[..len];
         // Runs of one source (a batch holds one partition number of every
         // input topic): one lookup per run, not per record.
@@ -322,7 +405,13 @@ impl Session<'_, '_, '_> {
         for event in progress.pending.drain(..len) {
             if let Some(size) = progress.oversized.remove(&(event.partition, event.offset)) {
                 let source = SourcePosition { partition: event.partition, offset: event.offset };
-                tally_core::batch::dead_letter_oversized(txn, source, event.value, size as u64, limit);
+                tally_core::batch::dead_letter_oversized(
+                    txn,
+                    source,
+                    event.value,
+                    size as u64,
+                    limit,
+                );
                 oversized += 1;
                 continue;
             }
@@ -357,7 +446,13 @@ fn consumer_error_code(err: &KafkaError) -> RDKafkaErrorCode {
 /// Takes one item read from the input: a record joins the pending batch, a
 /// partition's end is noted, a fatal client error is put in `failure` (the
 /// session restarts).
-fn take_fetched(job: &JobSettings, kafka: &KafkaConfig, progress: &mut Progress, item: Fetched<'_>, failure: &mut Option<String>) {
+fn take_fetched(
+    job: &JobSettings,
+    kafka: &KafkaConfig,
+    progress: &mut Progress,
+    item: Fetched<'_>,
+    failure: &mut Option<String>,
+) {
     match item {
         Fetched::Record(record) => {
             // Naming the topic costs a C string conversion per record: skip
@@ -380,8 +475,15 @@ fn take_fetched(job: &JobSettings, kafka: &KafkaConfig, progress: &mut Progress,
             } else {
                 payload.to_vec()
             };
-            let event = Event { partition: source, offset, timestamp_ms: record.timestamp_ms(), key: record.key().map(<[u8]>::to_vec), value };
-            progress.pending_bytes += (event.value.len() + event.key.as_ref().map_or(0, Vec::len)) as u64;
+            let event = Event {
+                partition: source,
+                offset,
+                timestamp_ms: record.timestamp_ms(),
+                key: record.key().map(<[u8]>::to_vec),
+                value,
+            };
+            progress.pending_bytes +=
+                (event.value.len() + event.key.as_ref().map_or(0, Vec::len)) as u64;
             progress.first.entry(event.partition).or_insert(event.offset as i64);
             progress.pending.push(event);
         }
@@ -405,7 +507,17 @@ mod tests {
 
     #[test]
     fn a_fatal_consumer_error_ends_the_session_whatever_its_code() {
-        assert_eq!(consumer_error_code(&KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::FencedInstanceId)), RDKafkaErrorCode::Fatal);
-        assert_eq!(consumer_error_code(&KafkaError::MessageConsumption(RDKafkaErrorCode::BrokerTransportFailure)), RDKafkaErrorCode::BrokerTransportFailure);
+        assert_eq!(
+            consumer_error_code(&KafkaError::MessageConsumptionFatal(
+                RDKafkaErrorCode::FencedInstanceId
+            )),
+            RDKafkaErrorCode::Fatal
+        );
+        assert_eq!(
+            consumer_error_code(&KafkaError::MessageConsumption(
+                RDKafkaErrorCode::BrokerTransportFailure
+            )),
+            RDKafkaErrorCode::BrokerTransportFailure
+        );
     }
 }

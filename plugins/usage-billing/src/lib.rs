@@ -57,7 +57,10 @@ impl<'de> Deserialize<'de> for Field {
                 formatter.write_str("a field name")
             }
             fn visit_str<E: de::Error>(self, name: &str) -> Result<Field, E> {
-                Ok(FIELDS.iter().position(|field| *field == name).map_or(Field::Other, Field::Known))
+                Ok(FIELDS
+                    .iter()
+                    .position(|field| *field == name)
+                    .map_or(Field::Other, Field::Known))
             }
         }
         deserializer.deserialize_identifier(FieldVisitor)
@@ -100,11 +103,18 @@ impl<'de> Visitor<'de> for UsageVisitor {
             match written.strip_prefix('"').and_then(|rest| rest.strip_suffix('"')) {
                 // Most strings hold no escape: they are the text between
                 // their quotes, read once.
-                Some(plain) if !plain.bytes().any(|b| b == b'\\' || b < 0x20) => Ok(Cow::Borrowed(plain)),
+                Some(plain) if !plain.bytes().any(|b| b == b'\\' || b < 0x20) => {
+                    Ok(Cow::Borrowed(plain))
+                }
                 // Escapes are unescaped into a copy; a string that does not
                 // unescape (a lone surrogate, a control character) is not JSON.
-                Some(_) => String::deserialize(raw).map(Cow::Owned).map_err(|_| de::Error::custom("event is not valid JSON")),
-                None => Err(de::Error::custom(format_args!("field `{}` must be a string", FIELDS[index]))),
+                Some(_) => String::deserialize(raw)
+                    .map(Cow::Owned)
+                    .map_err(|_| de::Error::custom("event is not valid JSON")),
+                None => Err(de::Error::custom(format_args!(
+                    "field `{}` must be a string",
+                    FIELDS[index]
+                ))),
             }
         };
         let customer = text(0)?;
@@ -165,9 +175,15 @@ impl Aggregate for UsageBilling {
     fn key(&self, usage: &Usage<'_>) -> Result<BillingKey, Reject> {
         let period = billing_period(&usage.ts).ok_or_else(|| {
             let shown = serde_json::to_string(&usage.ts).expect("a string is JSON");
-            Reject(format!("ts must be an RFC 3339 timestamp like 2026-11-03T10:00:00Z, got {shown}"))
+            Reject(format!(
+                "ts must be an RFC 3339 timestamp like 2026-11-03T10:00:00Z, got {shown}"
+            ))
         })?;
-        Ok(BillingKey { customer: CompactString::new(&usage.customer), metric: CompactString::new(&usage.metric), period })
+        Ok(BillingKey {
+            customer: CompactString::new(&usage.customer),
+            metric: CompactString::new(&usage.metric),
+            period,
+        })
     }
 
     fn apply(&self, _key: &BillingKey, total: &u64, usage: Usage<'_>) -> Result<u64, Reject> {
@@ -175,8 +191,12 @@ impl Aggregate for UsageBilling {
         let quantity = Some(text)
             .filter(|text| text.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|text| text.parse::<u64>().ok())
-            .ok_or_else(|| Reject(format!("quantity must be a non-negative integer, got {text}")))?;
-        total.checked_add(quantity).ok_or_else(|| Reject(format!("total would overflow adding {quantity}")))
+            .ok_or_else(|| {
+                Reject(format!("quantity must be a non-negative integer, got {text}"))
+            })?;
+        total
+            .checked_add(quantity)
+            .ok_or_else(|| Reject(format!("total would overflow adding {quantity}")))
     }
 
     fn emit(&self, _key: &BillingKey, total: &u64) -> Option<u64> {
@@ -191,11 +211,19 @@ fn billing_period(ts: &str) -> Option<CompactString> {
     let b = ts.as_bytes();
     let digits = |range: std::ops::Range<usize>| -> Option<u32> {
         let part = b.get(range)?;
-        part.iter().all(u8::is_ascii_digit).then(|| part.iter().fold(0, |n, d| n * 10 + u32::from(d - b'0')))
+        part.iter()
+            .all(u8::is_ascii_digit)
+            .then(|| part.iter().fold(0, |n, d| n * 10 + u32::from(d - b'0')))
     };
     let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
     let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let mut rest = &b[19..];
@@ -209,7 +237,10 @@ fn billing_period(ts: &str) -> Option<CompactString> {
     let offset_minutes: i32 = match rest {
         [b'Z' | b'z'] => 0,
         [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
-            let field = |a: u8, b: u8| (a.is_ascii_digit() && b.is_ascii_digit()).then(|| i32::from(a - b'0') * 10 + i32::from(b - b'0'));
+            let field = |a: u8, b: u8| {
+                (a.is_ascii_digit() && b.is_ascii_digit())
+                    .then(|| i32::from(a - b'0') * 10 + i32::from(b - b'0'))
+            };
             let (hours, minutes) = (field(*h1, *h2)?, field(*m1, *m2)?);
             if hours > 23 || minutes > 59 {
                 return None;
@@ -218,7 +249,13 @@ fn billing_period(ts: &str) -> Option<CompactString> {
         }
         _ => return None,
     };
-    if !(1..=12).contains(&month) || day < 1 || day > days_in(year, month) || hour > 23 || minute > 59 || second > 60 {
+    if !(1..=12).contains(&month)
+        || day < 1
+        || day > days_in(year, month)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
         return None;
     }
     let (mut year, mut month) = (year as i32, month);
@@ -241,7 +278,15 @@ fn days_in(year: u32, month: u32) -> u32 {
 fn period_text(year: i32, month: u32) -> CompactString {
     let year = year.clamp(0, 9999) as u32;
     let digit = |value: u32| b'0' + value as u8;
-    let text = [digit(year / 1000), digit(year / 100 % 10), digit(year / 10 % 10), digit(year % 10), b'-', digit(month / 10), digit(month % 10)];
+    let text = [
+        digit(year / 1000),
+        digit(year / 100 % 10),
+        digit(year / 10 % 10),
+        digit(year % 10),
+        b'-',
+        digit(month / 10),
+        digit(month % 10),
+    ];
     CompactString::from_utf8(text).expect("digits and a dash are UTF-8")
 }
 
@@ -267,7 +312,15 @@ mod tests {
         assert_eq!(period("2026-11-30T23:30:00-01:00").as_deref(), Some("2026-12"));
         assert_eq!(period("2026-12-31T23:59:60.123456789-00:30").as_deref(), Some("2027-01"));
         assert_eq!(period("2024-02-29t12:00:00z").as_deref(), Some("2024-02"));
-        for bad in ["2026-02-29T00:00:00Z", "2026-11-03 10:00:00Z", "2026-11-03T24:00:00Z", "2026-11-03T10:00:00", "2026-11-03T10:00:00.Z", "2026-11-03T10:00:00+24:00", "２026-11-03T10:00:00Z"] {
+        for bad in [
+            "2026-02-29T00:00:00Z",
+            "2026-11-03 10:00:00Z",
+            "2026-11-03T24:00:00Z",
+            "2026-11-03T10:00:00",
+            "2026-11-03T10:00:00.Z",
+            "2026-11-03T10:00:00+24:00",
+            "２026-11-03T10:00:00Z",
+        ] {
             assert_eq!(period(bad), None, "{bad}");
         }
     }

@@ -5,7 +5,8 @@ use tally_testing::{PluginTest, Sent};
 use usage_billing::BillingKey;
 
 fn plugin() -> PluginTest {
-    PluginTest::build(env!("CARGO_MANIFEST_DIR"), &["totals"]).expect("the billing plugin builds and loads")
+    PluginTest::build(env!("CARGO_MANIFEST_DIR"), &["totals"])
+        .expect("the billing plugin builds and loads")
 }
 
 fn usage(customer: &str, metric: &str, quantity: &str, ts: &str) -> String {
@@ -18,7 +19,12 @@ fn key(customer: &str, metric: &str, period: &str) -> BillingKey {
 
 /// (key, total) of each emitted record.
 fn totals(sent: &Sent) -> Vec<(BillingKey, u64)> {
-    sent.outputs.iter().map(|output| (serde_json::from_slice(output.key.as_ref().unwrap()).unwrap(), output.json())).collect()
+    sent.outputs
+        .iter()
+        .map(|output| {
+            (serde_json::from_slice(output.key.as_ref().unwrap()).unwrap(), output.json())
+        })
+        .collect()
 }
 
 #[test]
@@ -31,7 +37,10 @@ fn every_update_emits_the_running_total_of_its_key() {
         usage("globex", "api_calls", "1", "2026-11-05T10:00:00Z"),
     ]);
     assert!(sent.dead_letters.is_empty(), "{:?}", sent.dead_letters);
-    let got: Vec<(String, String, u64)> = totals(&sent).into_iter().map(|(k, total)| (k.customer.into(), k.metric.into(), total)).collect();
+    let got: Vec<(String, String, u64)> = totals(&sent)
+        .into_iter()
+        .map(|(k, total)| (k.customer.into(), k.metric.into(), total))
+        .collect();
     assert_eq!(
         got,
         vec![
@@ -62,7 +71,8 @@ fn events_on_both_sides_of_a_month_end_go_to_their_own_period() {
         usage("acme", "api_calls", "10000", "2026-12-31T23:59:59.999Z"),
     ]);
     assert!(sent.dead_letters.is_empty(), "{:?}", sent.dead_letters);
-    let periods: Vec<(String, u64)> = totals(&sent).into_iter().map(|(k, total)| (k.period.into(), total)).collect();
+    let periods: Vec<(String, u64)> =
+        totals(&sent).into_iter().map(|(k, total)| (k.period.into(), total)).collect();
     assert_eq!(
         periods,
         vec![
@@ -93,9 +103,14 @@ fn each_kind_of_bad_input_is_rejected_with_a_reason_and_changes_nothing() {
         usage("acme", "api_calls", "18446744073709551615", "2026-11-03T10:00:00Z"),
         usage("acme", "api_calls", "5", "2026-11-03T10:00:00Z"),
     ]);
-    let reasons: Vec<(u64, String)> = sent.dead_letters.iter().map(|d| (d.offset, d.reason.clone())).collect();
+    let reasons: Vec<(u64, String)> =
+        sent.dead_letters.iter().map(|d| (d.offset, d.reason.clone())).collect();
     let expect = |offset: u64, fragment: &str| {
-        let reason = &reasons.iter().find(|(o, _)| *o == offset).unwrap_or_else(|| panic!("offset {offset} not rejected: {reasons:?}")).1;
+        let reason = &reasons
+            .iter()
+            .find(|(o, _)| *o == offset)
+            .unwrap_or_else(|| panic!("offset {offset} not rejected: {reasons:?}"))
+            .1;
         assert_eq!(reason, fragment, "offset {offset}");
     };
     // The reasons of docs/billing.md, which every language's build gives.

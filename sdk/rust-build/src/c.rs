@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::stage::{io, is_plain_name, on_path, path_dirs, write_files};
-use crate::{componentize, write_if_changed, BuildError, BuiltPlugin};
+use crate::{BuildError, BuiltPlugin, componentize, write_if_changed};
 
 /// The SDK and the bindings, built into every C plugin from the `tally`
 /// binary's own copy: they always match the contract this host links.
@@ -107,7 +107,9 @@ fn package_name(dir: &Path) -> Result<String, BuildError> {
     if !is_plain_name(name) {
         return Err(BuildError::NotAPackage {
             path: dir.to_path_buf(),
-            reason: format!("a C plugin is named by its directory, and {name:?} must use only letters, digits, `-`, `_`, `.`"),
+            reason: format!(
+                "a C plugin is named by its directory, and {name:?} must use only letters, digits, `-`, `_`, `.`"
+            ),
         });
     }
     Ok(name.to_string())

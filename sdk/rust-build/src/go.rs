@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::stage::{io, is_plain_name, on_path, read_manifest_text, stage_sources, write_files};
-use crate::{write_if_changed, BuildError, BuiltPlugin};
+use crate::{BuildError, BuiltPlugin, write_if_changed};
 
 /// The SDK, the bindings and their support module, built into every Go
 /// plugin from the `tally` binary's own copy (paths under `sdk/go`).
@@ -53,7 +53,8 @@ const EXPORTS_GLUE: &str = include_str!("../../go/bindings/wit_exports.go.txt");
 /// writes it again with TALLY_REGENERATE=1.
 const CLOSED_WASI: &[u8] = include_bytes!("../../go/closed-wasi.wasm");
 /// What builds Go plugins.
-pub const GO_TOOLCHAIN: &str = "Go 1.25 or newer (https://go.dev/dl, or Debian's golang-go from bookworm-backports)";
+pub const GO_TOOLCHAIN: &str =
+    "Go 1.25 or newer (https://go.dev/dl, or Debian's golang-go from bookworm-backports)";
 
 /// Builds the Go plugin module in `dir` into a component under `target_dir`.
 pub fn build_go(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError> {
@@ -69,16 +70,28 @@ pub fn build_go(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError
     let go_command = |args: &[&str]| {
         let mut command = Command::new(&go);
         command.args(args).current_dir(&plugin);
-        command.env("GOOS", "wasip1").env("GOARCH", "wasm").env("GOTOOLCHAIN", "local").env("GOWORK", "off");
+        command
+            .env("GOOS", "wasip1")
+            .env("GOARCH", "wasm")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOWORK", "off");
         // Everything is staged: nothing is fetched.
         command.env("GOFLAGS", "-mod=mod").env("GOPROXY", "off");
         command
     };
     let replace_tally = format!("-replace=tally={}", sdk.display());
-    let replace_pkg = format!("-replace=go.bytecodealliance.org/pkg={}", sdk.join("third_party/pkg").display());
+    let replace_pkg =
+        format!("-replace=go.bytecodealliance.org/pkg={}", sdk.join("third_party/pkg").display());
     let module = stage.join(format!("{package}.core.wasm"));
     let steps: [Vec<String>; 2] = [
-        vec!["mod".into(), "edit".into(), replace_tally, replace_pkg, "-require=tally@v0.0.0".into(), "-require=go.bytecodealliance.org/pkg@v0.4.0".into()],
+        vec![
+            "mod".into(),
+            "edit".into(),
+            replace_tally,
+            replace_pkg,
+            "-require=tally@v0.0.0".into(),
+            "-require=go.bytecodealliance.org/pkg@v0.4.0".into(),
+        ],
         vec![
             "build".into(),
             "-buildmode=c-shared".into(),
@@ -102,7 +115,8 @@ pub fn build_go(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError
     }
     let mut core = std::fs::read(&module).map_err(io("reading", &module))?;
     core.extend_from_slice(&component_type_section());
-    let component = componentize_with_closed_wasi(&core).map_err(|reason| BuildError::Componentize { package: package.clone(), reason })?;
+    let component = componentize_with_closed_wasi(&core)
+        .map_err(|reason| BuildError::Componentize { package: package.clone(), reason })?;
     let path = target_dir.join(format!("{}.wasm", package.replace('-', "_")));
     write_if_changed(&path, &component)?;
     Ok(BuiltPlugin { package, component: path })
@@ -157,7 +171,11 @@ fn remove_tests(dir: &Path) -> Result<(), BuildError> {
         let path = entry.map_err(io("reading", dir))?.path();
         if path.is_dir() {
             remove_tests(&path)?;
-        } else if path.file_name().and_then(|name| name.to_str()).is_some_and(|name| name.ends_with("_test.go")) {
+        } else if path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(|name| name.ends_with("_test.go"))
+        {
             std::fs::remove_file(&path).map_err(io("removing", &path))?;
         }
     }
@@ -175,7 +193,9 @@ fn module_name(dir: &Path) -> Result<String, BuildError> {
         .ok_or_else(|| not_a_module("go.mod has no `module` line".into()))?;
     let name = module.rsplit('/').next().unwrap_or(module);
     if !is_plain_name(name) {
-        return Err(not_a_module(format!("module name {name:?} must end in letters, digits, `-`, `_`, `.`")));
+        return Err(not_a_module(format!(
+            "module name {name:?} must end in letters, digits, `-`, `_`, `.`"
+        )));
     }
     Ok(name.to_string())
 }

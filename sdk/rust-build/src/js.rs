@@ -7,7 +7,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::stage::{find_tool, PLUGIN_WIT, is_inside, is_plain_name, read_manifest_text, stage_sources, write_files};
+use crate::stage::{
+    PLUGIN_WIT, find_tool, is_inside, is_plain_name, read_manifest_text, stage_sources, write_files,
+};
 use crate::{BuildError, BuiltPlugin};
 
 /// The JavaScript SDK, built into every JavaScript plugin as `tally`: the
@@ -24,7 +26,8 @@ const LOCAL_TOOL: &str = "node_modules/.bin/componentize-qjs";
 /// `target_dir`.
 pub fn build_js(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError> {
     let (package, main) = read_manifest(dir)?;
-    let tool = find_tool("TALLY_COMPONENTIZE_QJS", dir, LOCAL_TOOL, "componentize-qjs").ok_or(BuildError::NoJsToolchain)?;
+    let tool = find_tool("TALLY_COMPONENTIZE_QJS", dir, LOCAL_TOOL, "componentize-qjs")
+        .ok_or(BuildError::NoJsToolchain)?;
     let stage = target_dir.join("js").join(&package);
     stage_sources(dir, &stage, target_dir, &["js", "mjs", "json"])?;
     write_files(
@@ -32,7 +35,10 @@ pub fn build_js(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError
         &[
             ("node_modules/tally/index.js", JS_SDK),
             ("node_modules/tally/index.d.ts", JS_SDK_TYPES),
-            ("node_modules/tally/package.json", "{\"name\":\"tally\",\"type\":\"module\",\"main\":\"index.js\",\"types\":\"index.d.ts\"}\n"),
+            (
+                "node_modules/tally/package.json",
+                "{\"name\":\"tally\",\"type\":\"module\",\"main\":\"index.js\",\"types\":\"index.d.ts\"}\n",
+            ),
             ("wit/plugin.wit", PLUGIN_WIT),
         ],
     )?;
@@ -56,14 +62,19 @@ pub fn build_js(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError
 
 /// The package's name and entry module, from its `package.json`.
 fn read_manifest(dir: &Path) -> Result<(String, String), BuildError> {
-    let not_a_package = |reason: String| BuildError::NotAPackage { path: dir.to_path_buf(), reason };
+    let not_a_package =
+        |reason: String| BuildError::NotAPackage { path: dir.to_path_buf(), reason };
     let text = read_manifest_text(&dir.join("package.json")).map_err(not_a_package)?;
-    let manifest: serde_json::Value =
-        serde_json::from_str(&text).map_err(|err| not_a_package(format!("package.json is not JSON: {err}")))?;
-    let name = manifest["name"].as_str().ok_or_else(|| not_a_package("package.json has no \"name\"".into()))?;
+    let manifest: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|err| not_a_package(format!("package.json is not JSON: {err}")))?;
+    let name = manifest["name"]
+        .as_str()
+        .ok_or_else(|| not_a_package("package.json has no \"name\"".into()))?;
     let name = name.rsplit('/').next().unwrap_or(name); // a scope is not part of the file name
     if !is_plain_name(name) {
-        return Err(not_a_package(format!("package name {name:?} must use only letters, digits, `-`, `_`, `.`")));
+        return Err(not_a_package(format!(
+            "package name {name:?} must use only letters, digits, `-`, `_`, `.`"
+        )));
     }
     let main = manifest["main"].as_str().unwrap_or("index.js");
     if !is_inside(Path::new(main)) {

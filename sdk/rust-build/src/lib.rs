@@ -28,16 +28,17 @@ mod js;
 mod python;
 mod stage;
 
-pub use c::{build_c, C_TOOLCHAIN};
-pub use go::{build_go, componentize_with_closed_wasi, GO_TOOLCHAIN};
-pub use js::{build_js, COMPONENTIZE_QJS};
-pub use python::{build_python, COMPONENTIZE_PY};
+pub use c::{C_TOOLCHAIN, build_c};
+pub use go::{GO_TOOLCHAIN, build_go, componentize_with_closed_wasi};
+pub use js::{COMPONENTIZE_QJS, build_js};
+pub use python::{COMPONENTIZE_PY, build_python};
 
 /// The Rust target plugins are compiled for.
 pub const WASM_TARGET: &str = "wasm32-unknown-unknown";
 
 /// Release-profile settings for plugin builds.
-const PLUGIN_PROFILE: &[&str] = &["opt-level=3", "debug=false", "strip=\"debuginfo\"", "lto=true", "codegen-units=1"];
+const PLUGIN_PROFILE: &[&str] =
+    &["opt-level=3", "debug=false", "strip=\"debuginfo\"", "lto=true", "codegen-units=1"];
 
 /// Where Debian's `rustc-web` lives.
 const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
@@ -194,7 +195,8 @@ fn rustup_has_wasm_target() -> bool {
         return false;
     };
     let sysroot = String::from_utf8_lossy(&output.stdout).trim().to_string();
-    output.status.success() && Path::new(&sysroot).join("lib/rustlib").join(WASM_TARGET).join("lib").is_dir()
+    output.status.success()
+        && Path::new(&sysroot).join("lib/rustlib").join(WASM_TARGET).join("lib").is_dir()
 }
 
 /// The newest `/usr/lib/llvm-<version>/bin/wasm-ld`.
@@ -222,14 +224,17 @@ fn clear_outer_cargo_env(command: &mut Command) {
             && !name.starts_with("CARGO_NET_")
             && !name.starts_with("CARGO_REGISTRIES_")
             && !name.starts_with("CARGO_HTTP_");
-        let outer_rustc = name.starts_with("RUSTC") || name.starts_with("RUSTDOC") || name == "RUSTFLAGS";
-        let build_script = matches!(name, "TARGET" | "HOST" | "OPT_LEVEL" | "PROFILE" | "DEBUG" | "OUT_DIR" | "NUM_JOBS");
+        let outer_rustc =
+            name.starts_with("RUSTC") || name.starts_with("RUSTDOC") || name == "RUSTFLAGS";
+        let build_script = matches!(
+            name,
+            "TARGET" | "HOST" | "OPT_LEVEL" | "PROFILE" | "DEBUG" | "OUT_DIR" | "NUM_JOBS"
+        );
         if outer_cargo || outer_rustc || build_script {
             command.env_remove(name);
         }
     }
 }
-
 
 /// The language a plugin directory is written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,28 +295,47 @@ pub fn build_crate(crate_dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, B
 /// Builds `packages` of the workspace at `manifest_path` in one cargo run
 /// (the standard library, when built from source, is built once) and turns
 /// each into a component at `<target_dir>/components/<package>.wasm`.
-pub fn build_packages(manifest_path: &Path, packages: &[&str], target_dir: &Path) -> Result<Vec<BuiltPlugin>, BuildError> {
+pub fn build_packages(
+    manifest_path: &Path,
+    packages: &[&str],
+    target_dir: &Path,
+) -> Result<Vec<BuiltPlugin>, BuildError> {
     let toolchain = Toolchain::detect()?;
     let mut command = toolchain.cargo_build(manifest_path, packages, target_dir);
-    let status = command.status().map_err(|source| BuildError::Spawn { program: format!("{command:?}"), source })?;
+    let status = command
+        .status()
+        .map_err(|source| BuildError::Spawn { program: format!("{command:?}"), source })?;
     if !status.success() {
         return Err(BuildError::Cargo { packages: packages.join(", ") });
     }
     let components_dir = target_dir.join("components");
-    std::fs::create_dir_all(&components_dir)
-        .map_err(|source| BuildError::Io { action: "creating", path: components_dir.clone(), source })?;
+    std::fs::create_dir_all(&components_dir).map_err(|source| BuildError::Io {
+        action: "creating",
+        path: components_dir.clone(),
+        source,
+    })?;
     packages
         .iter()
         .map(|package| {
-            let module_path =
-                target_dir.join(WASM_TARGET).join("release").join(format!("{}.wasm", package.replace('-', "_")));
+            let module_path = target_dir
+                .join(WASM_TARGET)
+                .join("release")
+                .join(format!("{}.wasm", package.replace('-', "_")));
             if !module_path.exists() {
-                return Err(BuildError::NoModule { package: package.to_string(), path: module_path });
+                return Err(BuildError::NoModule {
+                    package: package.to_string(),
+                    path: module_path,
+                });
             }
-            let module = std::fs::read(&module_path)
-                .map_err(|source| BuildError::Io { action: "reading", path: module_path.clone(), source })?;
-            let component = componentize(&module)
-                .map_err(|reason| BuildError::Componentize { package: package.to_string(), reason })?;
+            let module = std::fs::read(&module_path).map_err(|source| BuildError::Io {
+                action: "reading",
+                path: module_path.clone(),
+                source,
+            })?;
+            let component = componentize(&module).map_err(|reason| BuildError::Componentize {
+                package: package.to_string(),
+                reason,
+            })?;
             let component_path = components_dir.join(format!("{package}.wasm"));
             write_if_changed(&component_path, &component)?;
             Ok(BuiltPlugin { package: package.to_string(), component: component_path })
@@ -333,14 +357,21 @@ fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), BuildError> {
     if std::fs::read(path).is_ok_and(|existing| existing == bytes) {
         return Ok(());
     }
-    std::fs::write(path, bytes).map_err(|source| BuildError::Io { action: "writing", path: path.to_path_buf(), source })
+    std::fs::write(path, bytes).map_err(|source| BuildError::Io {
+        action: "writing",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The `[package] name` of a `Cargo.toml`.
 fn package_name(manifest_path: &Path) -> Result<String, BuildError> {
-    let not_a_crate = |reason: String| BuildError::NotACrate { path: manifest_path.to_path_buf(), reason };
-    let text = std::fs::read_to_string(manifest_path).map_err(|err| not_a_crate(err.to_string()))?;
-    let manifest: toml::Table = text.parse().map_err(|err: toml::de::Error| not_a_crate(err.to_string()))?;
+    let not_a_crate =
+        |reason: String| BuildError::NotACrate { path: manifest_path.to_path_buf(), reason };
+    let text =
+        std::fs::read_to_string(manifest_path).map_err(|err| not_a_crate(err.to_string()))?;
+    let manifest: toml::Table =
+        text.parse().map_err(|err: toml::de::Error| not_a_crate(err.to_string()))?;
     manifest
         .get("package")
         .and_then(|package| package.get("name"))

@@ -7,7 +7,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::stage::{find_tool, is_plain_name, read_manifest_text, stage_sources, write_files, PLUGIN_WIT};
+use crate::stage::{
+    PLUGIN_WIT, find_tool, is_plain_name, read_manifest_text, stage_sources, write_files,
+};
 use crate::{BuildError, BuiltPlugin};
 
 /// The Python SDK, built into every Python plugin as `tally`: the SDK
@@ -24,7 +26,8 @@ const DEFAULT_MODULE: &str = "app";
 /// Builds the Python plugin project in `dir` into a component under `target_dir`.
 pub fn build_python(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError> {
     let (package, module) = read_manifest(dir)?;
-    let tool = find_tool("TALLY_COMPONENTIZE_PY", dir, LOCAL_TOOL, "componentize-py").ok_or(BuildError::NoPythonToolchain)?;
+    let tool = find_tool("TALLY_COMPONENTIZE_PY", dir, LOCAL_TOOL, "componentize-py")
+        .ok_or(BuildError::NoPythonToolchain)?;
     let stage = target_dir.join("python").join(&package);
     stage_sources(dir, &stage, target_dir, &["py"])?;
     write_files(&stage, &[("tally/__init__.py", PYTHON_SDK), ("wit/plugin.wit", PLUGIN_WIT)])?;
@@ -50,34 +53,53 @@ pub fn build_python(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildE
 
 /// The project's name and plugin module, from its `pyproject.toml`.
 fn read_manifest(dir: &Path) -> Result<(String, String), BuildError> {
-    let not_a_project = |reason: String| BuildError::NotAPackage { path: dir.to_path_buf(), reason };
+    let not_a_project =
+        |reason: String| BuildError::NotAPackage { path: dir.to_path_buf(), reason };
     let text = read_manifest_text(&dir.join("pyproject.toml")).map_err(not_a_project)?;
-    let manifest: toml::Table =
-        text.parse().map_err(|err: toml::de::Error| not_a_project(format!("pyproject.toml is not TOML: {err}")))?;
+    let manifest: toml::Table = text.parse().map_err(|err: toml::de::Error| {
+        not_a_project(format!("pyproject.toml is not TOML: {err}"))
+    })?;
     let name = manifest
         .get("project")
         .and_then(|project| project.get("name"))
         .and_then(|name| name.as_str())
         .ok_or_else(|| not_a_project("pyproject.toml has no [project] name".into()))?;
     if !is_plain_name(name) {
-        return Err(not_a_project(format!("project name {name:?} must use only letters, digits, `-`, `_`, `.`")));
+        return Err(not_a_project(format!(
+            "project name {name:?} must use only letters, digits, `-`, `_`, `.`"
+        )));
     }
-    let module = match manifest.get("tool").and_then(|tool| tool.get("tally")).and_then(|tally| tally.get("module")) {
+    let module = match manifest
+        .get("tool")
+        .and_then(|tool| tool.get("tally"))
+        .and_then(|tally| tally.get("module"))
+    {
         None => DEFAULT_MODULE,
-        Some(module) => module.as_str().ok_or_else(|| not_a_project("[tool.tally] module must be a string".into()))?,
+        Some(module) => module
+            .as_str()
+            .ok_or_else(|| not_a_project("[tool.tally] module must be a string".into()))?,
     };
-    let is_identifier = |part: &str| part.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let is_identifier = |part: &str| {
+        part.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
     if !module.split('.').all(is_identifier) {
-        return Err(not_a_project(format!("[tool.tally] module {module:?} must be a dotted module name like `billing`")));
+        return Err(not_a_project(format!(
+            "[tool.tally] module {module:?} must be a dotted module name like `billing`"
+        )));
     }
     let top = module.split('.').next().unwrap_or(module);
     if ["tally", "wit_world", "componentize_py_types", "plugin"].contains(&top) {
-        return Err(not_a_project(format!("[tool.tally] module {module:?} would shadow the SDK or the world: rename it")));
+        return Err(not_a_project(format!(
+            "[tool.tally] module {module:?} would shadow the SDK or the world: rename it"
+        )));
     }
     let path = dir.join(module.replace('.', "/"));
     if !path.with_extension("py").is_file() && !path.join("__init__.py").is_file() {
-        return Err(not_a_project(format!("its module `{module}` has no `{}.py`", module.replace('.', "/"))));
+        return Err(not_a_project(format!(
+            "its module `{module}` has no `{}.py`",
+            module.replace('.', "/")
+        )));
     }
     Ok((name.to_string(), module.to_string()))
 }

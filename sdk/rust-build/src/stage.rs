@@ -29,19 +29,27 @@ pub(crate) fn read_manifest_text(path: &Path) -> Result<String, String> {
 
 /// Whether `name` is a package name fit for a file name.
 pub(crate) fn is_plain_name(name: &str) -> bool {
-    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && !name.starts_with('.')
+    !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !name.starts_with('.')
 }
 
 /// Whether `relative` stays inside the directory it is relative to.
 pub(crate) fn is_inside(relative: &Path) -> bool {
-    !relative.is_absolute() && !relative.components().any(|part| matches!(part, std::path::Component::ParentDir))
+    !relative.is_absolute()
+        && !relative.components().any(|part| matches!(part, std::path::Component::ParentDir))
 }
 
 /// Empties `stage`, then copies the files of `dir` whose extension is in
 /// `extensions` into it, recursively: not hidden directories (`.venv`,
 /// `.git`), `node_modules`, `target`, `__pycache__`, nor the build's own
 /// output `target_dir`, which may sit inside the plugin.
-pub(crate) fn stage_sources(dir: &Path, stage: &Path, target_dir: &Path, extensions: &[&str]) -> Result<(), BuildError> {
+pub(crate) fn stage_sources(
+    dir: &Path,
+    stage: &Path,
+    target_dir: &Path,
+    extensions: &[&str],
+) -> Result<(), BuildError> {
     if stage.exists() {
         std::fs::remove_dir_all(stage).map_err(io("clearing", stage))?;
     }
@@ -50,18 +58,29 @@ pub(crate) fn stage_sources(dir: &Path, stage: &Path, target_dir: &Path, extensi
     copy_sources(dir, stage, skip.as_deref(), extensions)
 }
 
-fn copy_sources(dir: &Path, stage: &Path, skip: Option<&Path>, extensions: &[&str]) -> Result<(), BuildError> {
+fn copy_sources(
+    dir: &Path,
+    stage: &Path,
+    skip: Option<&Path>,
+    extensions: &[&str],
+) -> Result<(), BuildError> {
     std::fs::create_dir_all(stage).map_err(io("creating", stage))?;
     for entry in std::fs::read_dir(dir).map_err(io("reading", dir))? {
         let entry = entry.map_err(io("reading", dir))?;
         let path = entry.path();
         let name = entry.file_name();
         let kind = entry.file_type().map_err(io("reading", &path))?;
-        let skipped = ["node_modules", "target", "__pycache__"].iter().any(|skipped| name == *skipped)
-            || name.to_string_lossy().starts_with('.');
+        let skipped =
+            ["node_modules", "target", "__pycache__"].iter().any(|skipped| name == *skipped)
+                || name.to_string_lossy().starts_with('.');
         if kind.is_dir() && !skipped && std::fs::canonicalize(&path).ok().as_deref() != skip {
             copy_sources(&path, &stage.join(&name), skip, extensions)?;
-        } else if kind.is_file() && path.extension().and_then(|ext| ext.to_str()).is_some_and(|ext| extensions.contains(&ext)) {
+        } else if kind.is_file()
+            && path
+                .extension()
+                .and_then(|ext| ext.to_str())
+                .is_some_and(|ext| extensions.contains(&ext))
+        {
             std::fs::copy(&path, stage.join(&name)).map_err(io("copying", &path))?;
         }
     }
@@ -94,7 +113,9 @@ pub(crate) fn find_tool(env_var: &str, dir: &Path, local: &str, name: &str) -> O
 
 /// The directories of `PATH`.
 pub(crate) fn path_dirs() -> impl Iterator<Item = PathBuf> {
-    std::env::var_os("PATH").into_iter().flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
 }
 
 /// `name` in a directory of `PATH`.

@@ -53,7 +53,12 @@ pub trait Aggregate {
     fn key(&self, event: &Self::Event<'_>) -> Result<Self::Key, Reject>;
 
     /// The key's next state after `event`, or why the event is refused.
-    fn apply(&self, key: &Self::Key, state: &Self::State, event: Self::Event<'_>) -> Result<Self::State, Reject>;
+    fn apply(
+        &self,
+        key: &Self::Key,
+        state: &Self::State,
+        event: Self::Event<'_>,
+    ) -> Result<Self::State, Reject>;
 
     /// What to emit after an update; nothing by default.
     fn emit(&self, _key: &Self::Key, _state: &Self::State) -> Option<Self::Output> {
@@ -79,7 +84,11 @@ struct Slot<S> {
 /// Panics (a trap, inside a component) if a stored state value does not
 /// decode as `A::State`: that is a plugin upgrade that changed its state
 /// format, not a bad event.
-pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &mut dyn Host) -> Vec<Rejection> {
+pub fn run_aggregate<A: Aggregate + ?Sized>(
+    agg: &A,
+    events: Vec<Event>,
+    host: &mut dyn Host,
+) -> Vec<Rejection> {
     let mut rejections = Vec::new();
     // Fx: keys are the plugin's own, so no flooding defence is needed, and
     // SipHash costs more than the rest of a billing update.
@@ -92,7 +101,9 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
         // UTF-8 is checked once for the whole record, not string by string.
         let decoded = match std::str::from_utf8(&event.value) {
             Ok(text) if too_deep(text) => Err("event is not valid JSON".to_string()),
-            Ok(text) => serde_json::from_str::<A::Event<'_>>(text).map_err(|err| undecodable_reason(&err)),
+            Ok(text) => {
+                serde_json::from_str::<A::Event<'_>>(text).map_err(|err| undecodable_reason(&err))
+            }
             Err(_) => Err("event is not UTF-8".to_string()),
         };
         let decoded = match decoded {
@@ -112,7 +123,8 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
         let slot = match slot_of_key.get(&key) {
             Some(&slot) => slot,
             None => {
-                let encoded_key = serde_json::to_vec(&key).expect("a state key must serialize to JSON");
+                let encoded_key =
+                    serde_json::to_vec(&key).expect("a state key must serialize to JSON");
                 slots.push(Slot { encoded_key, state: A::State::default(), dirty: false });
                 slot_of_key.insert(key, slots.len() - 1);
                 slots.len() - 1
@@ -153,7 +165,11 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
                 slot.state = next;
                 slot.dirty = true;
                 if let Some(output) = agg.emit(key, &slot.state) {
-                    emitted.push((index, slot_index, append_json(&mut values, &output, "an output")));
+                    emitted.push((
+                        index,
+                        slot_index,
+                        append_json(&mut values, &output, "an output"),
+                    ));
                 }
             }
             Err(reject) => rejections.push(Rejection { index, reason: reject.0 }),
@@ -168,14 +184,20 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(agg: &A, events: Vec<Event>, host: &
         .map(|(slot_index, slot)| (slot_index, append_json(&mut states, &slot.state, "a state")))
         .collect();
     if !written.is_empty() {
-        let entries: Vec<(&[u8], &[u8])> =
-            written.into_iter().map(|(slot, range)| (slots[slot].encoded_key.as_slice(), &states[range])).collect();
+        let entries: Vec<(&[u8], &[u8])> = written
+            .into_iter()
+            .map(|(slot, range)| (slots[slot].encoded_key.as_slice(), &states[range]))
+            .collect();
         host.put_many(&entries);
     }
     if !emitted.is_empty() {
         let records: Vec<OutputRecord<'_>> = emitted
             .into_iter()
-            .map(|(event, slot, range)| OutputRecord { event, key: Some(slots[slot].encoded_key.as_slice()), value: &values[range] })
+            .map(|(event, slot, range)| OutputRecord {
+                event,
+                key: Some(slots[slot].encoded_key.as_slice()),
+                value: &values[range],
+            })
             .collect();
         host.emit_many(A::OUTPUT, &records);
     }
@@ -241,7 +263,8 @@ fn undecodable_reason(err: &serde_json::Error) -> String {
 /// Appends `value` to `buffer` as JSON; returns where it landed.
 fn append_json(buffer: &mut Vec<u8>, value: &impl Serialize, what: &str) -> Range<usize> {
     let start = buffer.len();
-    serde_json::to_writer(&mut *buffer, value).unwrap_or_else(|err| panic!("{what} must serialize to JSON: {err}"));
+    serde_json::to_writer(&mut *buffer, value)
+        .unwrap_or_else(|err| panic!("{what} must serialize to JSON: {err}"));
     start..buffer.len()
 }
 
@@ -276,7 +299,11 @@ mod tests {
         }
         fn emit_many(&mut self, output: &str, records: &[OutputRecord<'_>]) {
             self.calls += 1;
-            self.outputs.extend(records.iter().map(|record| (output.to_string(), record.event, record.value.to_vec())));
+            self.outputs.extend(
+                records
+                    .iter()
+                    .map(|record| (output.to_string(), record.event, record.value.to_vec())),
+            );
         }
         fn log(&mut self, _level: crate::Level, _message: &str) {}
     }
@@ -312,7 +339,13 @@ mod tests {
     }
 
     fn event(offset: u64, value: &str) -> Event {
-        Event { partition: 0, offset, timestamp_ms: None, key: None, value: value.as_bytes().to_vec() }
+        Event {
+            partition: 0,
+            offset,
+            timestamp_ms: None,
+            key: None,
+            value: value.as_bytes().to_vec(),
+        }
     }
 
     #[test]
@@ -331,12 +364,18 @@ mod tests {
         assert_eq!(rejections.iter().map(|r| r.index).collect::<Vec<_>>(), vec![2, 3, 5]);
         assert_eq!(rejections[0].reason, "n must not be negative");
         assert_eq!(rejections[1].reason, "event is not valid JSON");
-        assert_eq!(rejections[2].reason, "missing field `n`", "the event type's words, without serde_json's position");
+        assert_eq!(
+            rejections[2].reason, "missing field `n`",
+            "the event type's words, without serde_json's position"
+        );
         assert_eq!(host.calls, 3);
         assert_eq!(host.state[b"\"a\"".as_slice()], b"14");
         assert_eq!(host.state[b"\"b\"".as_slice()], b"2");
-        let emitted: Vec<(u32, String)> =
-            host.outputs.iter().map(|(_, event, value)| (*event, String::from_utf8(value.clone()).unwrap())).collect();
+        let emitted: Vec<(u32, String)> = host
+            .outputs
+            .iter()
+            .map(|(_, event, value)| (*event, String::from_utf8(value.clone()).unwrap()))
+            .collect();
         assert!(host.outputs.iter().all(|(output, _, _)| output == "sums"));
         assert_eq!(emitted, vec![(0, "11".into()), (1, "2".into()), (4, "14".into())]);
     }
@@ -344,11 +383,20 @@ mod tests {
     #[test]
     fn records_nested_deeper_than_the_limit_are_not_json_in_every_sdk() {
         let mut host = MemoryHost::default();
-        let nested = |levels: usize| format!(r#"{{"who":"a","n":1,"x":{}{}}}"#, "[".repeat(levels), "]".repeat(levels));
-        let events = vec![event(0, &nested(MAX_DEPTH - 1)), event(1, &nested(MAX_DEPTH)), event(2, &format!(r#"{{"who":"a","n":1,"x":"{}"}}"#, "[".repeat(300)))];
+        let nested = |levels: usize| {
+            format!(r#"{{"who":"a","n":1,"x":{}{}}}"#, "[".repeat(levels), "]".repeat(levels))
+        };
+        let events = vec![
+            event(0, &nested(MAX_DEPTH - 1)),
+            event(1, &nested(MAX_DEPTH)),
+            event(2, &format!(r#"{{"who":"a","n":1,"x":"{}"}}"#, "[".repeat(300))),
+        ];
         let rejections = Sum.process(events, &mut host);
         assert_eq!(rejections.len(), 1, "{rejections:?}");
-        assert_eq!((rejections[0].index, rejections[0].reason.as_str()), (1, "event is not valid JSON"));
+        assert_eq!(
+            (rejections[0].index, rejections[0].reason.as_str()),
+            (1, "event is not valid JSON")
+        );
     }
 
     #[test]

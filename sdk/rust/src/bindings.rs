@@ -17,8 +17,8 @@ pub mod generated {
     });
 }
 
-pub use generated::exports::tally::plugin::aggregator::Guest;
 pub use generated::export_plugin;
+pub use generated::exports::tally::plugin::aggregator::Guest;
 pub use generated::tally::plugin::types::{Event as WitEvent, Rejection as WitRejection};
 
 use generated::tally::plugin::{log, output, state, types};
@@ -42,7 +42,11 @@ impl Host for ComponentHost {
     fn emit_many(&mut self, name: &str, records: &[OutputRecord<'_>]) {
         let records: Vec<types::OutputRecord<'_>> = records
             .iter()
-            .map(|record| types::OutputRecord { event: record.event, key: record.key, value: record.value })
+            .map(|record| types::OutputRecord {
+                event: record.event,
+                key: record.key,
+                value: record.value,
+            })
             .collect();
         output::emit_many(name, &records)
     }
@@ -84,6 +88,8 @@ pub fn process<P: Plugin + Default>(events: Vec<WitEvent>) -> Vec<WitRejection> 
 fn install_panic_hook() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
-        std::panic::set_hook(Box::new(|info| log::log(types::Level::Error, &format!("panic: {info}"))));
+        std::panic::set_hook(Box::new(|info| {
+            log::log(types::Level::Error, &format!("panic: {info}"))
+        }));
     });
 }

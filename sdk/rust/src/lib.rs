@@ -61,7 +61,7 @@ mod types;
 #[doc(hidden)]
 pub mod bindings;
 
-pub use aggregate::{run_aggregate, Aggregate, Reject};
+pub use aggregate::{Aggregate, Reject, run_aggregate};
 pub use types::{Event, Host, Level, OutputRecord, Plugin, Rejection};
 
 /// Exports a [`Plugin`] (or an [`Aggregate`]) as this component's entry point.

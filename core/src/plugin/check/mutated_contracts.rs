@@ -6,7 +6,9 @@
 //! with a server error), and never is one refused that would have run.
 
 use proptest::prelude::*;
-use wit_parser::{Function, FunctionKind, Param, Resolve, Type, TypeDef, TypeDefKind, TypeOwner, WorldId};
+use wit_parser::{
+    Function, FunctionKind, Param, Resolve, Type, TypeDef, TypeDefKind, TypeOwner, WorldId,
+};
 
 use super::{check_component, compile};
 use crate::limits::Limits;
@@ -60,13 +62,25 @@ fn mutation() -> impl Strategy<Value = Mutation> {
     let index = 0usize..8;
     prop_oneof![
         (index.clone(), proptest::collection::vec(shape(), 0..3), proptest::option::of(shape()))
-            .prop_map(|(interface, params, result)| Mutation::ExtraFunction { interface, params, result }),
-        (index.clone(), index.clone()).prop_map(|(interface, function)| Mutation::DropFunction { interface, function }),
-        (index.clone(), index.clone(), index.clone(), shape())
-            .prop_map(|(interface, function, param, to)| Mutation::ParamType { interface, function, param, to }),
+            .prop_map(|(interface, params, result)| Mutation::ExtraFunction {
+                interface,
+                params,
+                result
+            }),
+        (index.clone(), index.clone())
+            .prop_map(|(interface, function)| Mutation::DropFunction { interface, function }),
+        (index.clone(), index.clone(), index.clone(), shape()).prop_map(
+            |(interface, function, param, to)| Mutation::ParamType {
+                interface,
+                function,
+                param,
+                to
+            }
+        ),
         (index.clone(), index.clone(), proptest::option::of(shape()))
             .prop_map(|(interface, function, to)| Mutation::ResultType { interface, function, to }),
-        (index.clone(), index.clone(), shape()).prop_map(|(record, field, to)| Mutation::FieldType { record, field, to }),
+        (index.clone(), index.clone(), shape())
+            .prop_map(|(record, field, to)| Mutation::FieldType { record, field, to }),
         (index.clone(), shape()).prop_map(|(record, ty)| Mutation::ExtraField { record, ty }),
         (index.clone(), index).prop_map(|(record, field)| Mutation::RenameField { record, field }),
         Just(Mutation::ExtraLevel),
@@ -76,7 +90,9 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 /// The contract, parsed from the WIT the host's bindings come from.
 fn contract() -> (Resolve, WorldId) {
     let mut resolve = Resolve::default();
-    let (package, _) = resolve.push_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/tally-plugin@0.1.0")).unwrap();
+    let (package, _) = resolve
+        .push_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/tally-plugin@0.1.0"))
+        .unwrap();
     let world = resolve.select_world(&[package], Some("plugin")).unwrap();
     (resolve, world)
 }
@@ -103,13 +119,21 @@ fn make(resolve: &mut Resolve, shape: Shape) -> Type {
         Shape::Text => Type::String,
         Shape::Bytes => new_type(resolve, TypeDefKind::List(Type::U8)),
         Shape::MaybeText => new_type(resolve, TypeDefKind::Option(Type::String)),
-        Shape::Pair => new_type(resolve, TypeDefKind::Tuple(wit_parser::Tuple { types: vec![Type::U32, Type::U64] })),
+        Shape::Pair => new_type(
+            resolve,
+            TypeDefKind::Tuple(wit_parser::Tuple { types: vec![Type::U32, Type::U64] }),
+        ),
     }
 }
 
 fn interface(resolve: &Resolve, index: usize) -> wit_parser::InterfaceId {
     let name = INTERFACES[index % INTERFACES.len()];
-    resolve.interfaces.iter().find(|(_, i)| i.name.as_deref() == Some(name)).map(|(id, _)| id).unwrap()
+    resolve
+        .interfaces
+        .iter()
+        .find(|(_, i)| i.name.as_deref() == Some(name))
+        .map(|(id, _)| id)
+        .unwrap()
 }
 
 fn record(resolve: &Resolve, index: usize) -> wit_parser::TypeId {
@@ -124,7 +148,11 @@ fn apply(resolve: &mut Resolve, mutation: &Mutation) {
             let params = params
                 .iter()
                 .enumerate()
-                .map(|(n, shape)| Param { name: format!("p{n}"), ty: make(resolve, *shape), span: Default::default() })
+                .map(|(n, shape)| Param {
+                    name: format!("p{n}"),
+                    ty: make(resolve, *shape),
+                    span: Default::default(),
+                })
                 .collect();
             let result = result.map(|shape| make(resolve, shape));
             let name = format!("extra{}", resolve.interfaces[id].functions.len());
@@ -181,7 +209,12 @@ fn apply(resolve: &mut Resolve, mutation: &Mutation) {
             let id = record(resolve, *r);
             if let TypeDefKind::Record(record) = &mut resolve.types[id].kind {
                 let name = format!("extra{}", record.fields.len());
-                record.fields.push(wit_parser::Field { name, ty, docs: Default::default(), span: Default::default() });
+                record.fields.push(wit_parser::Field {
+                    name,
+                    ty,
+                    docs: Default::default(),
+                    span: Default::default(),
+                });
             }
         }
         Mutation::RenameField { record: r, field } => {
@@ -192,9 +225,18 @@ fn apply(resolve: &mut Resolve, mutation: &Mutation) {
             }
         }
         Mutation::ExtraLevel => {
-            let id = resolve.types.iter().find(|(_, t)| t.name.as_deref() == Some("level")).map(|(id, _)| id).unwrap();
+            let id = resolve
+                .types
+                .iter()
+                .find(|(_, t)| t.name.as_deref() == Some("level"))
+                .map(|(id, _)| id)
+                .unwrap();
             if let TypeDefKind::Enum(level) = &mut resolve.types[id].kind {
-                level.cases.push(wit_parser::EnumCase { name: "fatal".into(), docs: Default::default(), span: Default::default() });
+                level.cases.push(wit_parser::EnumCase {
+                    name: "fatal".into(),
+                    docs: Default::default(),
+                    span: Default::default(),
+                });
             }
         }
     }
@@ -203,9 +245,15 @@ fn apply(resolve: &mut Resolve, mutation: &Mutation) {
 /// A component of the world: core functions that trap, the contract's
 /// types and names as `resolve` now has them.
 fn component(resolve: &Resolve, world: WorldId) -> Result<Vec<u8>, String> {
-    let mut module = wit_component::dummy_module(resolve, world, wit_parser::ManglingAndAbi::Standard32);
-    wit_component::embed_component_metadata(&mut module, resolve, world, wit_component::StringEncoding::UTF8)
-        .map_err(|err| format!("{err:#}"))?;
+    let mut module =
+        wit_component::dummy_module(resolve, world, wit_parser::ManglingAndAbi::Standard32);
+    wit_component::embed_component_metadata(
+        &mut module,
+        resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .map_err(|err| format!("{err:#}"))?;
     wit_component::ComponentEncoder::default()
         .module(&module)
         .and_then(|encoder| encoder.validate(true).encode())
@@ -217,7 +265,10 @@ fn component(resolve: &Resolve, world: WorldId) -> Result<Vec<u8>, String> {
 /// are checked then), without the import check.
 fn links(runtime: &PluginRuntime, bytes: &[u8]) -> Result<(), PluginError> {
     let component = compile(&runtime.engine, "mutated.wasm", bytes)?;
-    runtime.prepare("mutated.wasm", "sha256:0", bytes.len(), &component)?.instantiate(Limits::default()).map(drop)
+    runtime
+        .prepare("mutated.wasm", "sha256:0", bytes.len(), &component)?
+        .instantiate(Limits::default())
+        .map(drop)
 }
 
 #[test]
@@ -232,14 +283,20 @@ fn the_contract_itself_passes_and_links() {
 #[test]
 fn a_state_import_with_a_function_more_is_refused_naming_both() {
     let (mut resolve, world) = contract();
-    apply(&mut resolve, &Mutation::ExtraFunction { interface: 0, params: vec![Shape::Bytes], result: None });
+    apply(
+        &mut resolve,
+        &Mutation::ExtraFunction { interface: 0, params: vec![Shape::Bytes], result: None },
+    );
     let bytes = component(&resolve, world).unwrap();
     let err = check_component("extra.wasm", &bytes).unwrap_err().to_string();
     assert!(
         err.starts_with("plugin `extra.wasm` imports `tally:plugin/state@0.1.0`, which has no item `extra6` in this host (it has: get, "),
         "{err}"
     );
-    assert!(links(&PluginRuntime::new().unwrap(), &bytes).is_err(), "Wasmtime would not have linked it either");
+    assert!(
+        links(&PluginRuntime::new().unwrap(), &bytes).is_err(),
+        "Wasmtime would not have linked it either"
+    );
 }
 
 #[test]

@@ -69,13 +69,19 @@ impl Plugin for Hostile {
                 }
                 "panic" => panic!("asked to panic on key {}", command.k),
                 "emit-flood" => loop {
-                    host.emit_many("counts", &[OutputRecord { event: index, key: None, value: &RECORD }]);
+                    host.emit_many(
+                        "counts",
+                        &[OutputRecord { event: index, key: None, value: &RECORD }],
+                    );
                 },
                 "emit" => {
                     let mut left = command.n as usize;
                     while left > 0 {
                         let len = left.min(RECORD.len());
-                        host.emit_many("counts", &[OutputRecord { event: index, key: None, value: &RECORD[..len] }]);
+                        host.emit_many(
+                            "counts",
+                            &[OutputRecord { event: index, key: None, value: &RECORD[..len] }],
+                        );
                         left -= len;
                     }
                 }
@@ -102,17 +108,33 @@ impl Plugin for Hostile {
                 }
                 "write-then-reject" => {
                     host.put_many(&[(command.k.as_bytes(), b"999999")]);
-                    host.emit_many("counts", &[OutputRecord { event: index, key: Some(command.k.as_bytes()), value: b"999999" }]);
+                    host.emit_many(
+                        "counts",
+                        &[OutputRecord {
+                            event: index,
+                            key: Some(command.k.as_bytes()),
+                            value: b"999999",
+                        }],
+                    );
                     rejections.push(Rejection { index, reason: "rejected after writing".into() });
                     continue;
                 }
                 _ => {}
             }
             let key = serde_json::to_vec(&command.k).expect("a string serializes");
-            let count = host.get_many(&[&key]).pop().flatten().and_then(|value| serde_json::from_slice::<u64>(&value).ok()).unwrap_or(0) + 1;
+            let count = host
+                .get_many(&[&key])
+                .pop()
+                .flatten()
+                .and_then(|value| serde_json::from_slice::<u64>(&value).ok())
+                .unwrap_or(0)
+                + 1;
             let value = count.to_string();
             host.put_many(&[(&key, value.as_bytes())]);
-            host.emit_many("counts", &[OutputRecord { event: index, key: Some(&key), value: value.as_bytes() }]);
+            host.emit_many(
+                "counts",
+                &[OutputRecord { event: index, key: Some(&key), value: value.as_bytes() }],
+            );
         }
         rejections
     }
