@@ -287,7 +287,7 @@ mod tests {
 
     impl JobObserver for Events {
         fn swapped(&self, event: &SwapEvent) {
-            self.0.lock().unwrap().push(event.clone());
+            lock(&self.0).push(event.clone());
         }
     }
 
@@ -335,7 +335,7 @@ mod tests {
         assert_eq!(txn.plugin_digest, "sha256:old");
         assert!(!swap.on_trial());
         assert!(
-            matches!(&events.0.lock().unwrap()[..], [SwapEvent::RolledBack { digest, restored, .. }] if digest == "sha256:new" && restored == "sha256:old")
+            matches!(&lock(&events.0)[..], [SwapEvent::RolledBack { digest, restored, .. }] if digest == "sha256:new" && restored == "sha256:old")
         );
     }
 
@@ -362,7 +362,7 @@ mod tests {
         swap.committed();
         assert!(!swap.on_trial());
         assert!(
-            matches!(events.0.lock().unwrap().last(), Some(SwapEvent::Activated { digest }) if digest == "sha256:new")
+            matches!(lock(&events.0).last(), Some(SwapEvent::Activated { digest }) if digest == "sha256:new")
         );
     }
 }

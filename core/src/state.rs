@@ -7,6 +7,7 @@
 //! writes both atomically and durably, which is what makes a local-mode
 //! commit one step.
 
+use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -158,16 +159,16 @@ struct MemoryMaps {
 
 impl StateStore for MemoryStore {
     fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
-        let maps = self.maps.lock().expect("memory store lock");
+        let maps = lock(&self.maps);
         Ok(keys.iter().map(|key| maps.state.get(*key).cloned()).collect())
     }
 
     fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-        Ok(self.maps.lock().expect("memory store lock").meta.get(key).cloned())
+        Ok(lock(&self.maps).meta.get(key).cloned())
     }
 
     fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
-        let maps = self.maps.lock().expect("memory store lock");
+        let maps = lock(&self.maps);
         Ok(maps
             .meta
             .range(prefix.to_vec()..)
@@ -177,11 +178,11 @@ impl StateStore for MemoryStore {
     }
 
     fn scan_state(&self) -> Result<Vec<Entry>, StateError> {
-        Ok(self.maps.lock().expect("memory store lock").state.iter().map(clone_entry).collect())
+        Ok(lock(&self.maps).state.iter().map(clone_entry).collect())
     }
 
     fn commit(&self, commit: StoreCommit) -> Result<(), StateError> {
-        let mut maps = self.maps.lock().expect("memory store lock");
+        let mut maps = lock(&self.maps);
         for (key, value) in commit.state {
             match value {
                 Some(value) => maps.state.insert(key, value),

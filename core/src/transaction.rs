@@ -647,7 +647,10 @@ mod tests {
         assert!(txn.overlay.is_empty());
     }
 
-    fn emitted(txn: &Transaction) -> Vec<(Option<&[u8]>, &[u8], u64)> {
+    /// An output record as the tests compare it: key, value, source offset.
+    type Emitted<'t> = (Option<&'t [u8]>, &'t [u8], u64);
+
+    fn emitted(txn: &Transaction) -> Vec<Emitted<'_>> {
         txn.outputs
             .iter()
             .map(|o| (o.key.as_deref(), o.value.as_slice(), o.source.offset))

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use rdkafka::bindings as rd;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use tally_core::sync::lock;
 
 /// Where the consumer's rebalance handler routes newly assigned
 /// partitions: the open [`FetchQueue`], if there is one.
@@ -51,7 +52,7 @@ impl Router {
         topic: &str,
         partition: i32,
     ) {
-        let guard = self.queue.lock().expect("fetch router lock");
+        let guard = lock(&self.queue);
         let (Some(queue), Ok(topic)) = (guard.as_ref(), CString::new(topic)) else { return };
         // SAFETY: the client pointer is valid while `consumer` lives, `topic`
         // is NUL-terminated, and `queue` stays open while the lock is held.
@@ -79,6 +80,8 @@ pub struct ConsumerQueue(*mut rd::rd_kafka_queue_t);
 // SAFETY: librdkafka queues may be used from any thread; the reference is
 // only read for its length, and released once, in `drop`.
 unsafe impl Send for ConsumerQueue {}
+// SAFETY: as for `Send`: librdkafka's queue length is safe to read from
+// any thread at once, and nothing else is done through a shared reference.
 unsafe impl Sync for ConsumerQueue {}
 
 impl ConsumerQueue {
@@ -145,7 +148,7 @@ impl<'c> FetchQueue<'c> {
         let queue = unsafe { rd::rd_kafka_queue_new(consumer.client().native_ptr()) };
         assert!(!queue.is_null(), "librdkafka could not create a queue");
         let consumer_queue = ConsumerQueue::of(consumer);
-        *router.queue.lock().expect("fetch router lock") = Some(QueuePtr(queue));
+        *lock(&router.queue) = Some(QueuePtr(queue));
         FetchQueue {
             router,
             queue,
@@ -233,7 +236,7 @@ impl Drop for DestroyRest<'_> {
 impl Drop for FetchQueue<'_> {
     fn drop(&mut self) {
         // Out of the router first, so no partition is routed to a closed queue.
-        self.router.queue.lock().expect("fetch router lock").take();
+        lock(&self.router.queue).take();
         // SAFETY: created in `open`, destroyed once, while the consumer lives
         // (as is `consumer_queue`, dropped after this).
         unsafe { rd::rd_kafka_queue_destroy(self.queue) };

@@ -527,14 +527,10 @@ fn open_partition(
             });
         }
     }
-    if let Some(expected) = position.last_line {
-        if fingerprint_of_line_ending_at(&mut file, position.byte).map_err(read_error)? != expected
-        {
-            return Err(SourceError::Rewritten {
-                path: path.to_path_buf(),
-                committed: position.byte,
-            });
-        }
+    if let Some(expected) = position.last_line
+        && fingerprint_of_line_ending_at(&mut file, position.byte).map_err(read_error)? != expected
+    {
+        return Err(SourceError::Rewritten { path: path.to_path_buf(), committed: position.byte });
     }
     file.seek(SeekFrom::Start(position.byte)).map_err(read_error)?;
     Ok(Partition {
@@ -642,11 +638,15 @@ mod tests {
         let elsewhere = tempfile::tempdir().unwrap();
         let inside = write(root.path(), "in.ndjson", "{}\n");
         let secret = write(elsewhere.path(), "secret.ndjson", "{}\n");
-        assert!(LocalSource::open_confined(&[inside.clone()], &[], Some(root.path())).is_ok());
+        assert!(
+            LocalSource::open_confined(std::slice::from_ref(&inside), &[], Some(root.path()))
+                .is_ok()
+        );
         let link = root.path().join("link.ndjson");
         std::os::unix::fs::symlink(&secret, &link).unwrap();
-        let err =
-            LocalSource::open_confined(&[link.clone()], &[], Some(root.path())).err().unwrap();
+        let err = LocalSource::open_confined(std::slice::from_ref(&link), &[], Some(root.path()))
+            .err()
+            .unwrap();
         assert!(matches!(err, SourceError::Outside { .. }), "{err}");
         assert!(
             LocalSource::open(&[link], &[]).is_ok(),
@@ -740,12 +740,12 @@ mod tests {
     fn an_input_rewritten_under_the_committed_position_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let a = write(dir.path(), "a", "acme 1\nacme 2\nacme 3\n");
-        let mut source = LocalSource::open(&[a.clone()], &[]).unwrap();
+        let mut source = LocalSource::open(std::slice::from_ref(&a), &[]).unwrap();
         let mut batch = Vec::new();
         source.next_batch(2, &mut batch).unwrap();
         let resume = source.positions();
         // The same file resumes; the same lengths with other bytes do not.
-        assert!(LocalSource::open(&[a.clone()], &resume).is_ok());
+        assert!(LocalSource::open(std::slice::from_ref(&a), &resume).is_ok());
         std::fs::write(&a, "acme 1\nhool 2\nacme 3\n").unwrap();
         let err = LocalSource::open(&[a], &resume).err().unwrap().to_string();
         assert!(err.contains("the line that ends at byte 14, the last one processed and committed, now reads differently"), "{err}");
@@ -778,7 +778,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let long = "y".repeat(300_000);
         let a = write(dir.path(), "a", &format!("short\n{long}\r\nafter\n"));
-        let mut source = LocalSource::open(&[a.clone()], &[]).unwrap();
+        let mut source = LocalSource::open(std::slice::from_ref(&a), &[]).unwrap();
         source.set_max_record_bytes(1000);
         let mut batch = Vec::new();
         source.next_batch(10, &mut batch).unwrap();
@@ -789,7 +789,7 @@ mod tests {
             vec![(0, None, 5), (1, Some(300_000), OVERSIZED_PREFIX_BYTES), (2, None, 5)]
         );
         // Resuming right after the long line checks its fingerprint.
-        let mut source = LocalSource::open(&[a.clone()], &[]).unwrap();
+        let mut source = LocalSource::open(std::slice::from_ref(&a), &[]).unwrap();
         source.set_max_record_bytes(1000);
         let mut two = Vec::new();
         source.next_batch(2, &mut two).unwrap();
@@ -802,7 +802,7 @@ mod tests {
     fn a_long_line_still_being_appended_is_not_read_again() {
         let dir = tempfile::tempdir().unwrap();
         let a = write(dir.path(), "a", &"z".repeat(5000));
-        let mut source = LocalSource::open(&[a.clone()], &[]).unwrap();
+        let mut source = LocalSource::open(std::slice::from_ref(&a), &[]).unwrap();
         source.set_max_record_bytes(100);
         source.set_follow(true);
         let mut batch = Vec::new();

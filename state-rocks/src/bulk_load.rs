@@ -28,6 +28,7 @@ use std::thread::JoinHandle;
 use tally_core::state::{BulkLoad, StateError};
 
 use super::{STATE_CF, cf_of, commit_meta, state_options};
+use tally_core::sync::lock;
 
 /// When a chunk is full, and how many make a file.
 #[derive(Debug, Clone, Copy)]
@@ -234,7 +235,7 @@ type Failure = Arc<Mutex<Option<String>>>;
 type Committed = Arc<AtomicU64>;
 
 fn fail(failure: &Failure, why: String) {
-    failure.lock().expect("failure lock").get_or_insert(why);
+    lock(failure).get_or_insert(why);
 }
 
 /// [`BulkLoad`] of a [`super::RocksStore`].
@@ -312,7 +313,7 @@ impl RocksBulkLoad {
     }
 
     fn failed(&self) -> Result<(), StateError> {
-        match self.failure.lock().expect("failure lock").as_ref() {
+        match lock(&self.failure).as_ref() {
             Some(why) => Err(StateError::Commit(why.clone().into())),
             None => Ok(()),
         }
@@ -398,7 +399,7 @@ fn write_until_closed(
     files.ingest.set_move_files(true);
     let mut sorted: Vec<Chunk> = Vec::with_capacity(limits.chunks_per_file);
     let mut spare = Vec::new();
-    let ok = || failure.lock().expect("failure lock").is_none();
+    let ok = || lock(failure).is_none();
     let mut write_file = |sorted: &mut Vec<Chunk>| {
         if ok()
             && !sorted.is_empty()

@@ -98,10 +98,7 @@ impl PluginTest {
     pub fn build(crate_dir: impl AsRef<Path>, outputs: &[&str]) -> Result<PluginTest, DriverError> {
         static BUILT: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
         let crate_dir = crate_dir.as_ref().to_path_buf();
-        let mut built = BUILT
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut built = tally_core::sync::lock(BUILT.get_or_init(Default::default));
         let component = match built.get(&crate_dir) {
             Some(component) => component.clone(),
             None => {

@@ -42,7 +42,7 @@ fn lines_with(count: u64, culprits: &[u64], culprit: &str) -> Vec<String> {
             if culprits.contains(&offset) {
                 culprit.to_string()
             } else {
-                good(&["a", "b", "c", "d", "e"][offset as usize % 5])
+                good(["a", "b", "c", "d", "e"][offset as usize % 5])
             }
         })
         .collect()
@@ -299,9 +299,8 @@ fn hostile_plugins_cannot_hurt_the_host_the_neighbour_or_what_was_committed() {
             case.name
         );
         let status = acme.status(case.name).unwrap();
-        assert_eq!(
+        assert!(
             number(&status, "traps") >= case.culprits.len() as u64,
-            true,
             "`{}`: status counts the traps: {status}",
             case.name
         );

@@ -68,8 +68,9 @@ struct CpuUse {
 impl CpuSample {
     fn now() -> CpuSample {
         let rusage = |who| {
-            // SAFETY: getrusage only writes the struct it is given.
+            // SAFETY: an all-zero rusage is a valid value of the plain C struct.
             let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: getrusage only writes the struct it is given.
             assert_eq!(unsafe { libc::getrusage(who, &mut usage) }, 0, "getrusage failed");
             let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
             seconds(usage.ru_utime) + seconds(usage.ru_stime)

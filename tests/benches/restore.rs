@@ -65,8 +65,9 @@ struct Sample {
 
 /// CPU seconds this process has used (every thread).
 fn own_cpu_seconds() -> f64 {
-    // SAFETY: getrusage only writes the struct it is given.
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage only writes the struct it is given.
     assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) }, 0, "getrusage failed");
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
@@ -267,6 +268,7 @@ fn bare_read(topic: &str, mut keep: Option<&mut Records>) -> Sample {
                             std::slice::from_raw_parts(item.key as *const u8, item.key_len)
                         };
                         records.data.extend_from_slice(key);
+                        // SAFETY: as for the key, with `len` bytes at `payload`.
                         let value = (!item.payload.is_null()).then(|| unsafe {
                             std::slice::from_raw_parts(item.payload as *const u8, item.len)
                         });

@@ -83,8 +83,8 @@ pub enum PluginError {
         side: Side,
         /// The interface, as the component names it.
         interface: String,
-        /// What differs.
-        mismatch: Mismatch,
+        /// What differs (boxed: it is large, and errors travel in `Result`s).
+        mismatch: Box<Mismatch>,
     },
     /// The component does not export the entry point.
     #[error(
@@ -147,7 +147,7 @@ pub fn check_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
         name: name.to_string(),
         side,
         interface: item.to_string(),
-        mismatch,
+        mismatch: Box::new(mismatch),
     };
     for import in &info.imports {
         let (interface, _) = tally_interface(import).ok_or_else(|| {

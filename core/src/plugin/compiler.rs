@@ -428,7 +428,7 @@ mod tests {
             let (queue, served) = (queue.clone(), served.clone());
             waiters.push(std::thread::spawn(move || {
                 let _turn = queue.wait_turn(tenant, Duration::from_secs(60)).unwrap();
-                served.lock().unwrap().push(tenant);
+                lock(&served).push(tenant);
                 std::thread::sleep(Duration::from_millis(20));
             }));
             std::thread::sleep(Duration::from_millis(50));
@@ -440,10 +440,6 @@ mod tests {
         for waiter in waiters {
             waiter.join().unwrap();
         }
-        assert_eq!(
-            *served.lock().unwrap(),
-            ["a", "b", "a"],
-            "b's upload does not wait behind all of a's"
-        );
+        assert_eq!(*lock(&served), ["a", "b", "a"], "b's upload does not wait behind all of a's");
     }
 }

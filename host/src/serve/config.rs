@@ -256,12 +256,12 @@ impl HostConfig {
                 )));
             }
         }
-        if let Some(token) = &self.metrics_token {
-            if token.chars().count() < MIN_TOKEN_CHARS || tokens.contains(token.as_str()) {
-                return Err(InvalidHostFile(format!(
-                    "metrics_token must have at least {MIN_TOKEN_CHARS} characters and differ from every tenant's token"
-                )));
-            }
+        if let Some(token) = &self.metrics_token
+            && (token.chars().count() < MIN_TOKEN_CHARS || tokens.contains(token.as_str()))
+        {
+            return Err(InvalidHostFile(format!(
+                "metrics_token must have at least {MIN_TOKEN_CHARS} characters and differ from every tenant's token"
+            )));
         }
         if self.max_upload_bytes < 1024 {
             return Err(InvalidHostFile("max_upload_bytes must be at least 1024".into()));

@@ -331,11 +331,8 @@ impl Host {
         {
             let jobs = lock(&self.jobs);
             let mut deploying = lock(&self.deploying);
-            let owned = jobs
-                .keys()
-                .chain(deploying.iter().map(|(key, _)| key))
-                .filter(|(owner, _)| owner == tenant)
-                .count();
+            let owned =
+                jobs.keys().chain(deploying.keys()).filter(|(owner, _)| owner == tenant).count();
             if owned >= tenant_config.max_jobs && !jobs.contains_key(&key) {
                 return Err(ApiError::new(
                     409,

@@ -22,6 +22,7 @@ use crate::fetch::Router;
 use crate::keys::{checkpoint_key, included_key};
 use crate::{KafkaJobError, SetupError};
 use tally_core::state::StateStore;
+use tally_core::sync::lock;
 
 /// A partition this process got of some inputs but not of all, with an
 /// input it lacks.
@@ -80,11 +81,11 @@ pub(super) struct Rebalancer {
 
 impl Rebalancer {
     pub(super) fn take_events(&self) -> RebalanceEvents {
-        std::mem::take(&mut *self.events.lock().expect("rebalance lock"))
+        std::mem::take(&mut *lock(&self.events))
     }
 
     fn note(&self, update: impl FnOnce(&mut RebalanceEvents)) {
-        update(&mut self.events.lock().expect("rebalance lock"));
+        update(&mut lock(&self.events));
     }
 
     /// Restores the state of newly assigned partitions, then compares what

@@ -270,7 +270,7 @@ fn billing_period(ts: &str) -> Option<CompactString> {
 
 /// Days in `month` of `year` (Gregorian, leap years included).
 fn days_in(year: u32, month: u32) -> u32 {
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let leap = year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400));
     [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month as usize - 1]
 }
 
