@@ -13,6 +13,7 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, DeliveryResult, ProducerContext};
 use rdkafka::{ClientConfig, ClientContext};
+use tally_core::sync::lock;
 
 /// Delivery reports: the first failure, and how far each changelog
 /// partition was written (its restore checkpoint).
@@ -34,11 +35,11 @@ impl DeliveryTracker {
     }
 
     pub(super) fn take_error(&self) -> Option<String> {
-        self.deliveries.lock().expect("delivery lock").first_error.take()
+        lock(&self.deliveries).first_error.take()
     }
 
     pub(super) fn changelog_next(&self, partition: i32) -> Option<i64> {
-        self.deliveries.lock().expect("delivery lock").changelog_next.get(&partition).copied()
+        lock(&self.deliveries).changelog_next.get(&partition).copied()
     }
 }
 
@@ -52,7 +53,7 @@ impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        let mut deliveries = self.deliveries.lock().expect("delivery lock");
+        let mut deliveries = lock(&self.deliveries);
         match result {
             Ok(record) if record.topic() == self.changelog => {
                 let next = deliveries.changelog_next.entry(record.partition()).or_insert(0);
@@ -150,44 +151,5 @@ pub fn classify(err: &KafkaError) -> Recovery {
             Recovery::Abort
         }
         _ => Recovery::Restart,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::thread::JoinHandleExt;
-
-    /// CPU time the thread behind `handle` has used.
-    fn thread_cpu_time(handle: &std::thread::JoinHandle<()>) -> Duration {
-        let mut clock: libc::clockid_t = 0;
-        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: the thread is alive (joined only on drop); both out-pointers are valid.
-        unsafe {
-            assert_eq!(libc::pthread_getcpuclockid(handle.as_pthread_t(), &mut clock), 0);
-            assert_eq!(libc::clock_gettime(clock, &mut now), 0);
-        }
-        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
-    }
-
-    #[test]
-    fn an_idle_producers_delivery_thread_waits_instead_of_spinning() {
-        // Nothing listens there: the producer stays idle (loopback only).
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", "127.0.0.1:1").set("log_level", "0");
-        let producer =
-            JobProducer::from_config_and_context(&config, DeliveryTracker::new("changelog".into()))
-                .unwrap();
-        let thread = producer.deliveries.as_ref().unwrap();
-        let before = thread_cpu_time(thread);
-        std::thread::sleep(Duration::from_secs(1));
-        let used = thread_cpu_time(thread) - before;
-        println!("the delivery thread used {used:?} of CPU in one idle second");
-        // Spinning at the end of each poll window used 50-100 ms of each
-        // second here; waiting uses under 10.
-        assert!(
-            used < Duration::from_millis(30),
-            "the delivery thread used {used:?} of CPU in one idle second"
-        );
     }
 }
