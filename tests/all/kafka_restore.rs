@@ -120,8 +120,10 @@ fn a_restore_applies_only_committed_changelog_records_whether_it_fetches_from_th
         std::fs::create_dir_all(&files).unwrap();
         job.write_job_file_with_kafka(&files, USAGE_BILLING, &state, "", kafka, "")
     };
-    let (leaders, consumer) =
-        (files("leaders", ""), files("consumer", "restore_fetch = \"consumer\""));
+    let (leaders, consumer) = (
+        files("leaders", "restore_fetch = \"leaders\""),
+        files("consumer", "restore_fetch = \"consumer\""),
+    );
     let mut lines = varied_lines(KEYS);
     let mut placed = produce_usage(&job.input, &lines, PARTITIONS);
     run(&leaders);
@@ -216,11 +218,13 @@ fn a_compressed_changelog_is_restored_through_the_consumer_and_counts_exactly_on
     let dir = tempfile::tempdir().unwrap();
     let job = KafkaBillingJob::create("restore-gzip", PARTITIONS);
     let state = dir.path().join("state");
-    let job_file = job.write_job_file(
+    // The leaders' fetch finds the compressed batches and hands over.
+    let job_file = job.write_job_file_with_kafka(
         dir.path(),
         USAGE_BILLING,
         &state,
         "",
+        "restore_fetch = \"leaders\"",
         "\"producer.compression.type\" = \"gzip\"",
     );
     let mut lines = varied_lines(KEYS);
@@ -256,7 +260,7 @@ fn a_restore_from_the_leaders_rides_out_a_broker_restart_and_counts_exactly_once
         USAGE_BILLING,
         &state,
         "",
-        "restore_stall_ms = 240000",
+        "restore_stall_ms = 240000\nrestore_fetch = \"leaders\"",
         client,
     );
     let mut lines = distinct_key_lines(KEYS, 1);

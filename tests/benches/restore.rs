@@ -7,10 +7,10 @@
 //!
 //! 1. `tally`: `tally run --until-caught-up` on a wiped state directory; its
 //!    restore-only time, records, bytes and CPU from its own log line
-//!    ("restored state from the changelog": `took_ms`, `cpu_ms`);
-//!    `tally consumer`: the same with `restore_fetch = "consumer"` (the
-//!    restore reads through librdkafka's consumer instead of fetching from
-//!    the leaders itself: its fallback);
+//!    ("restored state from the changelog": `took_ms`, `cpu_ms`), reading
+//!    through librdkafka's restore consumer (the default);
+//!    `tally leaders`: the same with `restore_fetch = "leaders"` (opt-in:
+//!    the restore fetches from the partitions' leaders itself);
 //! 2. `kafka streams`: the peer (Processor API, exactly_once_v2, cache off,
 //!    restore settings at their defaults) on a wiped state directory; from
 //!    its first `onRestoreStart` to its last `onRestoreEnd`, with the JVM's
@@ -401,16 +401,16 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
     // A state directory (and job file) per size: each size is a job of its own.
     let state = dir.join(format!("tally-state-{keys}"));
     let job_file = job.write_job_file(dir, plugins::USAGE_BILLING, &state, "", "");
-    // The same job and state directory (one member of the group), reading
-    // through the consumer.
-    let consumer_dir = dir.join(format!("consumer-{keys}"));
-    std::fs::create_dir_all(&consumer_dir).unwrap();
-    let consumer_job_file = job.write_job_file_with_kafka(
-        &consumer_dir,
+    // The same job and state directory (one member of the group), fetching
+    // from the leaders itself (opt-in).
+    let leaders_dir = dir.join(format!("leaders-{keys}"));
+    std::fs::create_dir_all(&leaders_dir).unwrap();
+    let leaders_job_file = job.write_job_file_with_kafka(
+        &leaders_dir,
         plugins::USAGE_BILLING,
         &state,
         "",
-        "restore_fetch = \"consumer\"",
+        "restore_fetch = \"leaders\"",
         "",
     );
     let building = Instant::now();
@@ -435,18 +435,12 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
         producing.elapsed() - tally_built - peer_built
     );
 
-    let names =
-        ["tally", "tally consumer", "kafka streams", "bare read", "bare write", "bare load"];
+    let names = ["tally", "tally leaders", "kafka streams", "bare read", "bare write", "bare load"];
     let mut samples: [Vec<Sample>; 6] = Default::default();
     for round in 1..=rounds {
         let round_samples = [
             tally_restore(&job_file, &state, &dir.join("tally-restore.log"), true),
-            tally_restore(
-                &consumer_job_file,
-                &state,
-                &dir.join("tally-consumer-restore.log"),
-                false,
-            ),
+            tally_restore(&leaders_job_file, &state, &dir.join("tally-leaders-restore.log"), false),
             peer.restore(),
             bare_read(&changelog, None),
             bare_write(&records, &dir.join("bare-rocksdb")),
@@ -480,13 +474,13 @@ fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {
             f.cpu_seconds / f.records.max(1) as f64 * 1e6
         );
     }
-    let (tally, consumer, streams, read, write, load) =
+    let (tally, leaders, streams, read, write, load) =
         (&figures[0], &figures[1], &figures[2], &figures[3], &figures[4], &figures[5]);
     println!(
-        "  ratios (records/s): tally / kafka streams {:.2}x, tally / tally consumer {:.2}x, tally / bare read {:.2}, tally / bare write {:.2}, \
+        "  ratios (records/s): tally / kafka streams {:.2}x, tally leaders / tally {:.2}x, tally / bare read {:.2}, tally / bare write {:.2}, \
          tally / bare load {:.2}",
         tally.rate() / streams.rate(),
-        tally.rate() / consumer.rate(),
+        leaders.rate() / tally.rate(),
         tally.rate() / read.rate(),
         tally.rate() / write.rate(),
         tally.rate() / load.rate()
