@@ -195,7 +195,7 @@ impl Overlay {
     /// The transaction's commit starts while the next transaction runs: its
     /// changes move to the committing layer, where reads still see them,
     /// and are returned for the committer. One commit at a time.
-    pub fn begin_commit(&mut self) -> Vec<(Vec<u8>, Value)> {
+    pub fn prepare(&mut self) -> Vec<(Vec<u8>, Value)> {
         debug_assert!(self.committing.is_empty(), "a commit is already in flight");
         let changes = self.changes();
         std::mem::swap(&mut self.committing, &mut self.transaction);
@@ -203,9 +203,9 @@ impl Overlay {
         changes
     }
 
-    /// The commit begun with [`Overlay::begin_commit`] is done: its changes
+    /// The commit begun with [`Overlay::prepare`] is done: its changes
     /// become the cached committed values.
-    pub fn finish_commit(&mut self) {
+    pub fn prepared_took_effect(&mut self) {
         let mut changes = std::mem::take(&mut self.committing);
         self.cache(&mut changes);
         self.committing = changes;
@@ -315,7 +315,7 @@ mod tests {
         let mut overlay = Overlay::default();
         overlay.put(b"k".to_vec(), b"1".to_vec());
         overlay.keep_batch();
-        assert_eq!(overlay.begin_commit(), vec![(b"k".to_vec(), Some(b"1".to_vec()))]);
+        assert_eq!(overlay.prepare(), vec![(b"k".to_vec(), Some(b"1".to_vec()))]);
         assert!(overlay.changes().is_empty(), "the next transaction starts empty");
         assert_eq!(
             overlay.get_many(&[b"k".to_vec()], &store, u64::MAX).unwrap(),
@@ -323,9 +323,9 @@ mod tests {
         );
         overlay.put(b"k".to_vec(), b"2".to_vec());
         overlay.keep_batch();
-        overlay.finish_commit();
+        overlay.prepared_took_effect();
         assert_eq!(overlay.changes(), vec![(b"k".to_vec(), Some(b"2".to_vec()))]);
-        assert_eq!(overlay.begin_commit(), vec![(b"k".to_vec(), Some(b"2".to_vec()))]);
+        assert_eq!(overlay.prepare(), vec![(b"k".to_vec(), Some(b"2".to_vec()))]);
         overlay.abort();
         // The first commit's value is cached; the aborted one is gone.
         assert_eq!(

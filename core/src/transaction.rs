@@ -376,18 +376,19 @@ impl Transaction {
         self.clear_outputs();
     }
 
-    /// The transaction's commit starts, and the next transaction with it:
-    /// returns the state changes to commit, which reads still see until
-    /// [`Transaction::commit_finished`]. Its outputs must have been sent.
-    pub fn begin_commit(&mut self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    /// Phase one of a commit that overlaps the next transaction: returns
+    /// the state changes to commit, which reads still see until
+    /// [`Transaction::prepared_took_effect`], and the next transaction
+    /// starts. Its outputs must have been sent.
+    pub fn prepare(&mut self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
         debug_assert!(self.outputs.is_empty() && self.dead_letters.is_empty(), "outputs not sent");
         self.clear_outputs();
-        self.overlay.begin_commit()
+        self.overlay.prepare()
     }
 
-    /// The commit begun with [`Transaction::begin_commit`] succeeded.
-    pub fn commit_finished(&mut self) {
-        self.overlay.finish_commit();
+    /// The commit prepared with [`Transaction::prepare`] took effect.
+    pub fn prepared_took_effect(&mut self) {
+        self.overlay.prepared_took_effect();
     }
 
     fn clear_outputs(&mut self) {

@@ -1,15 +1,19 @@
-//! The record collector: sends a transaction's outputs and dead letters
-//! into the open Kafka transaction, each with its lineage headers and
-//! idempotency key (`docs/formats.md`). It only sends: the committer
-//! decides when a transaction opens and commits.
+//! The record collector: sends a transaction's records into the open
+//! Kafka transaction — outputs and dead letters, each with its lineage
+//! headers and idempotency key (`docs/formats.md`), and the changelog
+//! records of its state changes and input positions. It only sends,
+//! through the [`TransactionOwner`]; the committer decides when a
+//! transaction commits.
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::BaseRecord;
-use std::time::Duration;
 
-use super::committer::KafkaCommitter;
-use super::keys::split_source_id;
+use super::keys::{ChangelogKey, split_namespaced, split_source_id};
+use super::transaction::TransactionOwner;
 use tally_core::transaction::{SourcePosition, Transaction};
 
 /// Header of the input topic an output record came from.
@@ -46,14 +50,43 @@ fn truncate_utf8(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
-impl KafkaCommitter {
+/// Names the collector addresses records by.
+pub struct Addresses {
+    /// Job name (first part of idempotency keys).
+    pub job: String,
+    /// Input topics, by index.
+    pub inputs: Vec<String>,
+    /// Output topics, by output index.
+    pub outputs: Vec<String>,
+    /// Dead-letter topic.
+    pub dead_letter: String,
+    /// Changelog topic.
+    pub changelog: String,
+}
+
+/// Sends a job's records through its transaction owner.
+pub struct RecordCollector {
+    owner: Arc<TransactionOwner>,
+    addresses: Addresses,
+}
+
+impl RecordCollector {
+    /// A collector sending through `owner` to `addresses`.
+    pub fn new(owner: Arc<TransactionOwner>, addresses: Addresses) -> RecordCollector {
+        RecordCollector { owner, addresses }
+    }
+
+    /// The topics it sends to.
+    pub fn addresses(&self) -> &Addresses {
+        &self.addresses
+    }
+
     /// Sends the transaction's outputs and dead letters so far (they become
     /// visible only when the transaction commits).
     pub fn send_outputs(&self, txn: &mut Transaction) -> Result<(), KafkaError> {
         if txn.outputs.is_empty() && txn.dead_letters.is_empty() {
             return Ok(());
         }
-        self.ensure_open()?;
         let digest = &txn.plugin_digest;
         for output in txn.outputs.drain(..) {
             let headers = self.lineage(output.source, output.sequence, digest);
@@ -63,7 +96,7 @@ impl KafkaCommitter {
             if let Some(key) = &output.key {
                 record = record.key(&key[..]);
             }
-            self.send(record)?;
+            self.owner.send(record)?;
         }
         for dead in txn.dead_letters.drain(..) {
             // A record near the broker's size limit plus our headers would
@@ -85,9 +118,46 @@ impl KafkaCommitter {
             let record = BaseRecord::<[u8], [u8]>::to(&self.addresses.dead_letter)
                 .payload(payload)
                 .headers(headers);
-            self.send(record)?;
+            self.owner.send(record)?;
         }
         Ok(())
+    }
+
+    /// Sends the changelog records of state `changes` (a delete as a
+    /// tombstone), each to its namespace's partition; returns the
+    /// partitions written.
+    pub fn send_changes(
+        &self,
+        changes: &[(Vec<u8>, Option<Vec<u8>>)],
+    ) -> Result<BTreeSet<i32>, KafkaError> {
+        let mut touched = BTreeSet::new();
+        for (key, value) in changes {
+            // Every key a Kafka job writes has its namespace (the
+            // transaction adds it): the fallback to partition 0 is never taken.
+            let (partition, user_key) = split_namespaced(key).unwrap_or((0, key));
+            touched.insert(partition);
+            let record_key = ChangelogKey::State(user_key).to_bytes();
+            let mut record = BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog)
+                .partition(partition)
+                .key(&record_key[..]);
+            if let Some(value) = value {
+                record = record.payload(&value[..]);
+            }
+            self.owner.send(record)?;
+        }
+        Ok(touched)
+    }
+
+    /// Sends the changelog's marker of how far input `topic` (by index)
+    /// partition `partition` is included: `next`, its next offset.
+    pub fn send_position(&self, topic: usize, partition: i32, next: i64) -> Result<(), KafkaError> {
+        let next_text = next.to_string();
+        let marker_key = ChangelogKey::Offset(&self.addresses.inputs[topic]).to_bytes();
+        let marker = BaseRecord::<[u8], [u8]>::to(&self.addresses.changelog)
+            .partition(partition)
+            .key(&marker_key[..])
+            .payload(next_text.as_bytes());
+        self.owner.send(marker)
     }
 
     pub(super) fn lineage(
@@ -126,19 +196,5 @@ impl KafkaCommitter {
             .insert(Header { key: HEADER_SOURCE_OFFSET, value: Some(offset_text) })
             .insert(Header { key: HEADER_PLUGIN, value: Some(plugin_digest) })
             .insert(Header { key: HEADER_IDEMPOTENCY_KEY, value: Some(key.as_str()) })
-    }
-
-    /// Sends one record, waiting while the producer's queue is full.
-    pub(super) fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
-        loop {
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((err, _)) => return Err(err),
-            }
-        }
     }
 }

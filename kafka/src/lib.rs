@@ -41,6 +41,7 @@ mod leader_fetch;
 mod producer;
 mod record_batch;
 mod topics;
+pub mod transaction;
 
 pub use changelog::RestoreError;
 pub use config::{

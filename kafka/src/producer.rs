@@ -1,7 +1,7 @@
 //! The job's producer: a client with a thread of its own serving delivery
 //! reports (which track the changelog's restore checkpoints and the first
-//! failed delivery), and the classification of a failed transactional
-//! call into abort-and-go-on or restart.
+//! failed delivery). Its transactions are the transaction owner's
+//! ([`crate::transaction`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -130,26 +130,5 @@ impl Drop for JobProducer {
         if let Some(deliveries) = self.deliveries.take() {
             let _ = deliveries.join();
         }
-    }
-}
-
-/// What to do after a failed Kafka operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recovery {
-    /// Abort the transaction, drop the overlay, rewind to the committed
-    /// offsets, and go on.
-    Abort,
-    /// Drop the producer and the consumer, rejoin, restore: fenced, fatal,
-    /// or a commit whose outcome is unknown.
-    Restart,
-}
-
-/// Classifies a Kafka error of a transactional operation.
-pub fn classify(err: &KafkaError) -> Recovery {
-    match err {
-        KafkaError::Transaction(err) if err.txn_requires_abort() && !err.is_fatal() => {
-            Recovery::Abort
-        }
-        _ => Recovery::Restart,
     }
 }

@@ -57,7 +57,6 @@ fn a_kafka_job_counts_every_event_once_and_labels_every_output() {
 #[test]
 fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
     use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
     use rdkafka::ClientConfig;
@@ -67,7 +66,9 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
     use tally_core::state::MemoryStore;
     use tally_core::transaction::{SourcePosition, Transaction};
     use tally_kafka::Guarantee;
-    use tally_kafka::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
+    use tally_kafka::committer::{
+        Addresses, DeliveryTracker, JobProducer, KafkaCommitter, RecordCollector, TransactionOwner,
+    };
 
     let _serial = serial();
     let job = KafkaBillingJob::create("abort", 1);
@@ -78,7 +79,12 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
             .create_with_context(DeliveryTracker::new("unused-changelog".into()))
             .unwrap(),
     );
-    producer.init_transactions(Duration::from_secs(30)).unwrap();
+    let owner = Arc::new(TransactionOwner::new(
+        producer.clone(),
+        Guarantee::ExactlyOnce,
+        Duration::from_secs(30),
+    ));
+    owner.fence_earlier_producers().unwrap();
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", unique("g"))
@@ -92,14 +98,8 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
         dead_letter: job.dead_letters.clone(),
         changelog: "unused-changelog".into(),
     };
-    let committer = KafkaCommitter::new(
-        producer.clone(),
-        Guarantee::ExactlyOnce,
-        addresses,
-        store.clone(),
-        Arc::new(AtomicBool::new(false)),
-        Duration::from_secs(30),
-    );
+    let collector = RecordCollector::new(owner.clone(), addresses);
+    let committer = KafkaCommitter::new(owner, collector, Guarantee::ExactlyOnce, store.clone());
     let mut txn = Transaction::new(store, vec!["totals".to_string()].into(), Limits::default());
     txn.plugin_digest = "sha256:test".into();
     let emit = |txn: &mut Transaction, values: &[&str]| {
@@ -118,14 +118,16 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
     };
 
     emit(&mut txn, &["aborted-1", "aborted-2", "aborted-3"]);
-    committer.send_outputs(&mut txn).unwrap();
+    committer.collector().send_outputs(&mut txn).unwrap();
     // Flushed, so the records reach the log before the abort marker (an
     // abort drops records still queued in the client).
     producer.flush(Duration::from_secs(30)).unwrap();
     committer.abort().unwrap();
     txn.abort();
     emit(&mut txn, &["committed-1", "committed-2"]);
-    committer.commit(&mut txn, &Default::default(), &consumer).unwrap();
+    let prepared = committer.prepare(&mut txn, &Default::default(), &consumer).unwrap().unwrap();
+    committer.commit(prepared, &consumer).unwrap();
+    txn.prepared_took_effect();
 
     let values = |records: Vec<OutputRecord>| -> Vec<String> {
         records.into_iter().map(|record| String::from_utf8(record.value).unwrap()).collect()

@@ -10,21 +10,32 @@ mod progress;
 mod rebalance;
 mod session;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+
+use progress::Progress;
+use rebalance::Rebalancer;
+use session::Session;
 
 use super::KafkaJobError;
-use super::changelog::{RestoreError, Restorer};
-use super::committer::{KafkaCommitError, MAX_KAFKA_VALUE_BYTES};
+use super::changelog::{RestoreError, RestoreLimits, Restorer};
+use super::committer::{
+    Addresses, DeliveryTracker, JobProducer, KafkaCommitError, KafkaCommitter,
+    MAX_KAFKA_VALUE_BYTES, RecordCollector, TransactionOwner,
+};
+use super::fetch::{FetchQueue, Router};
 use super::topics::{self, TopicLayout};
+use super::{QuietEof, SetupError};
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{JobObserver, RunSummary};
 use tally_core::plugin::{JobContext, LoadedPlugin, PluginError, Processor};
 use tally_core::state::StateStore;
-use tally_core::task::{RunError, Task};
+use tally_core::task::{Finish, RunError, Task};
 use tally_core::transaction::Transaction;
 use tally_state_rocks::RocksStore;
 
@@ -287,5 +298,134 @@ impl KafkaJob {
         }
         summary.elapsed = started.elapsed();
         Ok(summary)
+    }
+    /// One session: builds the clients (a producer and its transaction
+    /// owner, the group's consumer with its rebalance handler, the restore
+    /// consumer once), then drives the core's loop with a [`Session`].
+    fn run_session(
+        &mut self,
+        stop: &AtomicBool,
+        options: KafkaRunOptions,
+        summary: &mut RunSummary,
+    ) -> Result<SessionEnd, SessionError> {
+        let (config, kafka) = (&self.config, &self.kafka);
+        let tracker = DeliveryTracker::new(self.layout.changelog.clone());
+        let producer: Arc<JobProducer> = Arc::new(
+            topics::producer_config(config, kafka, &self.instance)
+                .create_with_context(tracker)
+                .map_err(|err| self.client_error(err))?,
+        );
+        let settle =
+            Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
+        let (restorer, new_restorer) = match &self.restorer {
+            Some(restorer) => (restorer.clone(), false),
+            None => {
+                let restore_config = topics::restore_config(config, kafka);
+                let leader_fetch = topics::leader_fetch_settings(kafka, &restore_config);
+                let consumer: BaseConsumer<QuietEof> = restore_config
+                    .create_with_context(QuietEof)
+                    .map_err(|err| self.client_error(err))?;
+                let limits = RestoreLimits {
+                    stall: Duration::from_millis(kafka.restore_stall_ms),
+                    checkpoint_bytes: kafka.restore_checkpoint_bytes,
+                };
+                let progress = self.task.context().restore.clone();
+                let changelog = self.layout.changelog.clone();
+                let restorer = Arc::new(Restorer::new(
+                    consumer,
+                    self.store.clone(),
+                    changelog,
+                    limits,
+                    leader_fetch,
+                    progress,
+                ));
+                (self.restorer.insert(restorer).clone(), true)
+            }
+        };
+        let (config, kafka) = (&self.config, &self.kafka);
+        let owner = Arc::new(TransactionOwner::new(producer, kafka.guarantee, KAFKA_TIMEOUT));
+        let router = Arc::new(Router::default());
+        let consumer_config = topics::consumer_config(config, kafka, &self.instance);
+        let rebalancer = Rebalancer {
+            router: router.clone(),
+            job: config.name.clone(),
+            group: kafka.group_id(&config.name),
+            inputs: kafka.inputs.clone(),
+            guarantee: kafka.guarantee,
+            owner: owner.clone(),
+            restorer: restorer.clone(),
+            store: self.store.clone(),
+            settle,
+            start_without_commit: topics::start_without_commit(&consumer_config),
+            events: Mutex::default(),
+        };
+        let consumer: BaseConsumer<Rebalancer> = consumer_config
+            .create_with_context(rebalancer)
+            .map_err(|err| self.client_error(err))?;
+        // Open before subscribing: every assigned partition is routed to it.
+        let fetch = FetchQueue::open(&consumer, router, config.batch_size);
+        let topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        // The group join goes on in librdkafka's threads while the other
+        // clients connect: the assignment is handled (and restored) only
+        // when the loop first polls, after the producer is ready. They
+        // connect before they are used: a restore or a coordinator lookup
+        // begun earlier would wait on librdkafka's retry timers.
+        topics::connect_to_cluster(owner.producer().client(), CONNECT_BUDGET);
+        if new_restorer {
+            topics::connect_to_cluster(restorer.consumer().client(), CONNECT_BUDGET);
+        }
+        // Fences an earlier process with our transactional id and aborts
+        // the transaction it left open (exactly_once).
+        owner.fence_earlier_producers()?;
+        let addresses = Addresses {
+            job: config.name.clone(),
+            inputs: kafka.inputs.clone(),
+            outputs: config
+                .outputs
+                .iter()
+                .map(|name| kafka.output_topic(name).unwrap_or_default().to_string())
+                .collect(),
+            dead_letter: kafka.dead_letter_topic.clone(),
+            changelog: self.layout.changelog.clone(),
+        };
+        let collector = RecordCollector::new(owner.clone(), addresses);
+        let committer = KafkaCommitter::new(owner, collector, kafka.guarantee, self.store.clone());
+        let KafkaJob { config, kafka, task, .. } = self;
+        let result = std::thread::scope(|scope| {
+            let mut session = Session {
+                job: config,
+                kafka,
+                consumer: &consumer,
+                fetch,
+                committer: &committer,
+                scope,
+                in_flight: None,
+                progress: Progress {
+                    pending: Vec::with_capacity(config.batch_size),
+                    ..Progress::default()
+                },
+                batch_ends: Vec::new(),
+                failure: None,
+                options,
+                context: task.context().clone(),
+            };
+            task.drive(&mut session, stop, summary)
+        });
+        // Hand over cleanly: abort what is open, then leave the group.
+        let _ = committer.abort();
+        drop(consumer);
+        Ok(match result? {
+            Finish::Stopped => SessionEnd::Stopped,
+            Finish::End => SessionEnd::CaughtUp,
+        })
+    }
+
+    /// A client that cannot even be created has a bad setting: say which.
+    pub(super) fn client_error(&self, err: KafkaError) -> SessionError {
+        SessionError::Fatal(KafkaJobError::Setup {
+            job: self.config.name.clone(),
+            source: SetupError::Client(err),
+        })
     }
 }

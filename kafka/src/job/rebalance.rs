@@ -4,7 +4,6 @@
 //! a kept changelog, no rewind of the group's offsets).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,10 +15,10 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::{KAFKA_TIMEOUT, Restart, SessionError};
 use crate::changelog::{RestoreError, Restorer, read_offset};
-use crate::committer::JobProducer;
 use crate::config::Guarantee;
 use crate::fetch::Router;
 use crate::keys::{checkpoint_key, included_key};
+use crate::transaction::TransactionOwner;
 use crate::{KafkaJobError, SetupError};
 use tally_core::state::StateStore;
 use tally_core::sync::lock;
@@ -69,8 +68,8 @@ pub(super) struct Rebalancer {
     pub(super) group: String,
     pub(super) inputs: Vec<String>,
     pub(super) guarantee: Guarantee,
-    pub(super) producer: Arc<JobProducer>,
-    pub(super) open: Arc<AtomicBool>,
+    /// The job's transaction owner: a revocation aborts through it.
+    pub(super) owner: Arc<TransactionOwner>,
     pub(super) restorer: Arc<Restorer>,
     pub(super) store: Arc<dyn StateStore>,
     pub(super) settle: Duration,
@@ -191,7 +190,8 @@ impl Rebalancer {
                 continue;
             };
             let (_, end) = self
-                .producer
+                .owner
+                .producer()
                 .client()
                 .fetch_watermarks(changelog, partition, KAFKA_TIMEOUT)
                 .map_err(|err| {
@@ -313,16 +313,18 @@ impl Rebalancer {
     /// process may own its partitions: abort it, then give them up.
     fn revoke(&self, consumer: &BaseConsumer<Self>) {
         let mut failure = None;
-        if self.guarantee == Guarantee::ExactlyOnce && self.open.swap(false, Ordering::SeqCst) {
-            if let Err(err) = self.producer.abort_transaction(KAFKA_TIMEOUT) {
+        match self.owner.abort() {
+            Ok(true) => {
+                tracing::info!(job = %self.job, "partitions revoked; the in-flight transaction was aborted")
+            }
+            Ok(false) => tracing::info!(job = %self.job, "partitions revoked"),
+            Err(err) => {
                 failure = Some(
                     Restart::Call { doing: "aborting the transaction on revocation", source: err }
                         .into(),
                 );
+                tracing::info!(job = %self.job, "partitions revoked; aborting the in-flight transaction failed");
             }
-            tracing::info!(job = %self.job, "partitions revoked; the in-flight transaction was aborted");
-        } else {
-            tracing::info!(job = %self.job, "partitions revoked");
         }
         let _ = consumer.unassign();
         self.note(|events| {

@@ -1,174 +1,30 @@
-//! One Kafka session (a consumer and a producer): building the clients,
-//! and the session's driver of the core's job loop, which reads records
-//! for it, sends their outputs, and guards against records the state
-//! already holds.
+//! One Kafka session's driver of the core's job loop: it reads records for
+//! the loop, sends their outputs, guards against records the state already
+//! holds, and commits in two phases, the commit point on a thread of its
+//! own while the next transaction runs.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::commit::InFlight;
-use super::progress::{Progress, rewind};
+use super::commit::{CommitDone, InFlight};
+use super::progress::{Progress, consumer_lag, rewind};
 use super::rebalance::Rebalancer;
-use super::{
-    CONNECT_BUDGET, IDLE_FETCH_WAIT, KAFKA_TIMEOUT, KafkaJob, KafkaRunOptions, MAX_EVENTS_PER_TURN,
-    Restart, SessionEnd, SessionError,
-};
-use crate::changelog::{RestoreLimits, Restorer};
-use crate::committer::{Addresses, DeliveryTracker, JobProducer, KafkaCommitter};
+use super::{IDLE_FETCH_WAIT, KafkaRunOptions, MAX_EVENTS_PER_TURN, Restart, SessionError};
+use crate::KafkaJobError;
+use crate::committer::{KafkaCommitError, KafkaCommitter, KafkaTransactions, Recovery, classify};
 use crate::config::{Guarantee, KafkaConfig};
-use crate::fetch::{FetchQueue, Fetched, FetchedRecord, Router};
+use crate::fetch::{FetchQueue, Fetched, FetchedRecord};
 use crate::keys::{namespace, source_id, split_source_id};
-use crate::{KafkaJobError, QuietEof, SetupError, topics};
 use tally_core::batch::BatchOutcome;
+use tally_core::commit::TwoPhaseCommitter;
 use tally_core::observe::RunSummary;
 use tally_core::plugin::{Event, JobContext};
 use tally_core::settings::JobSettings;
-use tally_core::task::{CommitOutcome, Driver, Finish, Input, Settle};
+use tally_core::task::{CommitOutcome, Committed, Driver, Input, Settle};
 use tally_core::transaction::{SourcePosition, Transaction};
-
-impl KafkaJob {
-    pub(super) fn run_session(
-        &mut self,
-        stop: &AtomicBool,
-        options: KafkaRunOptions,
-        summary: &mut RunSummary,
-    ) -> Result<SessionEnd, SessionError> {
-        let (config, kafka) = (&self.config, &self.kafka);
-        let tracker = DeliveryTracker::new(self.layout.changelog.clone());
-        let producer: Arc<JobProducer> = Arc::new(
-            topics::producer_config(config, kafka, &self.instance)
-                .create_with_context(tracker)
-                .map_err(|err| self.client_error(err))?,
-        );
-        let settle =
-            Duration::from_millis(2 * kafka.transaction_timeout_ms) + Duration::from_secs(10);
-        let (restorer, new_restorer) = match &self.restorer {
-            Some(restorer) => (restorer.clone(), false),
-            None => {
-                let restore_config = topics::restore_config(config, kafka);
-                let leader_fetch = topics::leader_fetch_settings(kafka, &restore_config);
-                let consumer: BaseConsumer<QuietEof> = restore_config
-                    .create_with_context(QuietEof)
-                    .map_err(|err| self.client_error(err))?;
-                let limits = RestoreLimits {
-                    stall: Duration::from_millis(kafka.restore_stall_ms),
-                    checkpoint_bytes: kafka.restore_checkpoint_bytes,
-                };
-                let progress = self.task.context().restore.clone();
-                let changelog = self.layout.changelog.clone();
-                let restorer = Arc::new(Restorer::new(
-                    consumer,
-                    self.store.clone(),
-                    changelog,
-                    limits,
-                    leader_fetch,
-                    progress,
-                ));
-                (self.restorer.insert(restorer).clone(), true)
-            }
-        };
-        let (config, kafka) = (&self.config, &self.kafka);
-        let open = Arc::new(AtomicBool::new(false));
-        let router = Arc::new(Router::default());
-        let consumer_config = topics::consumer_config(config, kafka, &self.instance);
-        let rebalancer = Rebalancer {
-            router: router.clone(),
-            job: config.name.clone(),
-            group: kafka.group_id(&config.name),
-            inputs: kafka.inputs.clone(),
-            guarantee: kafka.guarantee,
-            producer: producer.clone(),
-            open: open.clone(),
-            restorer: restorer.clone(),
-            store: self.store.clone(),
-            settle,
-            start_without_commit: topics::start_without_commit(&consumer_config),
-            events: Mutex::default(),
-        };
-        let consumer: BaseConsumer<Rebalancer> = consumer_config
-            .create_with_context(rebalancer)
-            .map_err(|err| self.client_error(err))?;
-        // Open before subscribing: every assigned partition is routed to it.
-        let fetch = FetchQueue::open(&consumer, router, config.batch_size);
-        let topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
-        // The group join goes on in librdkafka's threads while the other
-        // clients connect: the assignment is handled (and restored) only
-        // when the loop first polls, after the producer is ready. They
-        // connect before they are used: a restore or a coordinator lookup
-        // begun earlier would wait on librdkafka's retry timers.
-        topics::connect_to_cluster(producer.client(), CONNECT_BUDGET);
-        if new_restorer {
-            topics::connect_to_cluster(restorer.consumer().client(), CONNECT_BUDGET);
-        }
-        if kafka.guarantee == Guarantee::ExactlyOnce {
-            // Fences an earlier process with our transactional id and
-            // aborts the transaction it left open.
-            producer.init_transactions(KAFKA_TIMEOUT)?;
-        }
-        let addresses = Addresses {
-            job: config.name.clone(),
-            inputs: kafka.inputs.clone(),
-            outputs: config
-                .outputs
-                .iter()
-                .map(|name| kafka.output_topic(name).unwrap_or_default().to_string())
-                .collect(),
-            dead_letter: kafka.dead_letter_topic.clone(),
-            changelog: self.layout.changelog.clone(),
-        };
-        let committer = KafkaCommitter::new(
-            producer,
-            kafka.guarantee,
-            addresses,
-            self.store.clone(),
-            open,
-            KAFKA_TIMEOUT,
-        );
-        let KafkaJob { config, kafka, task, .. } = self;
-        let result = std::thread::scope(|scope| {
-            let mut session = Session {
-                job: config,
-                kafka,
-                consumer: &consumer,
-                fetch,
-                committer: &committer,
-                scope,
-                in_flight: None,
-                progress: Progress {
-                    pending: Vec::with_capacity(config.batch_size),
-                    ..Progress::default()
-                },
-                batch_ends: Vec::new(),
-                failure: None,
-                options,
-                context: task.context().clone(),
-            };
-            task.drive(&mut session, stop, summary)
-        });
-        // Hand over cleanly: abort what is open, then leave the group.
-        let _ = committer.abort();
-        drop(consumer);
-        Ok(match result? {
-            Finish::Stopped => SessionEnd::Stopped,
-            Finish::End => SessionEnd::CaughtUp,
-        })
-    }
-
-    /// A client that cannot even be created has a bad setting: say which.
-    pub(super) fn client_error(&self, err: KafkaError) -> SessionError {
-        SessionError::Fatal(KafkaJobError::Setup {
-            job: self.config.name.clone(),
-            source: SetupError::Client(err),
-        })
-    }
-}
 
 /// One session's [`Driver`]: its clients, where it stands in its
 /// partitions, and the commit in flight on a thread of the session's scope.
@@ -237,6 +93,7 @@ impl Driver for Session<'_, '_, '_> {
         let at_least_once_trial = on_trial && self.kafka.guarantee == Guarantee::AtLeastOnce;
         if txn.sends_outputs_early() && self.in_flight.is_none() && !at_least_once_trial {
             self.committer
+                .collector()
                 .send_outputs(txn)
                 .map_err(|source| Restart::Call { doing: "sending the outputs", source })?;
         }
@@ -249,7 +106,7 @@ impl Driver for Session<'_, '_, '_> {
         carried: RunSummary,
         may_overlap: bool,
     ) -> Result<CommitOutcome, SessionError> {
-        self.commit_transaction(txn, carried, may_overlap)
+        self.prepare_and_commit(txn, carried, may_overlap)
     }
 
     fn settle(
@@ -257,7 +114,7 @@ impl Driver for Session<'_, '_, '_> {
         txn: &mut Transaction,
         how: Settle,
     ) -> Result<Option<CommitOutcome>, SessionError> {
-        self.settle_in_flight(txn, how)
+        self.settle_if(txn, how)
     }
 
     /// Aborts the transaction and moves the consumer back to the committed
@@ -497,6 +354,132 @@ fn take_fetched(
             if code == RDKafkaErrorCode::Fatal {
                 *failure = Some(text);
             }
+        }
+    }
+}
+
+impl Session<'_, '_, '_> {
+    /// Commits the open transaction: prepares it (sends its records), then
+    /// leaves its commit point to a thread and goes on with the next
+    /// transaction (`may_overlap`), or waits for it.
+    fn prepare_and_commit(
+        &mut self,
+        txn: &mut Transaction,
+        carried: RunSummary,
+        may_overlap: bool,
+    ) -> Result<CommitOutcome, SessionError> {
+        let started = Instant::now();
+        // Phase one here; phase two, the commit point, on the commit thread.
+        let mut two_phase =
+            KafkaTransactions { committer: self.committer, consumer: self.consumer };
+        let prepared = match two_phase.prepare(txn, &self.progress.positions) {
+            Ok(prepared) => prepared,
+            Err(err) => return self.commit_failed(err, Settle::Wait),
+        };
+        let finishing = prepared.map(|prepared| {
+            self.scope.spawn(move || {
+                let result = two_phase.commit(Some(prepared));
+                (result, Instant::now())
+            })
+        });
+        let done = CommitDone {
+            started,
+            positions: std::mem::take(&mut self.progress.positions),
+            first: std::mem::take(&mut self.progress.first),
+            carried,
+        };
+        let in_background = finishing.is_some() && may_overlap;
+        self.in_flight = Some(InFlight { finishing, done });
+        if in_background {
+            return Ok(CommitOutcome::InFlight);
+        }
+        self.settle_now(txn, Settle::Wait)
+    }
+
+    /// The outcome of the commit in flight: with [`Settle::IfReady`], only
+    /// once it finished or a rebalance waits (a revocation aborts the open
+    /// transaction, so the commit's outcome comes first).
+    fn settle_if(
+        &mut self,
+        txn: &mut Transaction,
+        how: Settle,
+    ) -> Result<Option<CommitOutcome>, SessionError> {
+        let Some(in_flight) = &self.in_flight else { return Ok(None) };
+        if how == Settle::IfReady
+            && !in_flight.is_finished()
+            && !self.fetch.consumer_events_waiting()
+        {
+            return Ok(None);
+        }
+        self.settle_now(txn, how).map(Some)
+    }
+
+    /// Waits for the commit in flight and takes its outcome.
+    fn settle_now(
+        &mut self,
+        txn: &mut Transaction,
+        how: Settle,
+    ) -> Result<CommitOutcome, SessionError> {
+        let Some(mut in_flight) = self.in_flight.take() else {
+            return Ok(CommitOutcome::Done(None));
+        };
+        if !in_flight.is_finished() {
+            // Waiting for Kafka: another job of the tenant may use the CPU.
+            self.context.idle();
+        }
+        match in_flight.join() {
+            Ok(finished) => Ok(self.committed(txn, in_flight.done, finished)),
+            Err(err) => {
+                // Where a partition has no committed offset, the rewind goes
+                // back to the first offset read since the last commit: this
+                // transaction's, not the open one's.
+                self.progress.first.extend(in_flight.done.first);
+                self.commit_failed(err, how)
+            }
+        }
+    }
+
+    /// A commit that took effect at `finished`.
+    fn committed(
+        &mut self,
+        txn: &mut Transaction,
+        done: CommitDone,
+        finished: Instant,
+    ) -> CommitOutcome {
+        txn.prepared_took_effect();
+        let took = finished.saturating_duration_since(done.started);
+        let report = (!done.positions.is_empty()).then(|| Committed {
+            at: finished,
+            took,
+            lag: consumer_lag(self.consumer),
+            carried: done.carried,
+        });
+        self.progress.included.extend(done.positions);
+        tracing::debug!(job = %self.job.name, took_us = took.as_micros() as u64, "committed");
+        CommitOutcome::Done(report)
+    }
+
+    /// Handles a failed commit: an abortable error aborts and rewinds
+    /// ([`CommitOutcome::Aborted`]; after a run's failure, nothing is
+    /// undone: the next session starts from the committed offsets);
+    /// anything else ends the session.
+    fn commit_failed(
+        &mut self,
+        err: KafkaCommitError,
+        how: Settle,
+    ) -> Result<CommitOutcome, SessionError> {
+        match err {
+            KafkaCommitError::Kafka(err) if classify(&err) == Recovery::Abort => {
+                if how != Settle::AfterFailure {
+                    tracing::warn!(job = %self.job.name, error = %err, "transaction aborted; rewinding to the committed offsets");
+                    self.committer.abort()?;
+                    rewind(self.consumer, &self.progress.first)?;
+                    self.progress.forget_uncommitted();
+                }
+                Ok(CommitOutcome::Aborted(err.to_string()))
+            }
+            KafkaCommitError::State(err) => Err(SessionError::fatal(err)),
+            err => Err(Restart::Commit(err).into()),
         }
     }
 }
