@@ -44,7 +44,6 @@ pub struct Prepared {
 pub struct KafkaCommitter {
     owner: Arc<TransactionOwner>,
     collector: RecordCollector,
-    guarantee: Guarantee,
     store: Arc<dyn StateStore>,
 }
 
@@ -79,10 +78,9 @@ impl KafkaCommitter {
     pub fn new(
         owner: Arc<TransactionOwner>,
         collector: RecordCollector,
-        guarantee: Guarantee,
         store: Arc<dyn StateStore>,
     ) -> KafkaCommitter {
-        KafkaCommitter { owner, collector, guarantee, store }
+        KafkaCommitter { owner, collector, store }
     }
 
     /// The record collector, for outputs sent before the commit.
@@ -121,7 +119,7 @@ impl KafkaCommitter {
             offsets.add_partition_offset(topic, partition, Offset::Offset(next))?;
             meta.push((included_key(topic, partition), next.to_string().into_bytes()));
         }
-        let group = match self.guarantee {
+        let group = match self.owner.guarantee() {
             Guarantee::ExactlyOnce => Some(
                 consumer
                     .group_metadata()

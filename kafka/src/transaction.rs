@@ -79,6 +79,11 @@ impl TransactionOwner {
         &self.producer
     }
 
+    /// The job's guarantee: with `exactly_once`, transactions.
+    pub fn guarantee(&self) -> Guarantee {
+        self.guarantee
+    }
+
     /// Whether a Kafka transaction is open: something was sent since the
     /// last commit or abort.
     pub fn is_open(&self) -> bool {
@@ -87,7 +92,7 @@ impl TransactionOwner {
 
     /// Sends one record into the transaction, beginning it if none is open
     /// (`exactly_once`); waits while the producer's queue is full.
-    pub fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
+    pub(crate) fn send(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
         self.begin_if_closed()?;
         loop {
             match self.producer.send(record) {
@@ -102,7 +107,7 @@ impl TransactionOwner {
     }
 
     /// Begins a transaction unless one is open (`exactly_once`).
-    pub fn begin_if_closed(&self) -> Result<(), KafkaError> {
+    pub(crate) fn begin_if_closed(&self) -> Result<(), KafkaError> {
         if self.guarantee == Guarantee::ExactlyOnce && !self.is_open() {
             self.producer.begin_transaction()?;
             self.open.store(true, Ordering::SeqCst);
@@ -117,7 +122,7 @@ impl TransactionOwner {
     /// delivered, then commits `offsets` through `consumer`. After an error
     /// the caller asks [`classify`] what to do. The producer must not send
     /// meanwhile.
-    pub fn commit<C: ConsumerContext>(
+    pub(crate) fn commit<C: ConsumerContext>(
         &self,
         offsets: &TopicPartitionList,
         group: Option<&ConsumerGroupMetadata>,

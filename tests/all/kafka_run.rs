@@ -99,7 +99,7 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
         changelog: "unused-changelog".into(),
     };
     let collector = RecordCollector::new(owner.clone(), addresses);
-    let committer = KafkaCommitter::new(owner, collector, Guarantee::ExactlyOnce, store.clone());
+    let committer = KafkaCommitter::new(owner, collector, store.clone());
     let mut txn = Transaction::new(store, vec!["totals".to_string()].into(), Limits::default());
     txn.plugin_digest = "sha256:test".into();
     let emit = |txn: &mut Transaction, values: &[&str]| {

@@ -139,9 +139,7 @@ pub fn check_is_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
 /// of another type, for the cost of reading its types (function bodies
 /// are left to the compiler).
 pub fn check_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
-    check_is_component(name, bytes)?;
-    let info = read_names(name, bytes)?;
-    check_contract(name, &info)?;
+    let info = check_names(name, bytes)?;
     let types = read_types(name, bytes)?;
     let mismatch = |side, item: &str, mismatch| PluginError::Mismatch {
         name: name.to_string(),
@@ -165,6 +163,18 @@ pub fn check_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
         .ok_or_else(|| invalid(name, format!("its export `{entry_point}` has no type")))?;
     contract::check_item(types.as_ref(), Side::Export, REQUIRED_EXPORT, &item.ty)
         .map_err(|found| mismatch(Side::Export, &entry_point, found))
+}
+
+/// The first half of [`check_component`], for the cost of reading the
+/// import and export sections: a component whose imports are all
+/// interfaces this host links and that exports the entry point. The
+/// serve host runs it before an upload waits for its compile; the types
+/// are checked in the compile worker, within its bounds.
+pub fn check_names(name: &str, bytes: &[u8]) -> Result<ComponentInfo, PluginError> {
+    check_is_component(name, bytes)?;
+    let info = read_names(name, bytes)?;
+    check_contract(name, &info)?;
+    Ok(info)
 }
 
 fn invalid(name: &str, reason: impl std::fmt::Display) -> PluginError {
@@ -205,6 +215,9 @@ fn read_names(name: &str, bytes: &[u8]) -> Result<ComponentInfo, PluginError> {
 /// validating its structure; function bodies are skipped (the compiler
 /// validates them), so this costs a fraction of a compile.
 fn read_types(name: &str, bytes: &[u8]) -> Result<wasmparser::types::Types, PluginError> {
+    // wasmparser's default features are a superset of what the engine
+    // enables: a component using one the engine lacks passes here and is
+    // refused by the compiler, as invalid (never a failure to link).
     let mut validator =
         wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::default());
     let mut types = None;

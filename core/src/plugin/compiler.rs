@@ -2,7 +2,9 @@
 //! CPU, memory or admin API with it (`tally serve`).
 //!
 //! 1. The bytes are checked before anything is compiled: a component,
-//!    importing only what this host links ([`check::check_component`]).
+//!    importing only interfaces this host links ([`check::check_names`]);
+//!    the worker checks every imported function's type before it compiles
+//!    ([`check::check_component`]).
 //! 2. Compiling runs in a child process (`tally compile-worker`, the host's
 //!    own binary) under resource limits: its address space is capped at
 //!    `max_compile_memory_bytes`, its CPU at `max_compile_seconds` (and its
@@ -73,6 +75,10 @@ pub enum CompileError {
     /// The upload is not a plugin this host runs.
     #[error(transparent)]
     Refused(#[from] PluginError),
+    /// The compile worker refused the upload: its reason, as it said it
+    /// (a [`PluginError`]'s text, at most `MAX_WORKER_MESSAGE_BYTES`).
+    #[error("{0}")]
+    RefusedByWorker(String),
     /// Compiling it took longer than the host allows.
     #[error(
         "compiling plugin `{name}` took more than the host's limit of {seconds} s (max_compile_seconds); make the component smaller or simpler"
@@ -111,7 +117,10 @@ impl CompileError {
     pub fn is_the_uploads_fault(&self) -> bool {
         matches!(
             self,
-            CompileError::Refused(_) | CompileError::TooSlow { .. } | CompileError::TooLarge { .. }
+            CompileError::Refused(_)
+                | CompileError::RefusedByWorker(_)
+                | CompileError::TooSlow { .. }
+                | CompileError::TooLarge { .. }
         )
     }
 }
@@ -151,7 +160,9 @@ impl Compiler {
         if let Some(plugin) = runtime.load_cache_entry(name, &digest, bytes.len(), &cached) {
             return Ok(plugin);
         }
-        check::check_component(name, bytes)?;
+        // Names only here, for the cost of reading two sections: the
+        // types are checked by the worker, within its memory and CPU bounds.
+        check::check_names(name, bytes)?;
         let _turn = self.queue.wait_turn(tenant, self.limits.queue_wait())?;
         if !cached.exists() {
             self.compile_in_worker(name, bytes, &cached)?;
@@ -222,12 +233,9 @@ impl Compiler {
         tracing::info!(plugin = %name, took_ms = started.elapsed().as_millis() as u64, status = ?status, "compiled an upload in a worker");
         match status {
             Some(status) if status.success() && output.exists() => Ok(()),
-            Some(status) if status.code() == Some(REFUSED) => {
-                Err(CompileError::Refused(PluginError::Invalid {
-                    name: name.to_string(),
-                    reason: message.strip_prefix("error: ").unwrap_or(message).to_string(),
-                }))
-            }
+            Some(status) if status.code() == Some(REFUSED) => Err(CompileError::RefusedByWorker(
+                message.strip_prefix("error: ").unwrap_or(message).to_string(),
+            )),
             None => Err(CompileError::TooSlow { name: name.to_string(), seconds: limits.seconds }),
             Some(status)
                 if killed_by(&status, libc::SIGXCPU) || killed_by(&status, libc::SIGKILL) =>

@@ -6,8 +6,12 @@
 //! exactly the type the host defines, and calls the entry point only if it
 //! has exactly the type the host expects. Both are decided here, from the
 //! component's own type section, before anything is compiled: a component
-//! that passes [`check_types`] links, and one that would not link is
-//! refused with the item, the interface and the difference.
+//! that passes [`check_item`] for each of its imports and its entry point
+//! links, and one that would not link is refused with the item, the
+//! interface and the difference. (The check is a little stricter than
+//! Wasmtime in one place: a type an imported interface exports must be
+//! one the contract names, where Wasmtime ignores types it is not asked
+//! for.)
 
 use std::sync::OnceLock;
 
@@ -231,8 +235,7 @@ impl Compare<'_> {
                 .collect();
             if names.is_empty() { "nothing".to_string() } else { names.join(", ") }
         };
-        let no_such_item =
-            || Mismatch::NoSuchItem { item: item.to_string(), available: available() };
+        let no_such_item = || Mismatch::NoSuchItem { item: shorten(item), available: available() };
         match found {
             ComponentEntityType::Func(id) => {
                 let function = interface.functions.get(item).ok_or_else(no_such_item)?;
@@ -269,7 +272,7 @@ impl Compare<'_> {
                 }
             }
             other => Err(Mismatch::WrongType {
-                item: item.to_string(),
+                item: shorten(item),
                 expected: interface
                     .functions
                     .get(item)

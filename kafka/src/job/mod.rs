@@ -390,7 +390,7 @@ impl KafkaJob {
             changelog: self.layout.changelog.clone(),
         };
         let collector = RecordCollector::new(owner.clone(), addresses);
-        let committer = KafkaCommitter::new(owner, collector, kafka.guarantee, self.store.clone());
+        let committer = KafkaCommitter::new(owner, collector, self.store.clone());
         let KafkaJob { config, kafka, task, .. } = self;
         let result = std::thread::scope(|scope| {
             let mut session = Session {
