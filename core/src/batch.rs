@@ -19,32 +19,16 @@
 
 use std::time::Duration;
 
-use crate::limits::Limits;
-use crate::plugin::context::sanitize;
-use crate::plugin::{EPOCH_TICK, Event, ProcessError, Processor, Rejection};
+use crate::limits::{EPOCH_TICK, Limits};
+pub use crate::observe::BatchOutcome;
+use crate::plugin::{Event, ProcessError, Processor, Rejection};
+use crate::text::{MAX_REASON_BYTES, cut, sanitize};
 use crate::transaction::{CallLimits, CallUsage, DeadLetter, SourcePosition, Transaction};
-
-pub use crate::plugin::context::MAX_REASON_BYTES;
 
 /// Calls of one batch that run the whole (rest of the) batch at once: the
 /// first, and one again without the events it rejected. Rejections past
 /// that are sorted out event by event.
 const WHOLE_BATCH_CALLS: usize = 2;
-
-/// What one batch did to the transaction.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BatchOutcome {
-    /// Events applied.
-    pub applied: u64,
-    /// Events dead-lettered.
-    pub dead_lettered: u64,
-    /// Output records the batch added (dead letters not included).
-    pub outputs: u64,
-    /// Plugin calls that trapped or broke a limit.
-    pub traps: u64,
-    /// Why the first of them failed.
-    pub first_failure: Option<String>,
-}
 
 impl BatchOutcome {
     fn failed(&mut self, reason: &str) {
@@ -80,7 +64,7 @@ impl BatchRunner {
         txn: &mut Transaction,
         events: &[Event],
     ) -> Result<BatchOutcome, ProcessError> {
-        let before = txn.outputs.len();
+        let before = txn.outputs().len();
         let mut outcome = BatchOutcome::default();
         let mut rest: Vec<Event>;
         let mut remaining = events;
@@ -187,7 +171,7 @@ impl BatchRunner {
         txn: &mut Transaction,
         events: &[Event],
     ) -> Result<BatchOutcome, ProcessError> {
-        let before = txn.outputs.len();
+        let before = txn.outputs().len();
         let mut outcome = BatchOutcome::default();
         let mut rest: Vec<Event>;
         let mut remaining = events;
@@ -280,7 +264,7 @@ pub fn process_batch(
 }
 
 fn finish(mut outcome: BatchOutcome, txn: &Transaction, before: usize) -> BatchOutcome {
-    outcome.outputs = txn.outputs.len().saturating_sub(before) as u64;
+    outcome.outputs = txn.outputs().len().saturating_sub(before) as u64;
     outcome
 }
 
@@ -353,18 +337,6 @@ fn dead_letter(txn: &mut Transaction, event: &Event, reason: &str) {
     let source = SourcePosition { partition: event.partition, offset: event.offset };
     let reason = cut(reason, MAX_REASON_BYTES);
     txn.push_dead_letter(DeadLetter { source, reason, record: event.value.clone() });
-}
-
-/// `text` cut to at most `max` bytes at a character boundary.
-fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{} … ({} more bytes cut)", &text[..end], text.len() - end)
 }
 
 #[cfg(test)]
@@ -454,8 +426,8 @@ mod tests {
             BatchRunner::new().run(&mut plugin, &mut txn, &events(&["a", "reject", "b"])).unwrap();
         assert_eq!((outcome.applied, outcome.dead_lettered, outcome.outputs), (2, 1, 2));
         assert_eq!(written(&txn), ["k0", "k2"], "the write for the rejected event was undone");
-        assert_eq!(txn.outputs.iter().map(|o| o.source.offset).collect::<Vec<_>>(), [0, 2]);
-        assert_eq!(txn.dead_letters[0].reason, "asked to");
+        assert_eq!(txn.outputs().iter().map(|o| o.source.offset).collect::<Vec<_>>(), [0, 2]);
+        assert_eq!(txn.dead_letters()[0].reason, "asked to");
         assert_eq!(plugin.calls, 2, "the rest ran once more without the rejected event");
     }
 
@@ -471,11 +443,11 @@ mod tests {
             (4, 1, 2),
             "{outcome:?}"
         );
-        assert_eq!(txn.dead_letters[0].source.offset, 2);
+        assert_eq!(txn.dead_letters()[0].source.offset, 2);
         assert!(
-            txn.dead_letters[0].reason.contains("limits.max_output_bytes_per_batch"),
+            txn.dead_letters()[0].reason.contains("limits.max_output_bytes_per_batch"),
             "{}",
-            txn.dead_letters[0].reason
+            txn.dead_letters()[0].reason
         );
         assert_eq!(written(&txn), ["k0", "k1", "k3", "k4"]);
     }

@@ -9,7 +9,7 @@
 //! six take turns on the other. A lone tenant may use every core.
 //!
 //! Job threads check their seat at safe points: before each batch, and at
-//! every epoch tick inside plugin code ([`crate::plugin::EPOCH_TICK`]). A
+//! every epoch tick inside plugin code ([`crate::limits::EPOCH_TICK`]). A
 //! job over its tenant's seats, or holding one for [`SLICE`] while another
 //! of its tenant's jobs waits, gives it up there and queues again; a job
 //! about to wait (for input, a commit, a pause) gives it up at once.
@@ -293,7 +293,7 @@ impl CpuSeat {
             return None;
         }
         let ran = now.duration_since(*health.running_since.get_or_insert(now));
-        if ran < crate::plugin::EPOCH_TICK {
+        if ran < crate::limits::EPOCH_TICK {
             return None;
         }
         health.running_since = None;
@@ -378,7 +378,7 @@ mod tests {
         assert!(failing.is_demoted());
         // Alone, a demoted job runs on. (Times are the scheduler's clock,
         // given: the test does not depend on how fast it runs.)
-        let tick = crate::plugin::EPOCH_TICK;
+        let tick = crate::limits::EPOCH_TICK;
         let start = Instant::now();
         assert_eq!(failing.demoted_pause(start), None);
         assert_eq!(

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use crate::batch::BatchOutcome;
 use crate::limits::Limits;
 use crate::observe::JobObserver;
+pub use crate::observe::SwapEvent;
 use crate::plugin::{JobContext, LoadedPlugin, Processor};
 use crate::transaction::Transaction;
 
@@ -31,38 +32,6 @@ impl Default for SwapPolicy {
     fn default() -> Self {
         SwapPolicy { max_reject_share: 0.5 }
     }
-}
-
-/// What happened to a pushed plugin version.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SwapEvent {
-    /// The version was swapped in and runs its trial transaction.
-    OnTrial {
-        /// The version's digest.
-        digest: String,
-    },
-    /// The version's first transaction committed: it is the job's plugin now.
-    Activated {
-        /// The version's digest.
-        digest: String,
-    },
-    /// The version failed its trial transaction, which was aborted and is
-    /// redone by `restored`.
-    RolledBack {
-        /// The version's digest.
-        digest: String,
-        /// The digest of the version put back.
-        restored: String,
-        /// Why.
-        reason: String,
-    },
-    /// The version could not be instantiated; the job kept its plugin.
-    Refused {
-        /// The version's digest.
-        digest: String,
-        /// Why.
-        reason: String,
-    },
 }
 
 /// Where a new plugin version waits for its job's next transaction boundary.
@@ -252,7 +221,7 @@ impl HotSwap {
         let Some(trial) = self.trial.take() else { return };
         *processor = trial.previous;
         txn.plugin_digest = processor.digest().to_string();
-        tracing::warn!(plugin = %trial.digest, restored = %processor.digest(), reason = %crate::plugin::context::sanitize(&reason, crate::plugin::context::MAX_REASON_BYTES), "new plugin version rolled back");
+        tracing::warn!(plugin = %trial.digest, restored = %processor.digest(), reason = %crate::text::sanitize(&reason, crate::text::MAX_REASON_BYTES), "new plugin version rolled back");
         self.observer.swapped(&SwapEvent::RolledBack {
             digest: trial.digest,
             restored: processor.digest().to_string(),

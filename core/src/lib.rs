@@ -24,4 +24,5 @@ pub mod settings;
 pub mod state;
 pub mod sync;
 pub mod task;
+pub mod text;
 pub mod transaction;

@@ -1,7 +1,13 @@
 //! The sandbox limits of a plugin instance and how a job emits outputs:
 //! the vocabulary every driver and the plugin runtime share.
 
+use std::time::Duration;
+
 use serde::Deserialize;
+
+/// How often the engine's epoch advances: CPU budgets are checked, and
+/// counted, in these ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Linear memory a plugin instance may grow to.
 pub const DEFAULT_MEMORY_BYTES: u64 = 64 << 20;
@@ -49,7 +55,7 @@ pub struct Limits {
     /// Linear memory, in bytes.
     pub memory_bytes: u64,
     /// CPU budget of one plugin call (one batch), in milliseconds of thread
-    /// CPU time; checked every [`crate::plugin::EPOCH_TICK`], so a call may
+    /// CPU time; checked every [`EPOCH_TICK`], so a call may
     /// run up to one tick past it.
     pub cpu_budget_ms: u64,
     /// Largest state key or output record key, in bytes.

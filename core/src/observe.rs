@@ -7,9 +7,63 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::batch::BatchOutcome;
-use crate::hot_swap::SwapEvent;
-use crate::plugin::PluginUsage;
+/// What one batch did to the transaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Events applied.
+    pub applied: u64,
+    /// Events dead-lettered.
+    pub dead_lettered: u64,
+    /// Output records the batch added (dead letters not included).
+    pub outputs: u64,
+    /// Plugin calls that trapped or broke a limit.
+    pub traps: u64,
+    /// Why the first of them failed.
+    pub first_failure: Option<String>,
+}
+
+/// What happened to a pushed plugin version.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SwapEvent {
+    /// The version was swapped in and runs its trial transaction.
+    OnTrial {
+        /// The version's digest.
+        digest: String,
+    },
+    /// The version's first transaction committed: it is the job's plugin now.
+    Activated {
+        /// The version's digest.
+        digest: String,
+    },
+    /// The version failed its trial transaction, which was aborted and is
+    /// redone by `restored`.
+    RolledBack {
+        /// The version's digest.
+        digest: String,
+        /// The digest of the version put back.
+        restored: String,
+        /// Why.
+        reason: String,
+    },
+    /// The version could not be instantiated; the job kept its plugin.
+    Refused {
+        /// The version's digest.
+        digest: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What a plugin instance has used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PluginUsage {
+    /// CPU time spent in plugin calls (host calls it made included).
+    pub cpu: Duration,
+    /// Linear memory the instance holds now, in bytes.
+    pub memory_bytes: u64,
+    /// Traps and limit breaches so far.
+    pub traps: u64,
+}
 
 /// What a job reports as it runs: commits, aborts, swaps. The host's
 /// status, metrics and plugin history listen here.

@@ -143,7 +143,7 @@ impl JobSettings {
             ));
         }
         let limits = &self.limits;
-        let tick_ms = crate::plugin::EPOCH_TICK.as_millis() as u64;
+        let tick_ms = crate::limits::EPOCH_TICK.as_millis() as u64;
         if limits.memory_bytes < (1 << 20)
             || limits.max_key_bytes == 0
             || limits.max_value_bytes == 0

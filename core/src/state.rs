@@ -204,6 +204,7 @@ fn clone_entry((key, value): (&Vec<u8>, &Vec<u8>)) -> (Vec<u8>, Vec<u8>) {
 
 /// The behaviour every backend must have. A backend's tests call
 /// [`conformance::run`] with a way to make a fresh, empty store.
+#[cfg(any(test, feature = "conformance"))]
 pub mod conformance {
     use super::{StateError, StateStore, StoreCommit};
 

@@ -76,10 +76,11 @@ pub enum HostCallError {
 pub struct Transaction {
     /// Uncommitted state changes.
     pub overlay: Overlay,
-    /// Uncommitted output records, in emission order.
-    pub outputs: Vec<PendingOutput>,
+    /// Uncommitted output records, in emission order (read through
+    /// [`Transaction::outputs`], let go through [`Transaction::outputs_sent`]).
+    outputs: Vec<PendingOutput>,
     /// Uncommitted dead letters.
-    pub dead_letters: Vec<DeadLetter>,
+    dead_letters: Vec<DeadLetter>,
     /// The most recent error the plugin logged in this batch (a panic
     /// message, with the Rust SDK), for the dead-letter reason of a trap.
     pub last_plugin_error: Option<String>,
@@ -111,7 +112,7 @@ pub struct Transaction {
 
 /// What one plugin call may use: CPU, output bytes and state bytes. A
 /// batch's first call gets the job's per-batch limits; after it fails, each
-/// event retried alone gets a share (see [`crate::batch`]).
+/// event retried alone gets a share (see the batch runner, `batch.rs`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallLimits {
     /// CPU time the call may use.
@@ -149,7 +150,7 @@ impl CallLimits {
             Some(events) => format!(
                 "plugin exceeded its CPU budget of {} ms for this event, retried alone after its batch failed (its share of the batch's limits.cpu_budget_ms = {batch_ms} over {events} events, at least one {} ms tick)",
                 self.cpu.as_millis(),
-                crate::plugin::EPOCH_TICK.as_millis()
+                crate::limits::EPOCH_TICK.as_millis()
             ),
         }
     }
@@ -260,6 +261,29 @@ impl Transaction {
         self.batch_pending_start = self.pending_bytes;
         self.last_plugin_error = None;
         self.used = CallUsage::default();
+    }
+
+    /// The output records not sent yet, in emission order.
+    pub fn outputs(&self) -> &[PendingOutput] {
+        &self.outputs
+    }
+
+    /// The dead letters not sent yet.
+    pub fn dead_letters(&self) -> &[DeadLetter] {
+        &self.dead_letters
+    }
+
+    /// The outputs and dead letters so far were sent (or written) ahead
+    /// of the commit: they leave the transaction, whose commit makes them
+    /// count. Their bytes stay in [`Transaction::pending_bytes`]: the open
+    /// transaction holds them until it commits. Only where no output is
+    /// emitted latest per key ([`Transaction::sends_outputs_early`]), or
+    /// at the commit: a later record could no longer replace one sent.
+    pub fn outputs_sent(&mut self) {
+        self.outputs.clear();
+        self.dead_letters.clear();
+        self.latest.iter_mut().for_each(HashMap::clear);
+        self.batch_outputs_start = 0;
     }
 
     /// About how many bytes the transaction holds (outputs, dead letters
@@ -512,7 +536,7 @@ impl Transaction {
         let output = self.output_names.iter().position(|declared| declared == name).ok_or_else(|| {
             HostCallError::Misconfigured(format!(
                 "plugin emitted to output `{}`, which the job does not declare (declared: {}); add it to the job's outputs",
-                crate::plugin::context::sanitize(name, 64),
+                crate::text::sanitize(name, 64),
                 self.output_names.join(", ")
             ))
         })?;

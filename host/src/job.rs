@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
-use tally_core::observe::{JobObserver, RunSummary};
+use tally_core::observe::{JobObserver, RestoreProgress, RunSummary};
 use tally_core::plugin::{JobContext, LoadedPlugin};
 use tally_core::state::StateStore;
 
@@ -39,6 +39,10 @@ pub trait Job: Sized {
 
     /// Lets pushed versions in at transaction boundaries, reporting to `observer`.
     fn attach(&mut self, slot: Arc<PluginSlot>, policy: SwapPolicy, observer: Arc<dyn JobObserver>);
+
+    /// Reports its state restores to `progress` (Kafka mode; a local job
+    /// restores nothing).
+    fn report_restores_to(&mut self, _progress: Arc<RestoreProgress>) {}
 
     /// The committed state, and how many input partitions namespace it (0:
     /// not namespaced).
@@ -116,6 +120,10 @@ impl Job for KafkaJob {
         observer: Arc<dyn JobObserver>,
     ) {
         KafkaJob::attach(self, slot, policy, observer);
+    }
+
+    fn report_restores_to(&mut self, progress: Arc<RestoreProgress>) {
+        KafkaJob::report_restores_to(self, progress);
     }
 
     fn state(&self) -> (Arc<dyn StateStore>, i32) {

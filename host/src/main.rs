@@ -392,6 +392,9 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let local = match &job.mode {
         Mode::Kafka(kafka) => {
             let mut kafka_job = KafkaJob::open_in(&job.settings, kafka, &plugin, context)?;
+            if let Some(metrics) = &metrics {
+                kafka_job.report_restores_to(metrics.restore_progress());
+            }
             if let Some(observer) = observer {
                 kafka_job.attach(PluginSlot::new(), job.settings.hot_swap, observer);
             }

@@ -15,7 +15,7 @@ use axum::routing::get;
 
 use tally_core::batch::BatchOutcome;
 use tally_core::hot_swap::SwapEvent;
-use tally_core::observe::{CommitReport, JobObserver};
+use tally_core::observe::{CommitReport, JobObserver, RestoreProgress};
 use tally_core::plugin::context::{JobContext, LogLimits, PluginLog};
 
 use crate::metrics::{HostMetrics, JobMetrics, PROMETHEUS_TEXT};
@@ -83,15 +83,16 @@ impl RunMetrics {
         self.job.set_running(true);
     }
 
-    /// The job's context, with its plugin's meters and its restore
-    /// progress counting into the metrics.
+    /// The job's context, with its plugin's meters counting into the metrics.
     pub fn context(&self, name: &str) -> JobContext {
         let log = PluginLog::new(None, name, LogLimits::default())
             .count_drops_in(self.job.log_lines_dropped());
-        let mut context =
-            JobContext::with(Arc::new(AtomicBool::new(false)), None, log, self.job.plugin_meters());
-        context.restore = self.job.restore.clone();
-        context
+        JobContext::with(Arc::new(AtomicBool::new(false)), None, log, self.job.plugin_meters())
+    }
+
+    /// Where a Kafka job's restores count into the metrics.
+    pub fn restore_progress(&self) -> Arc<RestoreProgress> {
+        self.job.restore.clone()
     }
 
     /// Turns the job's commits, aborts, batches and swaps into metrics.

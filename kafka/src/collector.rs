@@ -14,6 +14,7 @@ use rdkafka::producer::BaseRecord;
 
 use super::keys::{ChangelogKey, split_namespaced, split_source_id};
 use super::transaction::TransactionOwner;
+use tally_core::text;
 use tally_core::transaction::{SourcePosition, Transaction};
 
 /// Header of the input topic an output record came from.
@@ -34,22 +35,6 @@ pub const HEADER_REASON: &str = "tally.reason";
 pub const HEADER_TRUNCATED_FROM: &str = "tally.truncated-from";
 /// Most bytes of a record a dead letter keeps.
 pub const MAX_DEAD_LETTER_BYTES: usize = 512 << 10;
-/// Most bytes of a dead letter's reason.
-const MAX_REASON_BYTES: usize = 4 << 10;
-
-/// The longest prefix of `text` of at most `max` bytes that ends on a
-/// character boundary.
-fn truncate_utf8(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 /// Names the collector addresses records by.
 pub struct Addresses {
     /// Job name (first part of idempotency keys).
@@ -84,11 +69,11 @@ impl RecordCollector {
     /// Sends the transaction's outputs and dead letters so far (they become
     /// visible only when the transaction commits).
     pub fn send_outputs(&self, txn: &mut Transaction) -> Result<(), KafkaError> {
-        if txn.outputs.is_empty() && txn.dead_letters.is_empty() {
+        if txn.outputs().is_empty() && txn.dead_letters().is_empty() {
             return Ok(());
         }
         let digest = &txn.plugin_digest;
-        for output in txn.outputs.drain(..) {
+        for output in txn.outputs() {
             let headers = self.lineage(output.source, output.sequence, digest);
             let topic = &self.addresses.outputs[output.output];
             let mut record =
@@ -98,11 +83,13 @@ impl RecordCollector {
             }
             self.owner.send(record)?;
         }
-        for dead in txn.dead_letters.drain(..) {
+        for dead in txn.dead_letters() {
             // A record near the broker's size limit plus our headers would
             // be refused, and the job would retry it forever: keep its
             // start, and say how long it was.
-            let reason = truncate_utf8(&dead.reason, MAX_REASON_BYTES);
+            // Reasons are cut where they are made (tally_core::text): this
+            // bound, room for that cut's note included, only backs it up.
+            let reason = text::prefix(&dead.reason, 2 * text::MAX_REASON_BYTES);
             let mut headers = self
                 .lineage(dead.source, 0, digest)
                 .insert(Header { key: HEADER_REASON, value: Some(reason) });
@@ -120,6 +107,7 @@ impl RecordCollector {
                 .headers(headers);
             self.owner.send(record)?;
         }
+        txn.outputs_sent();
         Ok(())
     }
 

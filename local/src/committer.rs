@@ -139,9 +139,8 @@ impl LocalCommitter {
         if !txn.plugin_digest.is_empty() {
             self.lineage.set_plugin_digest(&txn.plugin_digest);
         }
-        self.sink.format(&txn.outputs, &txn.dead_letters, &self.lineage);
-        txn.outputs.clear();
-        txn.dead_letters.clear();
+        self.sink.format(txn.outputs(), txn.dead_letters(), &self.lineage);
+        txn.outputs_sent();
     }
 }
 

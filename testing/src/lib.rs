@@ -169,21 +169,22 @@ impl PluginTest {
         let names = self.txn.output_names().to_vec();
         let outputs = self
             .txn
-            .outputs
-            .drain(..)
+            .outputs()
+            .iter()
             .map(|record| Emitted {
                 output: names[record.output].clone(),
                 source_offset: record.source.offset,
-                key: record.key,
-                value: record.value,
+                key: record.key.clone(),
+                value: record.value.clone(),
             })
             .collect();
         let mut dead_letters: Vec<Rejected> = self
             .txn
-            .dead_letters
-            .drain(..)
-            .map(|dead| Rejected { offset: dead.source.offset, reason: dead.reason })
+            .dead_letters()
+            .iter()
+            .map(|dead| Rejected { offset: dead.source.offset, reason: dead.reason.clone() })
             .collect();
+        self.txn.outputs_sent();
         dead_letters.sort_by_key(|dead| dead.offset);
         self.store
             .commit(StoreCommit { state: self.txn.overlay.changes(), meta: vec![] })

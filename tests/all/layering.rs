@@ -94,3 +94,56 @@ fn each_driver_reaches_the_core_and_no_other_driver_nor_the_server() {
     }
     assert!(!normal_closure("tally-local").contains("rdkafka"), "local mode needs no Kafka client");
 }
+
+/// The engine's top-level modules that a file of `core/src` names through
+/// `crate::` (its tests and comments aside); `super::` stays within its
+/// own module.
+fn core_imports(source: &str) -> BTreeSet<String> {
+    let code = source.split("#[cfg(test)]").next().unwrap_or(source);
+    let mut named = BTreeSet::new();
+    for line in code.lines().map(str::trim).filter(|line| !line.starts_with("//")) {
+        for (at, _) in line.match_indices("crate::") {
+            let rest = &line[at + "crate::".len()..];
+            let name: String =
+                rest.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+            if !name.is_empty() {
+                named.insert(name);
+            }
+        }
+    }
+    named
+}
+
+#[test]
+fn the_engines_modules_import_one_way() {
+    let core = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/src");
+    let mut graph: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    let mut files = vec![core.clone()];
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|entry| entry.unwrap().path()));
+            continue;
+        }
+        let relative = path.strip_prefix(&core).unwrap().with_extension("");
+        let module = relative.to_str().unwrap().trim_end_matches("/mod").to_string();
+        if module == "lib" {
+            continue;
+        }
+        let top = module.split('/').next().unwrap().to_string();
+        let mut imports = core_imports(&std::fs::read_to_string(&path).unwrap());
+        imports.remove(&top);
+        graph.entry(top).or_default().extend(imports);
+    }
+    assert!(graph.len() >= 15, "the engine's modules: {graph:?}");
+    // No module reaches itself through the modules it imports.
+    for start in graph.keys() {
+        let mut seen = BTreeSet::new();
+        let mut next: Vec<&String> = graph[start].iter().collect();
+        while let Some(module) = next.pop() {
+            assert!(module != start, "core's `{start}` imports itself through others: {graph:#?}");
+            if seen.insert(module.clone()) {
+                next.extend(graph.get(module).into_iter().flatten());
+            }
+        }
+    }
+}

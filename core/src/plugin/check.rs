@@ -368,4 +368,4 @@ mod tests {
 }
 
 #[cfg(test)]
-mod mutated_contracts;
+pub(crate) mod mutated_contracts;

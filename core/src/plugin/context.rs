@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use crate::fair_share::CpuSeat;
 use crate::sync::lock;
+use crate::text::{MAX_REASON_BYTES, sanitize};
 
 /// Set to make a job stop: between batches, and within a plugin call at
 /// its next epoch tick (the call is interrupted and its transaction redone
@@ -28,8 +29,6 @@ pub struct JobContext {
     pub log: Arc<PluginLog>,
     /// What the job's plugin calls use, as they run.
     pub meters: Arc<PluginMeters>,
-    /// The job's state restore, while one runs (Kafka mode).
-    pub restore: Arc<crate::observe::RestoreProgress>,
 }
 
 impl JobContext {
@@ -50,13 +49,7 @@ impl JobContext {
         log: PluginLog,
         meters: PluginMeters,
     ) -> JobContext {
-        JobContext {
-            stop,
-            seat,
-            log: Arc::new(log),
-            meters: Arc::new(meters),
-            restore: Arc::default(),
-        }
+        JobContext { stop, seat, log: Arc::new(log), meters: Arc::new(meters) }
     }
 
     /// Whether the job was asked to stop.
@@ -147,10 +140,6 @@ impl PluginMeters {
         lock(&self.last_failure).as_ref().map(|(at, reason)| (at.elapsed(), reason.clone()))
     }
 }
-
-/// Longest reason (a plugin's failure, rejection or error) the host keeps
-/// or shows, in bytes.
-pub const MAX_REASON_BYTES: usize = 1024;
 
 /// Bounds on a job's plugin log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,49 +263,12 @@ impl PluginLog {
     }
 }
 
-/// `text` cut to at most `max_bytes` (at a character boundary, saying how
-/// much was cut) with every control character escaped (`\n`, `\u{1b}`),
-/// and the characters that break or reorder lines too (line and paragraph
-/// separators, bidirectional controls, zero-width marks), so a plugin's
-/// text is one line and cannot paint or forge others.
-pub fn sanitize(text: &str, max_bytes: usize) -> String {
-    let mut end = text.len().min(max_bytes);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let mut line = String::with_capacity(end + 16);
-    for c in text[..end].chars() {
-        let breaks_lines = matches!(c, '\u{2028}' | '\u{2029}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}');
-        if breaks_lines {
-            line.extend(c.escape_unicode());
-        } else if c.is_control() {
-            line.extend(c.escape_default());
-        } else {
-            line.push(c);
-        }
-    }
-    if end < text.len() {
-        line.push_str(&format!(" … ({} more bytes cut)", text.len() - end));
-    }
-    line
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn lines_are_cut_escaped_and_rate_limited() {
-        assert_eq!(
-            sanitize("ok\n2026-12-01T00:00:00Z  INFO tally_host: forged\r\x1b[2J", 1024),
-            "ok\\n2026-12-01T00:00:00Z  INFO tally_host: forged\\r\\u{1b}[2J"
-        );
-        assert_eq!(sanitize("héllo", 2), "h … (5 more bytes cut)", "cut at a character boundary");
-        assert_eq!(
-            sanitize("a\u{2028}b\u{202E}c", 64),
-            "a\\u{2028}b\\u{202e}c",
-            "no line breaks or reordering"
-        );
+    fn lines_are_rate_limited() {
         let log = PluginLog::new(
             Some("acme"),
             "billing",

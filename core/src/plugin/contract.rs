@@ -611,14 +611,8 @@ impl Compare<'_> {
 
 /// `text`, cut to [`SHOWN_BYTES`] on a character boundary.
 fn shorten(text: &str) -> String {
-    if text.len() <= SHOWN_BYTES {
-        return text.to_string();
-    }
-    let mut end = SHOWN_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    let kept = crate::text::prefix(text, SHOWN_BYTES);
+    if kept.len() == text.len() { text.to_string() } else { format!("{kept}…") }
 }
 
 fn primitive_matches(found: PrimitiveValType, expected: &Type) -> bool {

@@ -12,10 +12,11 @@ use tally_core::batch::BatchOutcome;
 use tally_core::fair_share::CpuSeat;
 use tally_core::hot_swap::{PluginSlot, SwapEvent};
 use tally_core::observe::{CommitReport, JobObserver};
-use tally_core::plugin::context::{LogLimits, MAX_REASON_BYTES, PluginLog, sanitize};
+use tally_core::plugin::context::{LogLimits, PluginLog};
 use tally_core::plugin::{JobContext, LoadedPlugin};
 use tally_core::state::StateStore;
 use tally_core::sync::lock;
+use tally_core::text::{MAX_REASON_BYTES, sanitize};
 
 use crate::config::JobConfig;
 use crate::job::{Job, JobError};
@@ -162,13 +163,12 @@ impl JobRuntime {
         let paused = record.paused;
         let log = PluginLog::new(Some(tenant), name, log_limits)
             .count_drops_in(metrics.log_lines_dropped());
-        let mut context = JobContext::with(
+        let context = JobContext::with(
             Arc::new(AtomicBool::new(paused)),
             Some(seat),
             log,
             metrics.plugin_meters(),
         );
-        context.restore = metrics.restore.clone();
         let mut redactions = vec![(dir.path().display().to_string(), format!("<job {name}>"))];
         if let Some(input_dir) = config.local().ok().and_then(|local| local.confine_to.as_ref()) {
             redactions.push((input_dir.display().to_string(), "<input_dir>".to_string()));
@@ -225,7 +225,7 @@ impl JobRuntime {
         let pending_plugin = lock(&self.record).pending().map(|version| version.digest.clone());
         let meters = &self.context.meters;
         let status = lock(&self.status);
-        let restore = self.context.restore.snapshot();
+        let restore = self.metrics.restore.snapshot();
         JobStatus {
             name: self.name.clone(),
             mode: if self.is_kafka() { JobMode::Kafka } else { JobMode::Local },
@@ -496,6 +496,7 @@ impl JobRuntime {
             .map_err(|err| Failure { message: err.to_string(), then: AfterFailure::Halt })?;
         let mut job = J::open(&self.config, &plugin, self.context.clone()).map_err(Failure::of)?;
         job.attach(self.slot.clone(), self.config.settings.hot_swap, self.observer());
+        job.report_restores_to(self.metrics.restore.clone());
         *lock(&self.store) = Some(job.state());
         while self.wait_while_paused() {
             self.set_state(JobState::Running);

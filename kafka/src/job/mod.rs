@@ -32,7 +32,7 @@ use super::fetch::{FetchQueue, Router};
 use super::topics::{self, TopicLayout};
 use super::{QuietEof, SetupError};
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
-use tally_core::observe::{JobObserver, RunSummary};
+use tally_core::observe::{JobObserver, RestoreProgress, RunSummary};
 use tally_core::plugin::{JobContext, LoadedPlugin, PluginError, Processor};
 use tally_core::state::StateStore;
 use tally_core::task::{Finish, RunError, Task};
@@ -79,6 +79,9 @@ pub struct KafkaJob {
     /// is, and closing it costs 100 ms (rdkafka polls for the close in
     /// steps of 100 ms).
     restorer: Option<Arc<Restorer>>,
+    /// Where restores report how far they got (the host's status and
+    /// metrics): [`KafkaJob::report_restores_to`].
+    restore_progress: Arc<RestoreProgress>,
     _lock: DirLock,
 }
 
@@ -226,8 +229,15 @@ impl KafkaJob {
             task: Task::new(&config.name, processor, txn, context, config.commit_interval()),
             instance,
             restorer: None,
+            restore_progress: Arc::default(),
             _lock: lock,
         })
+    }
+
+    /// Reports every restore's progress to `progress` (the host's status
+    /// and metrics read it); unreported otherwise. Call before running.
+    pub fn report_restores_to(&mut self, progress: Arc<RestoreProgress>) {
+        self.restore_progress = progress;
     }
 
     /// Lets new plugin versions pushed into `slot` be swapped in at
@@ -329,7 +339,7 @@ impl KafkaJob {
                     stall: Duration::from_millis(kafka.restore_stall_ms),
                     checkpoint_bytes: kafka.restore_checkpoint_bytes,
                 };
-                let progress = self.task.context().restore.clone();
+                let progress = self.restore_progress.clone();
                 let changelog = self.layout.changelog.clone();
                 let restorer = Arc::new(Restorer::new(
                     consumer,

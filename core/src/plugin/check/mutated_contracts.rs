@@ -88,7 +88,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 }
 
 /// The contract, parsed from the WIT the host's bindings come from.
-fn contract() -> (Resolve, WorldId) {
+pub(crate) fn contract() -> (Resolve, WorldId) {
     let mut resolve = Resolve::default();
     let (package, _) = resolve
         .push_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/tally-plugin@0.1.0"))
@@ -245,8 +245,17 @@ fn apply(resolve: &mut Resolve, mutation: &Mutation) {
 /// A component of the world: core functions that trap, the contract's
 /// types and names as `resolve` now has them.
 fn component(resolve: &Resolve, world: WorldId) -> Result<Vec<u8>, String> {
-    let mut module =
+    let module =
         wit_component::dummy_module(resolve, world, wit_parser::ManglingAndAbi::Standard32);
+    component_of_module(resolve, world, module)
+}
+
+/// The core `module` as a component of `world` in `resolve`.
+pub(crate) fn component_of_module(
+    resolve: &Resolve,
+    world: WorldId,
+    mut module: Vec<u8>,
+) -> Result<Vec<u8>, String> {
     wit_component::embed_component_metadata(
         &mut module,
         resolve,
