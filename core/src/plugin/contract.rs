@@ -382,14 +382,12 @@ impl Compare<'_> {
                 Ok(())
             }
             (ComponentDefinedType::Enum(names), TypeDefKind::Enum(wit)) => {
-                let same = names.len() == wit.cases.len()
-                    && names.iter().zip(&wit.cases).all(|(a, b)| a.as_str() == b.name);
-                if same { Ok(()) } else { Err(differ()) }
+                same_names(names, wit.cases.iter().map(|case| case.name.as_str()))
+                    .ok_or_else(differ)
             }
             (ComponentDefinedType::Flags(names), TypeDefKind::Flags(wit)) => {
-                let same = names.len() == wit.flags.len()
-                    && names.iter().zip(&wit.flags).all(|(a, b)| a.as_str() == b.name);
-                if same { Ok(()) } else { Err(differ()) }
+                same_names(names, wit.flags.iter().map(|flag| flag.name.as_str()))
+                    .ok_or_else(differ)
             }
             (ComponentDefinedType::Tuple(tuple), TypeDefKind::Tuple(wit)) => {
                 if tuple.types.len() != wit.types.len() {
@@ -607,6 +605,15 @@ impl Compare<'_> {
             ComponentDefinedType::Stream { .. } => out.push_str("stream"),
         }
     }
+}
+
+/// `Some` when the component's `names` are the contract's, in its order.
+fn same_names<'a>(
+    names: &wasmparser::collections::IndexSet<wasmparser::names::KebabString>,
+    contract: impl ExactSizeIterator<Item = &'a str>,
+) -> Option<()> {
+    (names.len() == contract.len() && names.iter().zip(contract).all(|(a, b)| a.as_str() == b))
+        .then_some(())
 }
 
 /// `text`, cut to [`SHOWN_BYTES`] on a character boundary.
