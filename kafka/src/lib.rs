@@ -40,15 +40,16 @@ pub mod keys;
 mod leader_fetch;
 mod producer;
 mod record_batch;
+mod restore;
 mod topics;
 pub mod transaction;
 
-pub use changelog::RestoreError;
 pub use config::{
     DEFAULT_CREATE_PARTITIONS, DEFAULT_RESTORE_CHECKPOINT_BYTES, DEFAULT_RESTORE_STALL_MS,
     DEFAULT_TRANSACTION_TIMEOUT_MS, Guarantee, KafkaConfig, RestoreFetch, default_restore_stall_ms,
 };
 pub use job::{InstanceIdError, KafkaJob, KafkaRunOptions};
+pub use restore::RestoreError;
 pub use topics::{RESTORE_DEFAULTS, TopicLayout, prepare as prepare_topics};
 
 /// Why a Kafka job stopped.
@@ -208,7 +209,7 @@ pub enum SetupError {
     InstanceId(#[from] job::InstanceIdError),
     /// The changelog holds records Tally did not write.
     #[error(transparent)]
-    ForeignChangelog(changelog::RestoreError),
+    ForeignChangelog(restore::RestoreError),
     /// The changelog ends before what this process's state has read of it.
     #[error(
         "changelog topic `{changelog}` partition {partition} ends at offset {end}, but this process's state has \

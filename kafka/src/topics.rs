@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, ClientContext, Offset};
+use rdkafka::{ClientConfig, ClientContext};
 
 use crate::config::{Guarantee, KafkaConfig, RestoreFetch};
 use crate::leader_fetch::FetchSettings;
@@ -124,17 +124,6 @@ pub fn consumer_config(job: &JobSettings, kafka: &KafkaConfig, instance: &str) -
     config
 }
 
-/// Where the group consumer made from `consumer` starts a partition the
-/// group has no committed offset for: its `auto.offset.reset`, read as
-/// librdkafka reads it. `Invalid` (for `error`) leaves it to librdkafka.
-pub fn start_without_commit(consumer: &ClientConfig) -> Offset {
-    match consumer.get("auto.offset.reset").unwrap_or("latest") {
-        "smallest" | "earliest" | "beginning" => Offset::Beginning,
-        "largest" | "latest" | "end" => Offset::End,
-        _ => Offset::Invalid,
-    }
-}
-
 /// Consumer settings a job's `client` table may change. librdkafka's
 /// defaults stop fetching a partition for a whole second once 100,000 of
 /// its records wait in the client; a job loop that keeps up then starves
@@ -149,10 +138,15 @@ pub const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
 ];
 
 /// The consumer that restores changelogs and reads the group's committed
-/// offsets; it never joins the group.
+/// offsets; it never joins the group. Its `client.id` is the job's (or
+/// `tally-<job>`) with `-restore` added, so a broker quota can pace
+/// restores apart from the job's reading of its input.
 pub fn restore_config(job: &JobSettings, kafka: &KafkaConfig) -> ClientConfig {
     let mut config = base_config(kafka, ClientRole::Consumer);
+    let client_id =
+        config.get("client.id").map_or_else(|| format!("tally-{}", job.name), str::to_string);
     config
+        .set("client.id", format!("{client_id}-restore"))
         .set("group.id", kafka.group_id(&job.name))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")

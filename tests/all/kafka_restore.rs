@@ -331,3 +331,188 @@ fn a_restore_from_the_leaders_rides_out_a_broker_restart_and_counts_exactly_once
     assert!(restored(&log).0 >= KEYS as u64);
     assert_counted_once(&job, &lines, &placed);
 }
+
+/// Lines of `count` new customers (named `prefix` and a number) whose
+/// records land on input partition `partition` of `partitions`.
+fn lines_on(partition: i32, partitions: i32, prefix: &str, count: usize) -> Vec<UsageLine> {
+    (0..)
+        .map(|index| {
+            let customer = format!("{prefix}{index:07}");
+            let line = format!(r#"{{"customer":"{customer}","metric":"api_calls","quantity":3,"ts":"2026-11-15T12:00:00Z"}}"#);
+            UsageLine { line, effect: Some(((customer, "api_calls".to_string(), "2026-11".to_string()), 3)) }
+        })
+        .filter(|line| partition_of(line, partitions) == partition)
+        .take(count)
+        .collect()
+}
+
+/// Bytes a fetch of the whole of `topic` carries, near enough to pace it
+/// with a quota: keys and values, and a record's framing.
+fn topic_bytes(topic: &str) -> u64 {
+    read_topic(topic, true)
+        .iter()
+        .map(|record| (record.key.as_ref().map_or(0, Vec::len) + record.value.len() + 16) as u64)
+        .sum()
+}
+
+/// The `took_ms` of every restore a run's log reports.
+fn restore_took_ms(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|line| line.contains("restored state from the changelog"))
+        .filter_map(|line| {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix("took_ms=").and_then(|value| value.parse().ok()))
+        })
+        .collect()
+}
+
+/// Client settings that make the group throw out a member whose poll
+/// thread is away for 6 s (the broker's shortest session), and changelog
+/// batches and fetches small enough (16 and 64 KiB) that a fetch quota
+/// paces a restore evenly: a broker holds back its answers after a large
+/// one for longer than the restore's stall limit.
+const PACED_RESTORE_CLIENT: &str = "\"consumer.session.timeout.ms\" = \"6000\"\n\
+     \"consumer.heartbeat.interval.ms\" = \"1000\"\n\
+     \"consumer.max.poll.interval.ms\" = \"6000\"\n\
+     \"consumer.max.partition.fetch.bytes\" = \"65536\"\n\
+     \"producer.batch.size\" = \"16384\"\n";
+
+#[test]
+fn a_restore_far_longer_than_max_poll_interval_ms_keeps_the_process_in_the_group() {
+    const KEYS: usize = 20_000;
+    const MAX_POLL_INTERVAL_MS: u64 = 6_000;
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("restore-poll", 1);
+    let state = dir.path().join("state");
+    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &state, "", PACED_RESTORE_CLIENT);
+    let mut lines = varied_lines(KEYS);
+    let mut placed = produce_usage(&job.input, &lines, 1);
+    run(&job_file);
+
+    // The broker paces the restore to 20-30 s, several times the poll
+    // interval; the job's own clients are not paced.
+    let changelog = format!("tally-{}-state-changelog", job.name);
+    let quota = FetchQuota::set(
+        &format!("tally-{}-restore", job.name),
+        (topic_bytes(&changelog) / 36).max(1024),
+    );
+    std::fs::remove_dir_all(state.join("db")).unwrap();
+    let again = lines_on(0, 1, "again", 500);
+    placed.extend(produce_usage(&job.input, &again, 1));
+    lines.extend(again);
+    let log = run(&job_file);
+    drop(quota);
+
+    let took = restore_took_ms(&log);
+    assert!(
+        took.iter().sum::<u64>() > 3 * MAX_POLL_INTERVAL_MS,
+        "the quota should have made the restore last over three poll intervals (took {took:?} ms): the test proves nothing"
+    );
+    assert_eq!(
+        log.matches("partitions assigned").count(),
+        1,
+        "one assignment: the process kept its place in the group through the restore\n{log}"
+    );
+    assert!(!log.contains("max.poll.interval.ms"), "{log}");
+    assert_counted_once(&job, &lines, &placed);
+}
+
+#[test]
+fn a_partition_restores_while_another_keeps_committing() {
+    const PARTITIONS: i32 = 2;
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("restore-beside", PARTITIONS);
+    let state = dir.path().join("state");
+    let job_file = job.write_job_file(dir.path(), USAGE_BILLING, &state, "", PACED_RESTORE_CLIENT);
+    let group = group_reader(&format!("tally-{}", job.name));
+
+    // Both partitions' state, kept aside; then partition 1 alone moves on
+    // by 20,000 keys, so that state has all of partition 0's changelog and
+    // little of partition 1's.
+    let mut lines = lines_on(0, PARTITIONS, "zero", 200);
+    lines.extend(lines_on(1, PARTITIONS, "one", 200));
+    let mut placed = produce_usage(&job.input, &lines, PARTITIONS);
+    run(&job_file);
+    let kept = dir.path().join("kept-db");
+    std::fs::rename(state.join("db"), &kept).unwrap();
+    let long = lines_on(1, PARTITIONS, "long", 20_000);
+    placed.extend(produce_usage(&job.input, &long, PARTITIONS));
+    lines.extend(long);
+    run(&job_file);
+    std::fs::remove_dir_all(state.join("db")).unwrap();
+    std::fs::rename(&kept, state.join("db")).unwrap();
+
+    // Partition 1's restore is paced to 20-30 s; partition 0 has
+    // nothing to restore and new input to run.
+    let changelog = format!("tally-{}-state-changelog", job.name);
+    let quota = FetchQuota::set(
+        &format!("tally-{}-restore", job.name),
+        (topic_bytes(&changelog) / 36).max(1024),
+    );
+    let more = lines_on(0, PARTITIONS, "more", 300);
+    let more_placed = produce_usage(&job.input, &more, PARTITIONS);
+    let zero_end = more_placed.iter().map(|placed| placed.offset + 1).max().unwrap();
+    placed.extend(more_placed);
+    lines.extend(more);
+    let later = lines_on(1, PARTITIONS, "later", 50);
+    placed.extend(produce_usage(&job.input, &later, PARTITIONS));
+    lines.extend(later);
+    let one_before = committed_offset(&group, &job.input, 1);
+
+    let log_path = dir.path().join("run.log");
+    let mut process = std::process::Command::new(tally_binary())
+        .args(["run", "--until-caught-up"])
+        .arg(&job_file)
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while committed_offset(&group, &job.input, 0) < zero_end {
+        assert!(
+            process.try_wait().unwrap().is_none(),
+            "the job ended before committing partition 0"
+        );
+        assert!(started.elapsed() < Duration::from_secs(120), "partition 0 was never committed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Partition 0 is committed; partition 1 is still being restored.
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let one_restored = |log: &str| {
+        log.lines().any(|line| {
+            line.contains("restored state from the changelog") && line.contains("partitions=[1]")
+        })
+    };
+    assert!(
+        !one_restored(&log) && process.try_wait().unwrap().is_none(),
+        "partition 1's restore should still be under way:\n{log}"
+    );
+    assert_eq!(committed_offset(&group, &job.input, 1), one_before);
+
+    let status = process.wait().unwrap();
+    drop(quota);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(status.success(), "tally failed: {}", &log[log.len().saturating_sub(4000)..]);
+    assert!(one_restored(&log), "{log}");
+    assert!(
+        restore_took_ms(&log).iter().sum::<u64>() > 10_000,
+        "the quota should have made partition 1's restore long: the test proves nothing\n{log}"
+    );
+    assert_counted_once(&job, &lines, &placed);
+}
+
+/// The group's committed offset of `topic` partition `partition` (0 if none).
+fn committed_offset(group: &rdkafka::consumer::BaseConsumer, topic: &str, partition: i32) -> i64 {
+    use rdkafka::consumer::Consumer;
+    let mut wanted = rdkafka::TopicPartitionList::new();
+    wanted.add_partition(topic, partition);
+    match group.committed_offsets(wanted, Duration::from_secs(5)) {
+        Ok(committed) => match committed.elements()[0].offset() {
+            rdkafka::Offset::Offset(offset) => offset,
+            _ => 0,
+        },
+        Err(_) => 0,
+    }
+}

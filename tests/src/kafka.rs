@@ -601,3 +601,45 @@ impl Drop for BrokerStutter {
         }
     }
 }
+
+/// A broker quota on the fetches of clients with id `client_id` (Kafka's
+/// `consumer_byte_rate`: the broker delays its answers to keep them to
+/// that rate), lifted when dropped. It paces a restore for a test without
+/// touching the job.
+pub struct FetchQuota {
+    client_id: String,
+}
+
+impl FetchQuota {
+    /// Limits `client_id`'s fetches to `bytes_per_second`.
+    pub fn set(client_id: &str, bytes_per_second: u64) -> FetchQuota {
+        let rate = format!("consumer_byte_rate={bytes_per_second}");
+        let (ok, text) = kafka_script(&[
+            "configs",
+            "--alter",
+            "--add-config",
+            &rate,
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            client_id,
+        ]);
+        assert!(ok, "setting a fetch quota on `{client_id}` failed: {text}");
+        FetchQuota { client_id: client_id.to_string() }
+    }
+}
+
+impl Drop for FetchQuota {
+    fn drop(&mut self) {
+        let _ = kafka_script(&[
+            "configs",
+            "--alter",
+            "--delete-config",
+            "consumer_byte_rate",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            &self.client_id,
+        ]);
+    }
+}

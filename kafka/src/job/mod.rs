@@ -9,6 +9,7 @@ pub use instance_id::InstanceIdError;
 mod progress;
 mod rebalance;
 mod session;
+mod state_updater;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,14 +22,15 @@ use rdkafka::producer::Producer;
 use progress::Progress;
 use rebalance::Rebalancer;
 use session::Session;
+use state_updater::{Generation, StateUpdater, UpdaterParts};
 
 use super::KafkaJobError;
-use super::changelog::{RestoreError, RestoreLimits, Restorer};
 use super::committer::{
     Addresses, DeliveryTracker, JobProducer, KafkaCommitError, KafkaCommitter,
     MAX_KAFKA_VALUE_BYTES, RecordCollector, TransactionOwner,
 };
 use super::fetch::{FetchQueue, Router};
+use super::restore::{RestoreError, RestoreLimits, Restorer};
 use super::topics::{self, TopicLayout};
 use super::{QuietEof, SetupError};
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
@@ -356,18 +358,24 @@ impl KafkaJob {
         let owner = Arc::new(TransactionOwner::new(producer, kafka.guarantee, KAFKA_TIMEOUT));
         let router = Arc::new(Router::default());
         let consumer_config = topics::consumer_config(config, kafka, &self.instance);
+        let generation = Arc::new(Generation::default());
         let rebalancer = Rebalancer {
             router: router.clone(),
             job: config.name.clone(),
-            group: kafka.group_id(&config.name),
             inputs: kafka.inputs.clone(),
+            owner: owner.clone(),
+            generation: generation.clone(),
+            events: Mutex::default(),
+        };
+        let updater_parts = UpdaterParts {
+            job: config.name.clone(),
+            group: kafka.group_id(&config.name),
             guarantee: kafka.guarantee,
             owner: owner.clone(),
             restorer: restorer.clone(),
             store: self.store.clone(),
             settle,
-            start_without_commit: topics::start_without_commit(&consumer_config),
-            events: Mutex::default(),
+            generation,
         };
         let consumer: BaseConsumer<Rebalancer> = consumer_config
             .create_with_context(rebalancer)
@@ -377,8 +385,8 @@ impl KafkaJob {
         let topics: Vec<&str> = kafka.inputs.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         // The group join goes on in librdkafka's threads while the other
-        // clients connect: the assignment is handled (and restored) only
-        // when the loop first polls, after the producer is ready. They
+        // clients connect: the assignment is handled (and its restore
+        // begun) only when the loop first polls, after the producer is ready. They
         // connect before they are used: a restore or a coordinator lookup
         // begun earlier would wait on librdkafka's retry timers.
         topics::connect_to_cluster(owner.producer().client(), CONNECT_BUDGET);
@@ -409,6 +417,7 @@ impl KafkaJob {
                 consumer: &consumer,
                 fetch,
                 committer: &committer,
+                updater: StateUpdater::start(scope, updater_parts),
                 scope,
                 in_flight: None,
                 progress: Progress {

@@ -32,6 +32,9 @@ pub(super) struct Progress {
     pub(super) included: HashMap<u32, i64>,
     /// Input partitions read to their end (for `until_caught_up`).
     pub(super) at_end: BTreeSet<(usize, i32)>,
+    /// Partition numbers assigned whose state is still being restored
+    /// (paused: none of their records may arrive).
+    pub(super) restoring: BTreeSet<i32>,
 }
 
 impl Progress {

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -12,6 +13,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use super::commit::{CommitDone, InFlight};
 use super::progress::{Progress, consumer_lag, rewind};
 use super::rebalance::Rebalancer;
+use super::state_updater::StateUpdater;
 use super::{IDLE_FETCH_WAIT, KafkaRunOptions, MAX_EVENTS_PER_TURN, Restart, SessionError};
 use crate::KafkaJobError;
 use crate::committer::{KafkaCommitError, KafkaCommitter, KafkaTransactions, Recovery, classify};
@@ -34,6 +36,8 @@ pub(super) struct Session<'s, 'scope, 'env> {
     pub(super) consumer: &'scope BaseConsumer<Rebalancer>,
     pub(super) fetch: FetchQueue<'scope>,
     pub(super) committer: &'scope KafkaCommitter,
+    /// Restores newly assigned partitions beside the processing.
+    pub(super) updater: StateUpdater<'scope>,
     pub(super) scope: &'scope std::thread::Scope<'scope, 'env>,
     /// A commit whose records are sent, finishing on its own thread.
     pub(super) in_flight: Option<InFlight<'scope>>,
@@ -175,20 +179,21 @@ impl Session<'_, '_, '_> {
         if let Some(failure) = rebalanced.failure {
             return Err(failure);
         }
-        if rebalanced.assigned {
-            txn.overlay.forget_cache();
-        }
         if rebalanced.revoked {
             // The rebalance handler aborted the transaction; what was read
             // for it is read again by whoever owns it now.
             self.progress.forget_uncommitted();
             self.progress.included.clear();
+            self.progress.restoring.clear();
         }
-        for ((topic, partition), next) in rebalanced.included {
-            if let Some(index) = self.kafka.inputs.iter().position(|input| *input == topic) {
-                self.progress.included.insert(source_id(index, partition), next);
-            }
+        if let Some(assignment) = rebalanced.assigned
+            && self.updater.is_current(&assignment)
+        {
+            self.progress.restoring =
+                assignment.partitions.iter().map(|(_, partition)| *partition).collect();
+            self.updater.restore(assignment);
         }
+        self.resume_restored(txn)?;
         if rebalanced.revoked {
             return Ok(Some(Input::Lost("partitions were revoked")));
         }
@@ -217,6 +222,32 @@ impl Session<'_, '_, '_> {
             }
             wait = Duration::ZERO; // more may be waiting: fill the batch first
         }
+    }
+
+    /// Resumes the partitions the state updater restored and checked since
+    /// the last look; their state includes input up to the offsets it read.
+    fn resume_restored(&mut self, txn: &mut Transaction) -> Result<(), SessionError> {
+        while let Some(restored) = self.updater.try_restored() {
+            let included = restored.result?;
+            // The store changed underneath: the restore wrote their state.
+            txn.overlay.forget_cache();
+            for ((topic, partition), next) in included {
+                if let Some(index) = self.kafka.inputs.iter().position(|input| *input == topic) {
+                    self.progress.included.insert(source_id(index, partition), next);
+                }
+            }
+            let mut resume = TopicPartitionList::new();
+            for (topic, partition) in &restored.partitions {
+                resume.add_partition(topic, *partition);
+                self.progress.restoring.remove(partition);
+            }
+            self.consumer.resume(&resume).map_err(|source| Restart::Call {
+                doing: "resuming the partitions restored",
+                source,
+            })?;
+            tracing::info!(job = %self.job.name, partitions = ?restored.partitions, "state restored and checked; reading the partitions");
+        }
+        Ok(())
     }
 
     /// Moves the pending records of the lowest input partition number into
@@ -319,6 +350,15 @@ fn take_fetched(
                 _ => kafka.inputs.iter().position(|input| input == record.topic()).unwrap_or(0),
             };
             let partition = record.partition();
+            if !progress.restoring.is_empty() && progress.restoring.contains(&partition) {
+                // The partition was assigned paused: nothing of it may run
+                // before its state. Rejoining starts it over, safely.
+                *failure = Some(format!(
+                    "a record of `{}` partition {partition} arrived while its state was still being restored",
+                    record.topic()
+                ));
+                return;
+            }
             if !progress.at_end.is_empty() {
                 progress.at_end.remove(&(topic, partition));
             }
