@@ -19,9 +19,16 @@ fn tally(args: &[&str], dir: &Path) -> String {
 /// succeeded, and what it printed.
 fn tally_said(args: &[&str], dir: &Path) -> (bool, String) {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let output = Command::new(tally_binary())
+    let tally = tally_binary();
+    // Builds here get a target directory of their own: in the shared one
+    // they would rewrite, mid-test, the components other tests load (a
+    // plugin built alone is not the bytes of the test build's, whose
+    // features are unified), and those tests would see another digest.
+    let target = tally.parent().and_then(Path::parent).unwrap().join("scaffold-builds");
+    let output = Command::new(tally)
         .args(args)
         .current_dir(dir)
+        .env("CARGO_TARGET_DIR", target)
         // The toolchain scripts/setup installed for the billing plugin.
         .env(
             "TALLY_COMPONENTIZE_QJS",
