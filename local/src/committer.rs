@@ -67,16 +67,7 @@ impl LocalCommitter {
         output_names: &[String],
         lineage: Lineage,
     ) -> Result<(LocalCommitter, Recovered), CommitError> {
-        let mut committed_lengths = std::collections::HashMap::new();
-        for (key, value) in store.scan_meta(OUTPUT_PREFIX.as_bytes())? {
-            let len = std::str::from_utf8(&value).ok().and_then(|text| text.parse::<u64>().ok());
-            let len = len.ok_or_else(|| damaged(&key))?;
-            committed_lengths.insert(key[OUTPUT_PREFIX.len()..].to_vec(), len);
-        }
-        let lengths: Vec<Option<u64>> = output_names
-            .iter()
-            .map(|name| committed_lengths.get(name.as_bytes()).copied())
-            .collect();
+        let lengths = committed_lengths(&*store, output_names)?;
         let committed_inputs = read_indexed(&*store, INPUT_PREFIX, |bytes| {
             serde_json::from_slice::<CommittedInput>(bytes).ok()
         })?;
@@ -186,9 +177,13 @@ impl TwoPhaseCommitter for LocalCommitter {
         Ok(())
     }
 
-    /// Cuts the lines [`LocalCommitter::stage`] wrote of an aborted transaction.
+    /// Cuts every output back to the length the store committed: the lines
+    /// an aborted transaction staged, or synced in [`Self::prepare`].
     fn abort(&mut self) -> Result<(), CommitError> {
-        self.sink.discard()?;
+        let lengths = committed_lengths(&*self.store, &self.output_names)?;
+        // `recover` claimed every output: each has a committed length.
+        let lengths: Vec<u64> = lengths.into_iter().map(Option::unwrap_or_default).collect();
+        self.sink.cut_to(&lengths)?;
         Ok(())
     }
 }
@@ -207,6 +202,20 @@ impl LocalCommitter {
         txn.committed();
         Ok(())
     }
+}
+
+/// The committed length of each of `output_names` (`None`: never claimed).
+fn committed_lengths(
+    store: &dyn StateStore,
+    output_names: &[String],
+) -> Result<Vec<Option<u64>>, CommitError> {
+    let mut committed = std::collections::HashMap::new();
+    for (key, value) in store.scan_meta(OUTPUT_PREFIX.as_bytes())? {
+        let len = std::str::from_utf8(&value).ok().and_then(|text| text.parse::<u64>().ok());
+        let len = len.ok_or_else(|| damaged(&key))?;
+        committed.insert(key[OUTPUT_PREFIX.len()..].to_vec(), len);
+    }
+    Ok(output_names.iter().map(|name| committed.get(name.as_bytes()).copied()).collect())
 }
 
 /// Reads `<prefix><index>` metadata entries in index order.
@@ -233,6 +242,7 @@ fn damaged(key: &[u8]) -> CommitError {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use tally_core::commit::conformance::{Backend, KEY, OUTPUT, Visible};
     use tally_core::limits::Limits;
     use tally_core::state::{MemoryStore, StateError};
     use tally_core::transaction::SourcePosition;
@@ -314,5 +324,62 @@ mod tests {
         assert_eq!(recovered.positions, vec![first]);
         assert_eq!(std::fs::read(dir.path().join("totals.ndjson")).unwrap(), committed_output);
         assert_eq!(store.get_many(&[b"k"]).unwrap(), vec![Some(b"0".to_vec())]);
+    }
+
+    /// Local mode's committer over a real RocksDB store and real files.
+    struct LocalBackend {
+        dir: tempfile::TempDir,
+        store: Arc<dyn StateStore>,
+    }
+
+    impl LocalBackend {
+        fn new() -> LocalBackend {
+            let dir = tempfile::tempdir().unwrap();
+            let store = tally_state_rocks::RocksStore::open(&dir.path().join("db")).unwrap();
+            LocalBackend { dir, store: Arc::new(store) }
+        }
+    }
+
+    impl Backend for LocalBackend {
+        type Committer = LocalCommitter;
+
+        fn open(&mut self) -> LocalCommitter {
+            let names = vec![OUTPUT.to_string(), "dead-letters".to_string()];
+            LocalCommitter::recover(self.store.clone(), self.dir.path(), &names, lineage())
+                .unwrap()
+                .0
+        }
+
+        fn transaction(&mut self) -> Transaction {
+            Transaction::new(self.store.clone(), vec![OUTPUT.to_string()].into(), Limits::default())
+        }
+
+        fn positions<R>(&self, included: u64, with: impl FnOnce(&[LocalPosition]) -> R) -> R {
+            with(&[LocalPosition { next_line: included, byte: included * 10, last_line: None }])
+        }
+
+        fn visible(&mut self) -> Visible {
+            let lines = std::fs::read_to_string(self.dir.path().join("totals.ndjson")).unwrap();
+            let outputs = lines
+                .lines()
+                .map(|line| {
+                    let line: serde_json::Value = serde_json::from_str(line).unwrap();
+                    line["value"].as_str().expect("a text value").to_string()
+                })
+                .collect();
+            let state = self.store.get_many(&[KEY]).unwrap().remove(0);
+            let state = state.map(|value| String::from_utf8(value).unwrap());
+            let inputs = read_indexed(&*self.store, INPUT_PREFIX, |bytes| {
+                serde_json::from_slice::<CommittedInput>(bytes).ok()
+            })
+            .unwrap();
+            let included = inputs.first().map_or(0, |input| input.position.next_line);
+            Visible { outputs, state, included }
+        }
+    }
+
+    #[test]
+    fn the_local_committer_meets_the_committer_conformance_suite() {
+        tally_core::commit::conformance::run(LocalBackend::new);
     }
 }

@@ -16,7 +16,7 @@
 //! crash, [`LocalSink::open`] cuts each file back to its committed length.
 //! [`LocalSink::stage`] writes a transaction's lines while it is still
 //! open and starts their writeback, so the fsync at its commit has little
-//! left to wait for; [`LocalSink::discard`] cuts them again if it aborts.
+//! left to wait for; [`LocalSink::cut_to`] cuts them again if it aborts.
 //! Only bytes up to a file's committed length are output: a reader of a
 //! running job's files must not trust what lies beyond.
 
@@ -283,18 +283,21 @@ impl LocalSink {
         Ok(self.files.iter().map(|output| output.len).collect())
     }
 
-    /// Drops the open transaction's lines: pending ones, and staged ones
-    /// already in the files (cut back to their committed lengths).
-    pub fn discard(&mut self) -> Result<(), SinkError> {
-        for output in &mut self.files {
+    /// Cuts every file back to `lengths`, its committed length: drops the
+    /// lines of a transaction that will not commit, whether pending, staged
+    /// or already synced by its prepare.
+    pub fn cut_to(&mut self, lengths: &[u64]) -> Result<(), SinkError> {
+        for (output, &length) in self.files.iter_mut().zip(lengths) {
+            debug_assert!(length <= output.len, "a committed length is a synced one");
             output.pending.clear();
-            if output.staged > 0 {
+            if output.staged > 0 || output.len != length {
                 output
                     .file
-                    .set_len(output.len)
+                    .set_len(length)
                     .map_err(|source| SinkError::Write { path: output.path.clone(), source })?;
-                output.staged = 0;
             }
+            output.len = length;
+            output.staged = 0;
         }
         Ok(())
     }
@@ -445,7 +448,7 @@ mod tests {
             file_len(&sink) >= STAGE_BYTES as u64,
             "staged lines are written before the commit"
         );
-        sink.discard().unwrap();
+        sink.cut_to(&[0, 0]).unwrap();
         assert_eq!(file_len(&sink), 0, "an abort cuts them");
 
         sink.format(&[output(0)], &[], &lineage());
@@ -462,7 +465,14 @@ mod tests {
         // An abort after a commit cuts back to the committed length only.
         sink.format(&many, &[], &lineage());
         sink.stage().unwrap();
-        sink.discard().unwrap();
+        sink.cut_to(&lengths).unwrap();
+        assert_eq!(std::fs::read_to_string(sink.path(0)).unwrap(), text);
+
+        // An abort after a prepare that synced lines, before the commit
+        // point, cuts those too.
+        sink.format(&many, &[], &lineage());
+        sink.sync().unwrap();
+        sink.cut_to(&lengths).unwrap();
         assert_eq!(std::fs::read_to_string(sink.path(0)).unwrap(), text);
     }
 

@@ -11,6 +11,7 @@ mod crash;
 mod hostile;
 mod hostile_api;
 mod hostile_uploads;
+mod kafka_committer;
 mod kafka_crash;
 mod kafka_group;
 mod kafka_restore;
