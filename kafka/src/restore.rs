@@ -393,13 +393,15 @@ impl Restorer {
     ) -> Result<Option<String>, RestoreError> {
         let mut leaders: Vec<Leader> = Vec::new();
         let mut turn = 0usize;
-        // Failures are logged once per LOG_EVERY: a broker being restarted
-        // fails every connection for seconds.
-        let mut last_warning: Option<Instant> = None;
-        let mut warn = |what: &str, why: &str| {
+        // Each kind of failure is logged once per LOG_EVERY: a broker being
+        // restarted fails every connection for seconds. Kinds apart: a
+        // failed connection must not hide that a fetch failed after it.
+        let mut last_warnings: [Option<Instant>; 2] = [None; 2];
+        let mut warn = |kind: usize, what: &str, why: &str| {
+            let last_warning = &mut last_warnings[kind];
             if last_warning.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
                 tracing::warn!(topic = %self.topic, "restore: {what}: {why}");
-                last_warning = Some(Instant::now());
+                *last_warning = Some(Instant::now());
             }
         };
         while restoring.iter().any(|partition| !partition.finished) {
@@ -415,12 +417,12 @@ impl Restorer {
             match step {
                 Ok(arrived) => run.step(restoring, arrived)?,
                 Err(Interrupted::Retry(why)) => {
-                    let what = if leaders.is_empty() {
-                        "connecting to the changelog's leaders failed, retrying"
+                    let (kind, what) = if leaders.is_empty() {
+                        (0, "connecting to the changelog's leaders failed, retrying")
                     } else {
-                        "fetching from the changelog's leaders failed, connecting again"
+                        (1, "fetching from the changelog's leaders failed, connecting again")
                     };
-                    warn(what, &why);
+                    warn(kind, what, &why);
                     leaders.clear();
                     std::thread::sleep(RECONNECT_BACKOFF);
                     run.step(restoring, false)?;
