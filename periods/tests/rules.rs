@@ -1,0 +1,398 @@
+//! The period rules, through the crate's public API: worked cases whose
+//! expected records are computed by hand (in the comments), and property
+//! tests that the records never depend on where transactions end or where
+//! a process restarted from its committed entries.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use proptest::prelude::*;
+use tally_periods::{
+    Added, Aggregation, EventFacts, PartitionPeriods, PeriodRecord, PeriodSettings, PeriodsTable,
+    Verdict,
+};
+
+/// A `sum` meter: the state is the total as decimal text; a payload is a
+/// quantity, and `bad` is refused.
+struct Sum;
+
+impl Aggregation for Sum {
+    type Error = String;
+
+    fn add(&mut self, state: Option<&[u8]>, payload: &[u8]) -> Result<Added, String> {
+        let quantity: Option<u64> =
+            std::str::from_utf8(payload).ok().and_then(|text| text.parse().ok());
+        let Some(quantity) = quantity else {
+            return Ok(Added::Refused("quantity is not a number".into()));
+        };
+        let total: u64 =
+            state.map_or(0, |state| std::str::from_utf8(state).unwrap().parse().unwrap());
+        Ok(Added::State((total + quantity).to_string().into_bytes()))
+    }
+
+    fn value(&mut self, state: &[u8]) -> Result<u64, String> {
+        Ok(std::str::from_utf8(state).unwrap().parse().unwrap())
+    }
+}
+
+fn settings(table: &str) -> Arc<PeriodSettings> {
+    let table: PeriodsTable = serde_json::from_str(table).unwrap();
+    Arc::new(PeriodSettings::try_from(table).unwrap())
+}
+
+fn at(text: &str) -> Timestamp {
+    text.parse().unwrap()
+}
+
+fn event(id: &str, time: &str, customer: &str) -> EventFacts {
+    EventFacts {
+        id: id.to_string(),
+        time: at(time),
+        key: vec![("customer".into(), customer.into()), ("metric".into(), "calls".into())],
+        customer: customer.to_string(),
+    }
+}
+
+/// A partition under test, with what it emitted.
+struct Partition {
+    periods: PartitionPeriods,
+    records: Vec<PeriodRecord>,
+}
+
+impl Partition {
+    fn new(settings: Arc<PeriodSettings>) -> Partition {
+        Partition { periods: PartitionPeriods::new(settings), records: Vec::new() }
+    }
+
+    /// Offers an event that arrived at its own event time.
+    fn offer(&mut self, event: &EventFacts, quantity: &str) -> Verdict {
+        self.offer_arriving(event, quantity, event.time)
+    }
+
+    fn offer_arriving(
+        &mut self,
+        event: &EventFacts,
+        quantity: &str,
+        arrival: Timestamp,
+    ) -> Verdict {
+        self.periods
+            .offer(event, quantity.as_bytes(), arrival, &mut Sum, &mut self.records)
+            .unwrap()
+    }
+
+    fn end_transaction(&mut self) {
+        self.periods.end_transaction(&mut Sum, &mut self.records).unwrap();
+    }
+
+    /// The records emitted since the last call, as (type, label, value,
+    /// version, previous) for a compact comparison.
+    fn emitted(&mut self) -> Vec<(&'static str, String, u64, u32, Option<u64>)> {
+        std::mem::take(&mut self.records)
+            .into_iter()
+            .map(|record| {
+                let kind = if record.is_final() { "final" } else { "adjustment" };
+                (kind, record.period.label, record.value, record.version, record.previous)
+            })
+            .collect()
+    }
+}
+
+fn reason(verdict: Verdict) -> String {
+    match verdict {
+        Verdict::DeadLetter(reason) => reason,
+        Verdict::Applied => panic!("applied, not a dead letter"),
+    }
+}
+
+#[test]
+fn a_new_york_month_closes_once_adjusts_and_forgets_at_its_horizon() {
+    let mut partition = Partition::new(settings(
+        r#"{"grace": "24h", "horizon": "35d", "max_future": "5m",
+            "time_zones": {"acme": "America/New_York"}}"#,
+    ));
+    // November in New York: 2026-11-01T04:00Z to 2026-12-01T05:00Z.
+    assert_eq!(partition.offer(&event("a", "2026-11-10T12:00:00Z", "acme"), "5"), Verdict::Applied);
+    // 18:00 on 30 November in New York, though 1 December in UTC.
+    assert_eq!(partition.offer(&event("b", "2026-12-01T00:00:00Z", "acme"), "7"), Verdict::Applied);
+    assert!(
+        reason(partition.offer(&event("a", "2026-11-10T12:00:00Z", "acme"), "5"))
+            .starts_with("duplicate: event id \"a\"")
+    );
+    assert!(
+        reason(partition.offer(&event("a", "2026-11-10T12:00:00Z", "acme"), "6"))
+            .starts_with("duplicate_conflict: event id \"a\"")
+    );
+    assert!(
+        reason(partition.offer(&event("x", "2026-11-10T12:00:00Z", "acme"), "bad"))
+            .starts_with("refused: quantity is not a number")
+    );
+    assert_eq!(partition.emitted(), vec![]);
+
+    // 2026-12-02T05:00Z is the end (12-01T05:00Z) plus the grace: closes.
+    assert_eq!(partition.offer(&event("c", "2026-12-02T04:59:59Z", "acme"), "1"), Verdict::Applied);
+    assert_eq!(partition.emitted(), vec![]);
+    assert_eq!(partition.offer(&event("d", "2026-12-02T05:00:00Z", "acme"), "1"), Verdict::Applied);
+    assert_eq!(partition.emitted(), vec![("final", "2026-11".into(), 12, 1, None)]);
+
+    // Two late events in one transaction: one adjustment, 12 -> 15.
+    assert_eq!(partition.offer(&event("e", "2026-11-20T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    assert_eq!(partition.offer(&event("f", "2026-11-21T00:00:00Z", "acme"), "2"), Verdict::Applied);
+    partition.end_transaction();
+    assert_eq!(partition.emitted(), vec![("adjustment", "2026-11".into(), 15, 2, Some(12))]);
+    // A transaction that changes nothing final adjusts nothing.
+    partition.end_transaction();
+    assert_eq!(partition.emitted(), vec![]);
+
+    // More than 5 minutes past its arrival: future, and the watermark
+    // stays (December would close otherwise).
+    let arrival = at("2026-12-03T00:00:00Z");
+    let future = event("g", "2027-01-05T00:00:00Z", "acme");
+    assert!(reason(partition.offer_arriving(&future, "1", arrival)).starts_with("future: "));
+    assert_eq!(partition.periods.watermark(), Some(at("2026-12-02T05:00:00Z")));
+
+    // 2027-01-05T05:00Z: November's end plus 35 days. December (ends
+    // 2027-01-01T05:00Z) closes at 2027-01-02T05:00Z on the way.
+    assert_eq!(partition.offer(&event("h", "2027-01-05T05:00:00Z", "acme"), "1"), Verdict::Applied);
+    assert_eq!(partition.emitted(), vec![("final", "2026-12".into(), 2, 1, None)]);
+    // November is gone: a late event and a retry of `a` are too old.
+    assert!(reason(partition.offer(&event("i", "2026-11-30T00:00:00Z", "acme"), "1")).starts_with(
+        "too_old: its period 2026-11 (America/New_York) ended at 2026-12-01T05:00:00Z"
+    ));
+    assert!(
+        reason(partition.offer(&event("a", "2026-11-10T12:00:00Z", "acme"), "5"))
+            .starts_with("too_old: ")
+    );
+    // December's ids are still known.
+    assert!(
+        reason(partition.offer(&event("d", "2026-12-02T05:00:00Z", "acme"), "1"))
+            .starts_with("duplicate: ")
+    );
+    let counts = partition.periods.counts();
+    assert_eq!(
+        (counts.finals, counts.adjustments, counts.duplicates, counts.conflicts),
+        (2, 1, 2, 1)
+    );
+    assert_eq!((counts.future, counts.too_old), (1, 2));
+}
+
+#[test]
+fn an_idle_partition_closes_by_another_partitions_watermark_without_taking_it() {
+    let mut partition = Partition::new(settings(r#"{"grace": "1h", "horizon": "35d"}"#));
+    assert_eq!(
+        partition.offer(&event("a", "2026-11-10T00:00:00Z", "globex"), "4"),
+        Verdict::Applied
+    );
+    // UTC November ends 2026-12-01T00:00Z; with the grace, 01:00Z.
+    let mut records = Vec::new();
+    partition.periods.close_idle(at("2026-12-01T00:59:59Z"), &mut Sum, &mut records).unwrap();
+    assert!(records.is_empty());
+    partition.periods.close_idle(at("2026-12-01T01:00:00Z"), &mut Sum, &mut records).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!((records[0].period.label.as_str(), records[0].value), ("2026-11", 4));
+    assert_eq!(partition.periods.watermark(), Some(at("2026-11-10T00:00:00Z")), "own stays");
+    assert_eq!(partition.periods.effective_watermark(), Some(at("2026-12-01T01:00:00Z")));
+    // A lower watermark adopted later changes nothing.
+    partition.periods.close_idle(at("2026-11-20T00:00:00Z"), &mut Sum, &mut records).unwrap();
+    assert_eq!(partition.periods.effective_watermark(), Some(at("2026-12-01T01:00:00Z")));
+    // A record arriving late for the closed month adjusts it.
+    assert_eq!(
+        partition.offer(&event("b", "2026-11-11T00:00:00Z", "globex"), "1"),
+        Verdict::Applied
+    );
+    partition.end_transaction();
+    assert_eq!(partition.emitted(), vec![("adjustment", "2026-11".into(), 5, 2, Some(4))]);
+}
+
+#[test]
+fn periods_close_in_end_then_key_order_whatever_the_order_they_opened() {
+    let mut partition = Partition::new(settings(
+        r#"{"calendar": "day", "grace": "1h", "horizon": "3d",
+            "time_zones": {"tokyo": "Asia/Tokyo", "paris": "Europe/Paris"}}"#,
+    ));
+    // Days end at 15:00Z in Tokyo (+9) and 23:00Z in Paris (+1, winter).
+    for (id, time, customer) in [
+        ("1", "2026-12-01T12:00:00Z", "paris"),
+        ("2", "2026-12-01T12:00:00Z", "tokyo"),
+        ("3", "2026-12-01T13:00:00Z", "acme"),
+    ] {
+        assert_eq!(partition.offer(&event(id, time, customer), "1"), Verdict::Applied);
+    }
+    assert_eq!(partition.offer(&event("4", "2026-12-03T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    let closed: Vec<(String, String)> = std::mem::take(&mut partition.records)
+        .into_iter()
+        .map(|record| (record.period.end.to_string(), record.key[0].1.clone()))
+        .collect();
+    assert_eq!(
+        closed,
+        [
+            // Tokyo's 1 December ends 2026-12-01T15:00Z, Paris's at 23:00Z,
+            // UTC's (acme) 2026-12-02T00:00Z.
+            ("2026-12-01T15:00:00Z".to_string(), "tokyo".to_string()),
+            ("2026-12-01T23:00:00Z".to_string(), "paris".to_string()),
+            ("2026-12-02T00:00:00Z".to_string(), "acme".to_string()),
+        ]
+    );
+}
+
+#[test]
+fn oversized_ids_and_keys_are_refused_naming_the_limit() {
+    let mut partition = Partition::new(settings("{}"));
+    let long_id = event(&"i".repeat(257), "2026-11-10T00:00:00Z", "acme");
+    assert!(reason(partition.offer(&long_id, "1")).contains("1 to 256 bytes, this one is 257"));
+    let mut wide = event("ok", "2026-11-10T00:00:00Z", "acme");
+    wide.key = (0..17).map(|field| (field.to_string(), String::new())).collect();
+    assert!(reason(partition.offer(&wide, "1")).contains("16 fields of 1024 bytes in all"));
+}
+
+/// One step of a generated run.
+#[derive(Debug, Clone)]
+enum Step {
+    /// An event: id number, customer, minutes after the run's start its
+    /// time lies, minutes it arrived after that, quantity.
+    Event { id: u8, customer: u8, minutes: i64, late_arrival: i64, quantity: u8 },
+    /// A transaction ends (and commits).
+    Commit,
+    /// The partition is idle: close it through this many minutes.
+    Idle { minutes: i64 },
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    // About four months of event time around New York's and Lord Howe's
+    // DST changes (October-November 2026), in a handful of zones.
+    let event = (0u8..40, 0u8..4, 0i64..150_000, -10i64..20, 0u8..10).prop_map(
+        |(id, customer, minutes, late_arrival, quantity)| Step::Event {
+            id,
+            customer,
+            minutes,
+            late_arrival,
+            quantity,
+        },
+    );
+    let step = prop_oneof![
+        8 => event,
+        2 => Just(Step::Commit),
+        1 => (0i64..150_000).prop_map(|minutes| Step::Idle { minutes }),
+    ];
+    prop::collection::vec(step, 1..200)
+}
+
+const CUSTOMERS: [&str; 4] = ["acme", "globex", "initech", "umbrella"];
+
+fn generated_settings() -> Arc<PeriodSettings> {
+    settings(
+        r#"{"calendar": "day", "grace": "6h", "horizon": "10d", "max_future": "5m",
+            "time_zones": {"acme": "America/New_York", "globex": "Australia/Lord_Howe",
+                           "initech": "Asia/Kathmandu"}}"#,
+    )
+}
+
+/// Runs `steps`, committing where they say (and at the end); restarts from
+/// the committed entries after the commits listed in `restarts`. Returns
+/// every record of a committed transaction, and the verdicts.
+fn run(steps: &[Step], restarts: &[usize]) -> (Vec<PeriodRecord>, Vec<Verdict>) {
+    let settings = generated_settings();
+    let start = at("2026-09-20T00:00:00Z");
+    let minutes = |count: i64| start + jiff::SignedDuration::from_mins(count);
+    let mut committed_entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut partition = PartitionPeriods::new(settings.clone());
+    let (mut records, mut pending, mut verdicts) = (Vec::new(), Vec::new(), Vec::new());
+    let mut commits = 0;
+    let mut commit = |partition: &mut PartitionPeriods,
+                      pending: &mut Vec<PeriodRecord>,
+                      committed_entries: &mut BTreeMap<Vec<u8>, Vec<u8>>| {
+        partition.end_transaction(&mut Sum, pending).unwrap();
+        for (key, value) in partition.take_changes() {
+            match value {
+                Some(value) => committed_entries.insert(key, value),
+                None => committed_entries.remove(&key),
+            };
+        }
+        records.append(pending);
+    };
+    for step in steps.iter().chain([&Step::Commit]) {
+        match step {
+            Step::Event { id, customer, minutes: at_minute, late_arrival, quantity } => {
+                let customer = CUSTOMERS[usize::from(*customer)];
+                let facts = EventFacts {
+                    id: format!("event-{id}"),
+                    time: minutes(*at_minute),
+                    key: vec![("customer".into(), customer.into())],
+                    customer: customer.into(),
+                };
+                let arrival = minutes(at_minute + late_arrival);
+                let payload = quantity.to_string();
+                verdicts.push(
+                    partition
+                        .offer(&facts, payload.as_bytes(), arrival, &mut Sum, &mut pending)
+                        .unwrap(),
+                );
+            }
+            Step::Idle { minutes: through } => {
+                partition.close_idle(minutes(*through), &mut Sum, &mut pending).unwrap();
+            }
+            Step::Commit => {
+                commit(&mut partition, &mut pending, &mut committed_entries);
+                commits += 1;
+                if restarts.contains(&commits) {
+                    let entries = committed_entries.clone().into_iter();
+                    partition = PartitionPeriods::restore(settings.clone(), entries).unwrap();
+                }
+            }
+        }
+    }
+    (records, verdicts)
+}
+
+/// Each period's FINAL value and its last value, by (key, label).
+fn settled(records: &[PeriodRecord]) -> BTreeMap<(String, String), (u64, u64, u32)> {
+    let mut settled = BTreeMap::new();
+    for record in records {
+        let id = (record.key[0].1.clone(), record.period.label.clone());
+        let entry = settled.entry(id).or_insert((record.value, record.value, record.version));
+        assert!(record.version > entry.2 || record.is_final(), "versions rise: {record:?}");
+        if record.is_final() {
+            assert_eq!(entry.2, 1, "one FINAL per period: {record:?}");
+        }
+        entry.1 = record.value;
+        entry.2 = record.version;
+    }
+    settled
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// A process restarted from its committed entries after any commit
+    /// emits what one that never stopped emits, record for record.
+    #[test]
+    fn a_restart_from_the_committed_entries_changes_no_record(
+        steps in steps(),
+        restarts in prop::collection::vec(1usize..40, 0..4),
+    ) {
+        let (uninterrupted, verdicts) = run(&steps, &[]);
+        let (restarted, verdicts_restarted) = run(&steps, &restarts);
+        prop_assert_eq!(uninterrupted, restarted);
+        prop_assert_eq!(verdicts, verdicts_restarted);
+    }
+
+    /// Where transactions end changes how many ADJUSTMENTs there are, never
+    /// the FINALs, the verdicts, or where each period's value settles.
+    #[test]
+    fn transaction_boundaries_change_no_final_and_no_settled_value(steps in steps()) {
+        let without_commits: Vec<Step> =
+            steps.iter().filter(|step| !matches!(step, Step::Commit)).cloned().collect();
+        let (committing, verdicts) = run(&steps, &[]);
+        let (once, verdicts_once) = run(&without_commits, &[]);
+        let finals = |records: &[PeriodRecord]| -> Vec<PeriodRecord> {
+            records.iter().filter(|record| record.is_final()).cloned().collect()
+        };
+        prop_assert_eq!(finals(&committing), finals(&once));
+        prop_assert_eq!(verdicts, verdicts_once);
+        let settled_once: BTreeMap<_, _> =
+            settled(&once).into_iter().map(|(id, (first, last, _))| (id, (first, last))).collect();
+        let settled_committing: BTreeMap<_, _> =
+            settled(&committing).into_iter().map(|(id, (first, last, _))| (id, (first, last))).collect();
+        prop_assert_eq!(settled_committing, settled_once);
+    }
+}
