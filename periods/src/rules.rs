@@ -184,7 +184,13 @@ pub struct PartitionPeriods {
     seen: HashMap<String, SeenId>,
     /// Seen ids by expiry, for the purge.
     expiring: BTreeMap<Timestamp, Vec<String>>,
-    /// Entries changed since the last [`PartitionPeriods::take_changes`].
+    /// Periods changed since the last [`PartitionPeriods::take_changes`],
+    /// encoded there: once per transaction, not once per event.
+    dirty: BTreeSet<PeriodId>,
+    /// Whether the watermark moved since the last `take_changes`.
+    watermark_moved: bool,
+    /// Other entries changed since the last `take_changes` (seen ids,
+    /// deletions, the idle watermark).
     changed: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     counts: PeriodCounts,
 }
@@ -201,6 +207,8 @@ impl PartitionPeriods {
             marked: BTreeSet::new(),
             seen: HashMap::new(),
             expiring: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            watermark_moved: false,
             changed: BTreeMap::new(),
             counts: PeriodCounts::default(),
         }
@@ -346,8 +354,7 @@ impl PartitionPeriods {
             })
         };
         entry.state = state;
-        let stored = codec::period(&id, entry);
-        self.changed.insert(stored.0, Some(stored.1));
+        self.dirty.insert(id);
         let seen = SeenId { expires: purge_at, digest };
         let stored = codec::seen(&event.id, &seen);
         self.changed.insert(stored.0, Some(stored.1));
@@ -356,8 +363,7 @@ impl PartitionPeriods {
 
         if self.watermark.is_none_or(|watermark| event.time > watermark) {
             self.watermark = Some(event.time);
-            let stored = codec::watermark(event.time);
-            self.changed.insert(stored.0, Some(stored.1));
+            self.watermark_moved = true;
         }
         self.close_and_purge(aggregation, out)?;
         Ok(Verdict::Applied)
@@ -391,7 +397,7 @@ impl PartitionPeriods {
     ) -> Result<(), A::Error> {
         for id in std::mem::take(&mut self.marked) {
             if let Some(period) = self.closed.get_mut(&id) {
-                adjust(&id, period, aggregation, out, &mut self.changed, &mut self.counts)?;
+                adjust(&id, period, aggregation, out, &mut self.dirty, &mut self.counts)?;
             }
         }
         Ok(())
@@ -400,6 +406,19 @@ impl PartitionPeriods {
     /// The entries changed since the last call, to commit with the
     /// transaction (`None`: delete the entry).
     pub fn take_changes(&mut self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        for id in std::mem::take(&mut self.dirty) {
+            // A period purged since it changed is already a deletion.
+            if let Some(period) = self.open.get(&id).or_else(|| self.closed.get(&id)) {
+                let (key, value) = codec::period(&id, period);
+                self.changed.insert(key, Some(value));
+            }
+        }
+        if std::mem::take(&mut self.watermark_moved)
+            && let Some(watermark) = self.watermark
+        {
+            let (key, value) = codec::watermark(watermark);
+            self.changed.insert(key, Some(value));
+        }
         std::mem::take(&mut self.changed).into_iter().collect()
     }
 
@@ -408,7 +427,10 @@ impl PartitionPeriods {
     /// (After an aborted transaction the host restores the partition from
     /// its committed entries instead.)
     pub fn is_dirty(&self) -> bool {
-        !self.changed.is_empty() || !self.marked.is_empty()
+        !self.changed.is_empty()
+            || !self.dirty.is_empty()
+            || self.watermark_moved
+            || !self.marked.is_empty()
     }
 
     /// Rule 5 and the purge, at the effective watermark.
@@ -429,8 +451,7 @@ impl PartitionPeriods {
             period.value = value;
             out.push(record(&id, &period, None));
             self.counts.finals += 1;
-            let stored = codec::period(&id, &period);
-            self.changed.insert(stored.0, Some(stored.1));
+            self.dirty.insert(id.clone());
             self.closed.insert(id, period);
         }
         let horizon = self.settings.horizon;
@@ -442,8 +463,9 @@ impl PartitionPeriods {
             // A late event changed it in this transaction: its adjustment
             // goes out before it is forgotten.
             if self.marked.remove(&id) {
-                adjust(&id, &mut period, aggregation, out, &mut self.changed, &mut self.counts)?;
+                adjust(&id, &mut period, aggregation, out, &mut self.dirty, &mut self.counts)?;
             }
+            self.dirty.remove(&id);
             self.changed.insert(codec::period_key(&id), None);
         }
         while let Some(entry) = self.expiring.first_entry() {
@@ -483,7 +505,7 @@ fn adjust<A: Aggregation>(
     period: &mut PeriodState,
     aggregation: &mut A,
     out: &mut Vec<PeriodRecord>,
-    changed: &mut BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    dirty: &mut BTreeSet<PeriodId>,
     counts: &mut PeriodCounts,
 ) -> Result<(), A::Error> {
     let value = aggregation.value(&period.state)?;
@@ -493,8 +515,7 @@ fn adjust<A: Aggregation>(
         period.value = value;
         out.push(record(id, period, Some(previous)));
         counts.adjustments += 1;
-        let stored = codec::period(id, period);
-        changed.insert(stored.0, Some(stored.1));
+        dirty.insert(id.clone());
     }
     Ok(())
 }
