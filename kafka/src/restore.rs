@@ -474,6 +474,7 @@ impl Restorer {
                         connection,
                         slots: vec![slot],
                         fetches: 0,
+                        heard: false,
                     });
                 }
             }
@@ -523,6 +524,11 @@ impl Restorer {
         let arrived =
             read.and_then(|read| self.apply_fetch_answer(run, restoring, leader, &read, settings));
         leader.connection.reuse(answer);
+        if matches!(arrived, Ok(true)) && !leader.heard {
+            leader.heard = true;
+            tracing::info!(topic = %self.topic, broker = leader.id,
+                "restore: records arriving from the leader at {}", leader.connection.broker());
+        }
         arrived
     }
 
@@ -682,6 +688,10 @@ struct Leader {
     slots: Vec<usize>,
     /// Fetches sent to it: rotates the order of its partitions.
     fetches: usize,
+    /// Whether records have arrived from it on this connection (said once
+    /// in the log: an operator, and the broker-restart test, see the
+    /// restore reading).
+    heard: bool,
 }
 
 impl Leader {
