@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 /// (constant name, cargo package) of each plugin the tests load.
 const PLUGINS: &[(&str, &str)] = &[
     ("USAGE_BILLING", "usage-billing"),
+    ("BILLING_PERIODS", "billing-periods"),
+    ("PERIODS_HOSTILE", "periods-hostile"),
     ("MISBEHAVING", "misbehaving"),
     ("IMPORTS_SOCKETS", "imports-sockets"),
     ("WRONG_WIT_VERSION", "wrong-wit-version"),

@@ -73,7 +73,7 @@ impl BatchRunner {
             match call(processor, txn, remaining) {
                 Ok(rejections) if rejections.is_empty() => {
                     txn.keep_batch();
-                    outcome.applied += remaining.len() as u64;
+                    count_kept(&mut outcome, txn, remaining.len());
                     self.succeeded();
                     return Ok(finish(outcome, txn, before));
                 }
@@ -129,6 +129,7 @@ impl BatchRunner {
                 output_bytes: limits.max_output_bytes_per_batch.saturating_sub(kept.output_bytes),
                 state_bytes: limits.max_state_bytes_per_batch.saturating_sub(kept.state_bytes),
                 retry_of: Some(events.len()),
+                share_of: None,
                 batch: limits,
             });
             match call(processor, txn, event) {
@@ -137,7 +138,7 @@ impl BatchRunner {
                     let used = txn.call_usage();
                     kept.output_bytes += used.output_bytes;
                     kept.state_bytes += used.state_bytes;
-                    outcome.applied += 1;
+                    count_kept(outcome, txn, 1);
                     self.succeeded();
                 }
                 Ok(rejections) => {
@@ -180,7 +181,7 @@ impl BatchRunner {
             let failure = match call(processor, txn, remaining) {
                 Ok(rejections) if rejections.is_empty() => {
                     txn.keep_batch();
-                    outcome.applied += remaining.len() as u64;
+                    count_kept(&mut outcome, txn, remaining.len());
                     return Ok(finish(outcome, txn, before));
                 }
                 Ok(rejections) => {
@@ -261,6 +262,15 @@ pub fn process_batch(
     events: &[Event],
 ) -> Result<BatchOutcome, ProcessError> {
     BatchRunner::new().run(processor, txn, events)
+}
+
+/// Counts `events` of a kept call: applied, but for those the host itself
+/// dead-lettered during it (a period job's rules).
+fn count_kept(outcome: &mut BatchOutcome, txn: &Transaction, events: usize) {
+    let refused = txn.dead_letters_in_call().min(events as u64);
+    outcome.applied += events as u64 - refused;
+    outcome.dead_lettered += refused;
+    outcome.refused_by_rules += txn.rule_dead_letters_in_call().min(refused);
 }
 
 fn finish(mut outcome: BatchOutcome, txn: &Transaction, before: usize) -> BatchOutcome {

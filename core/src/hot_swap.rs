@@ -144,9 +144,18 @@ impl HotSwap {
             return;
         }
         let Some((plugin, pushed_at)) = self.slot.take() else { return };
-        match plugin.instantiate_in(self.limits, self.context.clone()) {
+        let started = if plugin.kind() == processor.kind() {
+            plugin.processor(self.limits, self.context.clone()).map_err(|err| err.to_string())
+        } else {
+            Err(format!(
+                "it is {}, but the job runs {}: a job keeps its kind of plugin",
+                plugin.kind().describe(),
+                processor.kind().describe()
+            ))
+        };
+        match started {
             Ok(instance) => {
-                let previous = std::mem::replace(processor, Box::new(instance));
+                let previous = std::mem::replace(processor, instance);
                 // A version still on trial (no committed transaction yet) is
                 // replaced outright: go back to the last accepted one if the
                 // newest fails.
@@ -172,10 +181,8 @@ impl HotSwap {
                 self.observer.swapped(&SwapEvent::OnTrial { digest: plugin.digest().to_string() });
             }
             Err(err) => {
-                let event = SwapEvent::Refused {
-                    digest: plugin.digest().to_string(),
-                    reason: err.to_string(),
-                };
+                let event =
+                    SwapEvent::Refused { digest: plugin.digest().to_string(), reason: err.clone() };
                 tracing::warn!(plugin = %plugin.digest(), error = %err, "new plugin version could not start; keeping the running one");
                 self.observer.swapped(&event);
             }
@@ -187,7 +194,7 @@ impl HotSwap {
     pub fn judge_batch(&mut self, events: usize, outcome: &BatchOutcome) -> Option<String> {
         let trial = self.trial.as_mut()?;
         trial.events += events as u64;
-        trial.rejected += outcome.dead_lettered;
+        trial.rejected += outcome.dead_lettered.saturating_sub(outcome.refused_by_rules);
         if let Some(trap) = &outcome.first_failure {
             return Some(format!("it failed on its first transaction: {trap}"));
         }
@@ -306,6 +313,18 @@ mod tests {
         assert!(
             matches!(&lock(&events.0)[..], [SwapEvent::RolledBack { digest, restored, .. }] if digest == "sha256:new" && restored == "sha256:old")
         );
+    }
+
+    #[test]
+    fn retries_and_late_events_a_period_job_refuses_are_not_held_against_the_version() {
+        let (mut swap, _, _) = on_trial(Arc::new(Events::default()));
+        let replayed =
+            BatchOutcome { dead_lettered: 95, refused_by_rules: 90, ..BatchOutcome::default() };
+        assert_eq!(swap.judge_batch(100, &replayed), None);
+        assert_eq!(swap.judge_transaction(), None, "5 of 100 are the version's");
+        let refused = BatchOutcome { dead_lettered: 96, ..BatchOutcome::default() };
+        assert_eq!(swap.judge_batch(100, &refused), None);
+        assert!(swap.judge_transaction().unwrap().contains("101 of the 200"));
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod limits;
 pub mod lock;
 pub mod observe;
 pub mod overlay;
+pub mod periods;
 pub mod plugin;
 pub mod settings;
 pub mod state;

@@ -14,6 +14,10 @@ pub struct BatchOutcome {
     pub applied: u64,
     /// Events dead-lettered.
     pub dead_lettered: u64,
+    /// Of them, refused by a period job's rules whatever the plugin
+    /// (retries, late and future events): not held against a plugin
+    /// version on trial.
+    pub refused_by_rules: u64,
     /// Output records the batch added (dead letters not included).
     pub outputs: u64,
     /// Plugin calls that trapped or broke a limit.
@@ -76,6 +80,9 @@ pub trait JobObserver: Send + Sync {
     fn swapped(&self, _event: &SwapEvent) {}
     /// A batch ran (counts are of that batch).
     fn batch(&self, _events: usize, _outcome: &BatchOutcome) {}
+    /// A period job's partitions after a commit (in Kafka mode the next
+    /// transaction may have run a little further).
+    fn periods(&self, _partitions: &[crate::periods::PartitionStatus]) {}
 }
 
 /// One committed transaction, as observers see it.

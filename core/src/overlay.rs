@@ -159,6 +159,14 @@ impl Overlay {
         self.batch.insert(key, None);
     }
 
+    /// Writes (`Some`) or deletes (`None`) a key straight in the
+    /// transaction, past the batch: the host's own entries (a period
+    /// job's), which no batch's failure takes back — only the
+    /// transaction's.
+    pub fn put_in_transaction(&mut self, key: Vec<u8>, value: Value) {
+        self.transaction.insert(key, value);
+    }
+
     /// The batch succeeded: its writes join the transaction.
     pub fn keep_batch(&mut self) {
         if self.transaction.is_empty() {

@@ -5,7 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tally_periods::PeriodSettings;
 
 use crate::hot_swap::SwapPolicy;
 use crate::limits::{Emit, Limits};
@@ -52,6 +55,12 @@ pub struct JobSettings {
     pub hot_swap: SwapPolicy,
     /// Which of the plugin's records a commit writes, per output.
     pub emit: BTreeMap<String, Emit>,
+    /// The job's billing periods, when it declares `[periods]`: the host
+    /// then owns event time and the plugin must be a period plugin.
+    pub periods: Option<Arc<PeriodSettings>>,
+    /// The job's `[plugin_config]` as JSON, handed to a period plugin
+    /// when it starts.
+    pub plugin_config: Option<String>,
 }
 
 impl JobSettings {
@@ -68,7 +77,40 @@ impl JobSettings {
             limits: Limits::default(),
             hot_swap: SwapPolicy::default(),
             emit: BTreeMap::new(),
+            periods: None,
+            plugin_config: None,
         }
+    }
+
+    /// Index of the output a period job's FINAL and ADJUSTMENT records go
+    /// to (`None` for a job without periods, or one naming no output).
+    pub fn periods_output(&self) -> Option<usize> {
+        let periods = self.periods.as_ref()?;
+        self.outputs.iter().position(|output| *output == periods.output)
+    }
+
+    /// The book a period job's transaction keeps (`None` without periods).
+    pub fn period_book(&self) -> Option<crate::periods::PeriodBook> {
+        let output = self.periods_output()?;
+        Some(crate::periods::PeriodBook::new(self.periods.clone()?, output))
+    }
+
+    /// Refuses a period plugin in a job without `[periods]`, and a process
+    /// plugin in one with them, saying which is which.
+    pub fn check_plugin_kind(&self, kind: crate::plugin::PluginKind) -> Result<(), InvalidJob> {
+        use crate::plugin::PluginKind;
+        let message = match (self.periods.is_some(), kind) {
+            (true, PluginKind::Process) => format!(
+                "it declares [periods], but its plugin is {}: build a period plugin (tally_sdk::export_periods!), or remove [periods]",
+                kind.describe()
+            ),
+            (false, PluginKind::Periods) => format!(
+                "its plugin is {}, which needs the host to own event time: declare [periods] in the job file (see docs/periods.md)",
+                kind.describe()
+            ),
+            _ => return Ok(()),
+        };
+        Err(InvalidJob { job: self.name.clone(), message })
     }
 
     /// How each output (by index, as in `outputs`) is emitted.
@@ -141,6 +183,26 @@ impl JobSettings {
             return invalid(format!(
                 "hot_swap.max_reject_share must be between 0 and 1, got {share}"
             ));
+        }
+        if self.plugin_config.is_some() && self.periods.is_none() {
+            return invalid(
+                "[plugin_config] is handed to period plugins, and this job declares no [periods]: remove it, or declare [periods] (see docs/periods.md)".into(),
+            );
+        }
+        if let Some(periods) = &self.periods {
+            if self.periods_output().is_none() {
+                return invalid(format!(
+                    "periods.output is `{}`, which the job does not declare (declared: {}); add it to outputs, or name one in [periods] output = \"...\"",
+                    periods.output,
+                    self.outputs.join(", ")
+                ));
+            }
+            if self.emit.get(&periods.output).is_some_and(|emit| *emit != Emit::EveryUpdate) {
+                return invalid(format!(
+                    "output `{}` carries FINAL and ADJUSTMENT records, each of which counts: remove it from emit (every record is written)",
+                    periods.output
+                ));
+            }
         }
         let limits = &self.limits;
         let tick_ms = crate::limits::EPOCH_TICK.as_millis() as u64;

@@ -66,6 +66,13 @@ pub trait StateStore: Send + Sync {
     fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError>;
     /// All state entries, in key order (for inspection and tests).
     fn scan_state(&self) -> Result<Vec<Entry>, StateError>;
+    /// The state entries whose key starts with `prefix`, in key order (a
+    /// period job reads one partition's periods so).
+    fn scan_state_prefix(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
+        let mut entries = self.scan_state()?;
+        entries.retain(|(key, _)| key.starts_with(prefix));
+        Ok(entries)
+    }
     /// Applies `commit` atomically and durably (synced to disk when the
     /// backend is on disk). On error nothing of it is applied.
     fn commit(&self, commit: StoreCommit) -> Result<(), StateError>;
@@ -168,17 +175,15 @@ impl StateStore for MemoryStore {
     }
 
     fn scan_meta(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
-        let maps = lock(&self.maps);
-        Ok(maps
-            .meta
-            .range(prefix.to_vec()..)
-            .take_while(|(key, _)| key.starts_with(prefix))
-            .map(clone_entry)
-            .collect())
+        Ok(scan_prefix(&lock(&self.maps).meta, prefix))
     }
 
     fn scan_state(&self) -> Result<Vec<Entry>, StateError> {
         Ok(lock(&self.maps).state.iter().map(clone_entry).collect())
+    }
+
+    fn scan_state_prefix(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
+        Ok(scan_prefix(&lock(&self.maps).state, prefix))
     }
 
     fn commit(&self, commit: StoreCommit) -> Result<(), StateError> {
@@ -196,6 +201,14 @@ impl StateStore for MemoryStore {
     fn bulk_load(&self) -> Box<dyn BulkLoad + '_> {
         Box::new(CommitEachCheckpoint::new(self))
     }
+}
+
+/// The entries of `map` whose key starts with `prefix`, in key order.
+fn scan_prefix(map: &BTreeMap<Vec<u8>, Vec<u8>>, prefix: &[u8]) -> Vec<Entry> {
+    map.range(prefix.to_vec()..)
+        .take_while(|(key, _)| key.starts_with(prefix))
+        .map(clone_entry)
+        .collect()
 }
 
 fn clone_entry((key, value): (&Vec<u8>, &Vec<u8>)) -> (Vec<u8>, Vec<u8>) {
@@ -287,6 +300,13 @@ pub mod conformance {
         let keys: Vec<Vec<u8>> =
             ok(store.scan_state(), "scan_state").into_iter().map(|(key, _)| key).collect();
         assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec(), "\u{ff}".as_bytes().to_vec()]);
+        ok(store.commit(commit_of(&[("ab", Some("4")), ("b0", Some("5"))], &[])), "commit");
+        let keys: Vec<Vec<u8>> = ok(store.scan_state_prefix(b"a"), "scan_state_prefix")
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        assert_eq!(keys, vec![b"a".to_vec(), b"ab".to_vec()]);
+        assert_eq!(ok(store.scan_state_prefix(b"c"), "scan_state_prefix"), vec![]);
         assert_eq!(
             ok(store.get_many(&[b"b", b"b", b"zz"]), "get_many"),
             vec![Some(b"2".to_vec()), Some(b"2".to_vec()), None],

@@ -201,6 +201,12 @@ impl Task {
         self.processor.digest()
     }
 
+    /// A period job's partitions: watermarks, open periods, seen ids and
+    /// what their rules did (`None` for a job without periods).
+    pub fn period_status(&self) -> Option<Vec<crate::periods::PartitionStatus>> {
+        self.txn.periods.as_ref().map(|book| book.status())
+    }
+
     /// Whether a version runs its trial transaction.
     fn on_trial(&self) -> bool {
         self.hot_swap.as_ref().is_some_and(HotSwap::on_trial)
@@ -257,6 +263,28 @@ impl Task {
         })
     }
 
+    /// Step 2b, before a commit: the work due at the transaction's end — a
+    /// period job's FINALs for the partitions in `idle`, and its
+    /// ADJUSTMENTs. `false`: the job was stopped during a plugin call (the
+    /// transaction must be dropped). Its records count as the
+    /// transaction's outputs.
+    fn end_transaction(&mut self, idle: &[u32]) -> Result<bool, RunError> {
+        let before = self.txn.outputs().len();
+        let result = self
+            .processor
+            .close_idle(&mut self.txn, idle)
+            .and_then(|()| self.processor.end_transaction(&mut self.txn));
+        match result {
+            Ok(()) => {
+                let emitted = self.txn.outputs().len().saturating_sub(before) as u64;
+                self.uncommitted.outputs += emitted;
+                Ok(true)
+            }
+            Err(ProcessError::Stopped) => Ok(false),
+            Err(err) => Err(RunError::of_batch(err, &self.job)),
+        }
+    }
+
     /// Step 3, before a commit: `Some(reason)` if the version on trial
     /// rejected too large a share of the transaction (then roll back).
     fn judge_transaction(&self) -> Option<String> {
@@ -283,6 +311,7 @@ impl Task {
         self.uncommitted = RunSummary::default();
         self.txn.abort();
         self.batches.transaction_dropped();
+        self.processor.transaction_dropped();
         self.observer.aborted(reason);
         if let Some(swap) = &mut self.hot_swap {
             swap.aborted();
@@ -305,6 +334,9 @@ impl Task {
         }
         if let Some(swap) = &mut self.hot_swap {
             swap.committed();
+        }
+        if let Some(book) = &self.txn.periods {
+            self.observer.periods(&book.status());
         }
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::limits::{Emit, Limits};
 use crate::overlay::{Overlay, ReadError};
+use crate::periods::PeriodBook;
 use crate::state::{StateError, StateStore};
 
 /// Where an input record came from.
@@ -36,6 +37,11 @@ pub struct PendingOutput {
     /// Its number among the records caused by the same input record; with
     /// `source` it makes the idempotency key.
     pub sequence: u32,
+    /// What the record states, when that, not the input record that
+    /// happened to cause it, identifies it (a period's FINAL: its key,
+    /// period and version): then it makes the idempotency key, so every
+    /// run, replay or restore gives the same fact the same key.
+    pub fact: Option<String>,
 }
 
 /// A refused or trapping input record, waiting for the commit.
@@ -87,12 +93,20 @@ pub struct Transaction {
     /// Digest of the plugin version this transaction runs (one version per
     /// transaction: versions are swapped only between transactions).
     pub plugin_digest: String,
+    /// A period job's periods, watermarks and seen event ids, as the
+    /// transaction leaves them (`None` for other jobs; see
+    /// [`crate::periods`]). Marked stale when the transaction is dropped.
+    pub periods: Option<Box<PeriodBook>>,
     store: Arc<dyn StateStore>,
     output_names: Arc<[String]>,
     limits: Limits,
     batch: Vec<SourcePosition>,
     batch_sequences: Vec<u32>,
     batch_outputs_start: usize,
+    batch_dead_letters_start: usize,
+    /// Of the dead letters since the call began, those a period job's
+    /// rules made whatever the plugin.
+    batch_rule_dead_letters: u64,
     /// [`Transaction::pending_bytes`] when the current call began.
     batch_pending_start: u64,
     /// What the plugin call running now may use.
@@ -124,6 +138,9 @@ pub struct CallLimits {
     /// Set when the call retries one event of a failed batch of this many
     /// events: the limits are that event's share of the batch's.
     pub retry_of: Option<usize>,
+    /// Set when the call is one event's of a batch of this many, each
+    /// with its share of the budget (a period plugin's `add`).
+    pub share_of: Option<usize>,
     /// The job's per-batch limits, for messages.
     pub batch: Limits,
 }
@@ -136,13 +153,29 @@ impl CallLimits {
             output_bytes: limits.max_output_bytes_per_batch,
             state_bytes: limits.max_state_bytes_per_batch,
             retry_of: None,
+            share_of: None,
             batch: *limits,
         }
+    }
+
+    /// The limits of one of `events` calls a batch makes event by event:
+    /// an equal share of the batch's CPU budget, at least one tick.
+    pub fn share(limits: &Limits, events: usize) -> CallLimits {
+        let budget = Duration::from_millis(limits.cpu_budget_ms);
+        let cpu = (budget / events.max(1) as u32).max(crate::limits::EPOCH_TICK);
+        CallLimits { cpu, share_of: Some(events), ..CallLimits::batch(limits) }
     }
 
     /// The dead-letter reason of a call stopped on its CPU budget.
     pub fn cpu_exceeded_reason(&self) -> String {
         let batch_ms = self.batch.cpu_budget_ms;
+        if let Some(events) = self.share_of {
+            return format!(
+                "plugin exceeded its CPU budget of {} ms for this event (its share of the batch's limits.cpu_budget_ms = {batch_ms} over {events} events, at least one {} ms tick)",
+                self.cpu.as_millis(),
+                crate::limits::EPOCH_TICK.as_millis()
+            );
+        }
         match self.retry_of {
             None => format!(
                 "plugin exceeded its CPU budget of {batch_ms} ms per batch (limits.cpu_budget_ms)"
@@ -178,12 +211,15 @@ impl Transaction {
             dead_letters: Vec::new(),
             last_plugin_error: None,
             plugin_digest: String::new(),
+            periods: None,
             store,
             output_names,
             limits,
             batch: Vec::new(),
             batch_sequences: Vec::new(),
             batch_outputs_start: 0,
+            batch_dead_letters_start: 0,
+            batch_rule_dead_letters: 0,
             batch_pending_start: 0,
             call: CallLimits::batch(&limits),
             used: CallUsage::default(),
@@ -206,6 +242,23 @@ impl Transaction {
     /// of its records, so all outputs wait for the commit.
     pub fn sends_outputs_early(&self) -> bool {
         self.emit.iter().all(|emit| *emit == Emit::EveryUpdate)
+    }
+
+    /// The job's periods: the transaction keeps them (see [`crate::periods`]).
+    pub fn with_periods(mut self, book: PeriodBook) -> Transaction {
+        self.periods = Some(Box::new(book));
+        self
+    }
+
+    /// The store the transaction reads through.
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    /// Dead letters added since the current call began (events the host
+    /// itself refused in it, as a period job's rules do).
+    pub fn dead_letters_in_call(&self) -> u64 {
+        self.dead_letters.len().saturating_sub(self.batch_dead_letters_start) as u64
     }
 
     /// The outputs the plugin may emit to, by index.
@@ -258,6 +311,8 @@ impl Transaction {
         self.batch_sequences.clear();
         self.batch_sequences.resize(self.batch.len(), 0);
         self.batch_outputs_start = self.outputs.len();
+        self.batch_dead_letters_start = self.dead_letters.len();
+        self.batch_rule_dead_letters = 0;
         self.batch_pending_start = self.pending_bytes;
         self.last_plugin_error = None;
         self.used = CallUsage::default();
@@ -284,6 +339,8 @@ impl Transaction {
         self.dead_letters.clear();
         self.latest.iter_mut().for_each(HashMap::clear);
         self.batch_outputs_start = 0;
+        self.batch_dead_letters_start = 0;
+        self.batch_rule_dead_letters = 0;
     }
 
     /// About how many bytes the transaction holds (outputs, dead letters
@@ -370,9 +427,22 @@ impl Transaction {
         self.dead_letters.push(dead);
     }
 
+    /// Adds a dead letter a period job's rules made whatever the plugin
+    /// (a retry, a late or future event), counted apart for a trial.
+    pub fn push_rule_dead_letter(&mut self, dead: DeadLetter) {
+        self.push_dead_letter(dead);
+        self.batch_rule_dead_letters += 1;
+    }
+
+    /// Dead letters of the current call that a period job's rules made.
+    pub fn rule_dead_letters_in_call(&self) -> u64 {
+        self.batch_rule_dead_letters
+    }
+
     /// The batch failed: forget its state changes and outputs.
     pub fn drop_batch(&mut self) {
         self.overlay.drop_batch();
+        self.periods_go_stale();
         self.outputs.truncate(self.batch_outputs_start);
         // What the call added is gone again (dead letters come after).
         self.pending_bytes = self.batch_pending_start;
@@ -391,6 +461,7 @@ impl Transaction {
     /// Drops everything uncommitted, a commit in flight included.
     pub fn abort(&mut self) {
         self.overlay.abort();
+        self.periods_go_stale();
         self.clear_outputs();
     }
 
@@ -413,6 +484,43 @@ impl Transaction {
     /// The commit prepared with [`Transaction::prepare`] took effect.
     pub fn prepared_took_effect(&mut self) {
         self.overlay.prepared_took_effect();
+    }
+
+    /// What the periods hold in memory may include dropped work: they are
+    /// read again from the store before their next use.
+    fn periods_go_stale(&mut self) {
+        if let Some(book) = &mut self.periods {
+            book.mark_stale();
+        }
+    }
+
+    /// Host-owned state writes (`None`: delete), outside the plugin's
+    /// namespace and limits: a period job's entries. They go straight into
+    /// the transaction (not the batch: they are written between batches
+    /// too, at its end), and count towards its size.
+    pub fn put_host_state(&mut self, entries: Vec<(Vec<u8>, Option<Vec<u8>>)>) {
+        for (key, value) in entries {
+            let value_bytes = value.as_ref().map_or(0, Vec::len);
+            self.pending_bytes += (key.len() + value_bytes) as u64 + STATE_ENTRY_BYTES;
+            self.overlay.put_in_transaction(key, value);
+        }
+    }
+
+    /// A record the host emits itself (a period's FINAL or ADJUSTMENT) to
+    /// output index `output`, caused by the input at `source`, identified
+    /// by `fact`.
+    pub fn emit_fact(
+        &mut self,
+        output: usize,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        source: SourcePosition,
+        fact: String,
+    ) {
+        let record =
+            PendingOutput { output, key: Some(key), value, source, sequence: 0, fact: Some(fact) };
+        self.pending_bytes += record_bytes(&record) + HELD_RECORD_BYTES;
+        self.outputs.push(record);
     }
 
     fn clear_outputs(&mut self) {
@@ -572,7 +680,7 @@ impl Transaction {
             )));
         }
         let sequence = &mut self.batch_sequences[event as usize];
-        let record = PendingOutput { output, key, value, source, sequence: *sequence };
+        let record = PendingOutput { output, key, value, source, sequence: *sequence, fact: None };
         // A record costs what holding it costs too: a flood of empty
         // records is bounded like one of big ones.
         let bytes = record_bytes(&record) + HELD_RECORD_BYTES;
@@ -622,6 +730,33 @@ mod tests {
 
     fn positions(n: u64) -> impl Iterator<Item = SourcePosition> {
         (0..n).map(|offset| SourcePosition { partition: 0, offset })
+    }
+
+    #[test]
+    fn host_entries_written_between_batches_are_in_the_commit() {
+        // A period job's ADJUSTMENTs change its entries after the last
+        // batch: they must commit with the transaction, not wait for a
+        // next batch that a crash may never run.
+        let mut txn = transaction(Limits::default());
+        txn.begin_batch(positions(1));
+        txn.put_host_state(vec![(b"p/in-batch".to_vec(), Some(b"1".to_vec()))]);
+        txn.keep_batch();
+        txn.put_host_state(vec![
+            (b"p/after".to_vec(), Some(b"2".to_vec())),
+            (b"p/gone".to_vec(), None),
+        ]);
+        let mut changes = txn.overlay.changes();
+        changes.sort();
+        assert_eq!(
+            changes,
+            [
+                (b"p/after".to_vec(), Some(b"2".to_vec())),
+                (b"p/gone".to_vec(), None),
+                (b"p/in-batch".to_vec(), Some(b"1".to_vec())),
+            ]
+        );
+        txn.abort();
+        assert!(txn.overlay.changes().is_empty(), "an abort takes them back");
     }
 
     #[test]

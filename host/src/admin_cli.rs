@@ -188,6 +188,39 @@ fn print_status(status: &JobStatus, json: bool) -> anyhow::Result<()> {
         }
     }
     println!("{:<15} {}", "lag:", lag(status));
+    if let Some(partitions) = &status.periods {
+        let rows: Vec<Vec<String>> = partitions
+            .iter()
+            .map(|p| {
+                vec![
+                    p.partition.to_string(),
+                    p.watermark.clone().unwrap_or_else(|| "-".into()),
+                    p.effective_watermark.clone().unwrap_or_else(|| "-".into()),
+                    p.idle.to_string(),
+                    p.open_periods.to_string(),
+                    p.seen_ids.to_string(),
+                    format!("{}/{}", p.finals, p.adjustments),
+                    format!("{}/{}", p.duplicates, p.conflicts),
+                    format!("{}/{}", p.future, p.too_old),
+                ]
+            })
+            .collect();
+        println!();
+        print_table(
+            &[
+                "PARTITION",
+                "WATERMARK",
+                "EFFECTIVE",
+                "IDLE",
+                "OPEN",
+                "SEEN IDS",
+                "FINAL/ADJ",
+                "DUP/CONFLICT",
+                "FUTURE/TOO OLD",
+            ],
+            &rows,
+        );
+    }
     Ok(())
 }
 

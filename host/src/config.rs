@@ -115,9 +115,15 @@ struct JobFile {
     /// every record.
     #[serde(default)]
     emit: std::collections::BTreeMap<String, Emit>,
+    /// Billing periods: the host owns event time (see `docs/periods.md`).
+    #[serde(default)]
+    periods: Option<tally_periods::PeriodsTable>,
+    /// Handed to the plugin, as JSON, when it starts.
+    #[serde(default)]
+    plugin_config: Option<toml::Table>,
 }
 
-/// A job file with both mode sections, or neither.
+/// A job file with both mode sections, or neither, or bad `[periods]`.
 #[derive(Debug, thiserror::Error)]
 pub enum ModeError {
     /// Both `[local]` and `[kafka]`.
@@ -128,6 +134,12 @@ pub enum ModeError {
         "say where the job reads and writes: add a [local] section (files) or a [kafka] section (topics)"
     )]
     Neither,
+    /// A `[periods]` value out of range or inconsistent.
+    #[error("[periods] {0}")]
+    Periods(#[from] tally_periods::InvalidPeriods),
+    /// A `[plugin_config]` value JSON cannot carry as written.
+    #[error("[plugin_config] {0}")]
+    PluginConfig(String),
 }
 
 impl TryFrom<JobFile> for JobConfig {
@@ -140,6 +152,7 @@ impl TryFrom<JobFile> for JobConfig {
             (Some(_), Some(_)) => return Err(ModeError::Both),
             (None, None) => return Err(ModeError::Neither),
         };
+        let (periods, plugin_config) = period_settings(file.periods, file.plugin_config)?;
         Ok(JobConfig {
             settings: JobSettings {
                 name: file.name,
@@ -151,10 +164,48 @@ impl TryFrom<JobFile> for JobConfig {
                 limits: file.limits,
                 hot_swap: file.hot_swap,
                 emit: file.emit,
+                periods,
+                plugin_config,
             },
             mode,
         })
     }
+}
+
+/// A job file's `[periods]`, checked, and its `[plugin_config]` as JSON.
+pub(crate) fn period_settings(
+    periods: Option<tally_periods::PeriodsTable>,
+    plugin_config: Option<toml::Table>,
+) -> Result<(Option<std::sync::Arc<tally_periods::PeriodSettings>>, Option<String>), ModeError> {
+    let periods =
+        periods.map(tally_periods::PeriodSettings::try_from).transpose()?.map(std::sync::Arc::new);
+    let plugin_config = plugin_config.map(|table| plugin_config_json(&table)).transpose()?;
+    Ok((periods, plugin_config))
+}
+
+/// The job's `[plugin_config]` as the JSON its plugin gets: refused where
+/// JSON would change a value (a date or time, a float that is not finite).
+fn plugin_config_json(table: &toml::Table) -> Result<String, ModeError> {
+    fn check(path: &str, value: &toml::Value) -> Result<(), ModeError> {
+        match value {
+            toml::Value::Datetime(at) => Err(ModeError::PluginConfig(format!(
+                "{path} = {at}: dates and times have no JSON form; write it as a string (\"{at}\")"
+            ))),
+            toml::Value::Float(x) if !x.is_finite() => Err(ModeError::PluginConfig(format!(
+                "{path} = {x}: JSON has no such number; write a finite one or a string"
+            ))),
+            toml::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .try_for_each(|(n, item)| check(&format!("{path}[{n}]"), item)),
+            toml::Value::Table(table) => {
+                table.iter().try_for_each(|(key, item)| check(&format!("{path}.{key}"), item))
+            }
+            _ => Ok(()),
+        }
+    }
+    table.iter().try_for_each(|(key, value)| check(key, value))?;
+    Ok(serde_json::to_string(table).expect("a TOML table is JSON (its keys are strings)"))
 }
 
 pub(crate) fn default_dead_letter_output() -> String {

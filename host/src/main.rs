@@ -12,7 +12,9 @@ use std::sync::atomic::AtomicBool;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use tally_core::hot_swap::PluginSlot;
-use tally_core::plugin::{JobContext, PluginRuntime, WIT_PACKAGE, WIT_VERSION};
+use tally_core::plugin::{
+    JobContext, PERIODS_WIT_VERSION, PluginRuntime, WIT_PACKAGE, WIT_VERSION,
+};
 use tally_core::state::StateStore;
 use tally_host::config::{DEFAULT_BATCH_SIZE, JobConfig, JobSettings, LocalConfig, Mode};
 use tally_host::run_metrics::RunMetrics;
@@ -424,7 +426,51 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             println!("  {output}: {}", path.display());
         }
     }
+    if let Some(partitions) = task.period_status() {
+        print_period_status(&partitions, |partition| {
+            task.partition_name(partition).unwrap_or_default()
+        });
+    }
     Ok(())
+}
+
+/// What a period job's rules did in this run, and where each partition's
+/// watermark stands.
+fn print_period_status(
+    partitions: &[tally_core::periods::PartitionStatus],
+    name_of: impl Fn(u32) -> String,
+) {
+    let mut total = tally_periods::PeriodCounts::default();
+    for partition in partitions {
+        let counts = partition.counts;
+        total.finals += counts.finals;
+        total.adjustments += counts.adjustments;
+        total.duplicates += counts.duplicates;
+        total.conflicts += counts.conflicts;
+        total.future += counts.future;
+        total.too_old += counts.too_old;
+    }
+    println!(
+        "  period rules: {} FINAL, {} ADJUSTMENT; dead letters: {} duplicate, {} duplicate_conflict, {} future, {} too_old",
+        total.finals,
+        total.adjustments,
+        total.duplicates,
+        total.conflicts,
+        total.future,
+        total.too_old
+    );
+    let shown =
+        |at: Option<jiff::Timestamp>| at.map_or_else(|| "none".to_string(), |at| at.to_string());
+    for partition in partitions {
+        let name = name_of(partition.partition);
+        println!(
+            "  partition {name}: watermark {} (effective {}), {} open periods, {} seen ids",
+            shown(partition.watermark),
+            shown(partition.effective_watermark),
+            partition.open_periods,
+            partition.seen_ids
+        );
+    }
 }
 
 /// Where `tally run` keeps compiled plugins: `$TALLY_CACHE_DIR`, else the
@@ -471,6 +517,9 @@ fn run_kafka_job(
         println!(
             "stopped on request; whatever was not committed is processed again by the next run"
         );
+    }
+    if let Some(partitions) = kafka_job.period_status() {
+        print_period_status(&partitions, |partition| partition.to_string());
     }
     Ok(())
 }
@@ -522,7 +571,7 @@ fn inspect_plugin(file: &Path, json: bool) -> anyhow::Result<()> {
         .into_iter()
         .collect();
     let verdict = match &inspection.verdict {
-        Ok(()) => "runs on this host".to_string(),
+        Ok(kind) => format!("runs on this host, as {}", kind.describe()),
         Err(err) => format!("refused: {err}"),
     };
     if json {
@@ -542,7 +591,7 @@ fn inspect_plugin(file: &Path, json: bool) -> anyhow::Result<()> {
         println!("size:     {} bytes", inspection.size);
         println!("digest:   {}", inspection.digest);
         println!(
-            "contract: {WIT_PACKAGE}@{} (this host: {WIT_PACKAGE}@{WIT_VERSION})",
+            "contract: {WIT_PACKAGE}@{} (this host: {WIT_PACKAGE}@{WIT_VERSION} and @{PERIODS_WIT_VERSION})",
             tally_versions.join(", ")
         );
         println!("imports:  {}", list_or_none(&inspection.info.imports));

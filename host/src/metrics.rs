@@ -37,6 +37,130 @@ struct PluginLabels {
     digest: String,
 }
 
+/// Labels of a period job's partition metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartitionLabels {
+    tenant: String,
+    job: String,
+    partition: String,
+}
+
+/// Labels of what a period job's rules did in one partition.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeriodKindLabels {
+    tenant: String,
+    job: String,
+    partition: String,
+    kind: &'static str,
+}
+
+/// What the rules count, by the `kind` label.
+const PERIOD_KINDS: [&str; 6] =
+    ["final", "adjustment", "duplicate", "duplicate_conflict", "future", "too_old"];
+
+/// The per-partition families of period jobs.
+#[derive(Clone, Default)]
+struct PeriodFamilies {
+    watermark: Family<PartitionLabels, Gauge>,
+    effective_watermark: Family<PartitionLabels, Gauge>,
+    open: Family<PartitionLabels, Gauge>,
+    seen_ids: Family<PartitionLabels, Gauge>,
+    records: Family<PeriodKindLabels, Gauge>,
+    /// The partitions each job reported, to forget them with the job.
+    reported: Arc<Mutex<std::collections::HashMap<JobLabels, std::collections::BTreeSet<u32>>>>,
+}
+
+impl PeriodFamilies {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "period_watermark_seconds",
+            "Period jobs: each partition's own watermark (the highest event time it accepted), Unix seconds",
+            self.watermark.clone(),
+        );
+        registry.register(
+            "period_effective_watermark_seconds",
+            "Period jobs: the watermark each partition's periods close by (its own, or the one idleness closed it through), Unix seconds",
+            self.effective_watermark.clone(),
+        );
+        registry.register(
+            "period_open_periods",
+            "Period jobs: periods not yet final, per partition",
+            self.open.clone(),
+        );
+        registry.register(
+            "period_seen_ids",
+            "Period jobs: event ids remembered for de-duplication, per partition",
+            self.seen_ids.clone(),
+        );
+        registry.register(
+            "period_records",
+            "Period jobs: FINALs and ADJUSTMENTs emitted and events the rules refused, by kind, per partition, since the job's periods were last read from its state",
+            self.records.clone(),
+        );
+    }
+
+    fn labels(job: &JobLabels, partition: u32) -> PartitionLabels {
+        PartitionLabels {
+            tenant: job.tenant.clone(),
+            job: job.job.clone(),
+            partition: partition.to_string(),
+        }
+    }
+
+    fn set(&self, job: &JobLabels, partitions: &[tally_core::periods::PartitionStatus]) {
+        lock(&self.reported)
+            .entry(job.clone())
+            .or_default()
+            .extend(partitions.iter().map(|partition| partition.partition));
+        for status in partitions {
+            let labels = PeriodFamilies::labels(job, status.partition);
+            let seconds = |at: Option<jiff::Timestamp>| at.map_or(0, |at| at.as_second());
+            self.watermark.get_or_create(&labels).set(seconds(status.watermark));
+            self.effective_watermark
+                .get_or_create(&labels)
+                .set(seconds(status.effective_watermark));
+            self.open.get_or_create(&labels).set(status.open_periods as i64);
+            self.seen_ids.get_or_create(&labels).set(status.seen_ids as i64);
+            let counts = &status.counts;
+            let values = [
+                counts.finals,
+                counts.adjustments,
+                counts.duplicates,
+                counts.conflicts,
+                counts.future,
+                counts.too_old,
+            ];
+            for (kind, value) in PERIOD_KINDS.into_iter().zip(values) {
+                let labels = PeriodKindLabels {
+                    tenant: labels.tenant.clone(),
+                    job: labels.job.clone(),
+                    partition: labels.partition.clone(),
+                    kind,
+                };
+                self.records.get_or_create(&labels).set(value.min(i64::MAX as u64) as i64);
+            }
+        }
+    }
+
+    fn remove(&self, job: &JobLabels) {
+        let Some(partitions) = lock(&self.reported).remove(job) else { return };
+        for partition in partitions {
+            let labels = PeriodFamilies::labels(job, partition);
+            for family in [&self.watermark, &self.effective_watermark, &self.open, &self.seen_ids] {
+                family.remove(&labels);
+            }
+            for kind in PERIOD_KINDS {
+                self.records.remove(&PeriodKindLabels {
+                    tenant: labels.tenant.clone(),
+                    job: labels.job.clone(),
+                    partition: labels.partition.clone(),
+                    kind,
+                });
+            }
+        }
+    }
+}
+
 type Counters = Family<JobLabels, Counter>;
 type Gauges = Family<JobLabels, Gauge>;
 
@@ -69,6 +193,7 @@ pub struct HostMetrics {
     restore_records_done: Gauges,
     restore_records_to_go: Gauges,
     restore_records_per_second: Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    periods: PeriodFamilies,
 }
 
 impl Default for HostMetrics {
@@ -103,6 +228,7 @@ impl HostMetrics {
             restore_records_done: Gauges::default(),
             restore_records_to_go: Gauges::default(),
             restore_records_per_second: Family::default(),
+            periods: PeriodFamilies::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -202,6 +328,7 @@ impl HostMetrics {
             "Kafka jobs: records the restore running (or the last one) applied per second",
             metrics.restore_records_per_second.clone(),
         );
+        metrics.periods.register(&mut registry);
         HostMetrics { registry, ..metrics }
     }
 
@@ -240,6 +367,7 @@ impl HostMetrics {
                 self.restore_records_to_go.get_or_create(&labels).clone(),
                 self.restore_records_per_second.get_or_create(&labels).clone(),
             )),
+            periods: self.periods.clone(),
             labels,
             pending: Mutex::default(),
         }
@@ -276,6 +404,7 @@ impl HostMetrics {
         self.plugin_cpu_seconds.remove(labels);
         self.restore_records_per_second.remove(labels);
         self.plugin_info.remove(&plugin_labels(labels, digest));
+        self.periods.remove(labels);
     }
 }
 
@@ -312,6 +441,7 @@ pub struct JobMetrics {
     pub restore: Arc<RestoreProgress>,
     /// Counts of the open transaction.
     pending: Mutex<Pending>,
+    periods: PeriodFamilies,
 }
 
 #[derive(Default)]
@@ -393,6 +523,11 @@ impl JobMetrics {
     pub fn set_plugin_info(&self, previous: &str, digest: &str) {
         self.plugin_info.remove(&plugin_labels(&self.labels, previous));
         self.plugin_info.get_or_create(&plugin_labels(&self.labels, digest)).set(1);
+    }
+
+    /// A period job's partitions after a commit.
+    pub fn periods(&self, partitions: &[tally_core::periods::PartitionStatus]) {
+        self.periods.set(&self.labels, partitions);
     }
 
     /// Whether the job is processing.

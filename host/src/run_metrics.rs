@@ -111,6 +111,10 @@ impl JobObserver for Observer {
         self.job.committed(commit, self.kafka);
     }
 
+    fn periods(&self, partitions: &[tally_core::periods::PartitionStatus]) {
+        self.job.periods(partitions);
+    }
+
     fn aborted(&self, _reason: &str) {
         self.job.aborted();
     }

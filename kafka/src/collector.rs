@@ -47,6 +47,8 @@ pub struct Addresses {
     pub dead_letter: String,
     /// Changelog topic.
     pub changelog: String,
+    /// A period job's watermark topic.
+    pub watermarks: Option<String>,
 }
 
 /// Sends a job's records through its transaction owner.
@@ -74,7 +76,10 @@ impl RecordCollector {
         }
         let digest = &txn.plugin_digest;
         for output in txn.outputs() {
-            let headers = self.lineage(output.source, output.sequence, digest);
+            let headers = match &output.fact {
+                None => self.lineage(output.source, output.sequence, digest),
+                Some(fact) => self.fact_lineage(output.source, fact, digest),
+            };
             let topic = &self.addresses.outputs[output.output];
             let mut record =
                 BaseRecord::<[u8], [u8]>::to(topic).payload(&output.value[..]).headers(headers);
@@ -136,6 +141,16 @@ impl RecordCollector {
         Ok(touched)
     }
 
+    /// Sends partition `partition`'s own watermark `at` to the job's
+    /// watermark topic, for the job's other instances (a job without
+    /// periods has none: nothing is sent).
+    pub fn send_watermark(&self, partition: u32, at: jiff::Timestamp) -> Result<(), KafkaError> {
+        match &self.addresses.watermarks {
+            Some(topic) => crate::watermarks::send(&self.owner, topic, partition, at),
+            None => Ok(()),
+        }
+    }
+
     /// Sends the changelog's marker of how far input `topic` (by index)
     /// partition `partition` is included: `next`, its next offset.
     pub fn send_position(&self, topic: usize, partition: i32, next: i64) -> Result<(), KafkaError> {
@@ -146,6 +161,27 @@ impl RecordCollector {
             .key(&marker_key[..])
             .payload(next_text.as_bytes());
         self.owner.send(marker)
+    }
+
+    /// The lineage of a record that states a fact (a period's FINAL or
+    /// ADJUSTMENT): its idempotency key is `<job>/<fact>`.
+    fn fact_lineage(
+        &self,
+        source: SourcePosition,
+        fact: &str,
+        plugin_digest: &str,
+    ) -> OwnedHeaders {
+        let (topic, partition) = split_source_id(source.partition);
+        let topic = &self.addresses.inputs[topic];
+        let partition_text = partition.to_string();
+        let offset_text = source.offset.to_string();
+        let key = format!("{}/{fact}", self.addresses.job);
+        OwnedHeaders::new_with_capacity(6)
+            .insert(Header { key: HEADER_SOURCE_TOPIC, value: Some(topic.as_str()) })
+            .insert(Header { key: HEADER_SOURCE_PARTITION, value: Some(partition_text.as_str()) })
+            .insert(Header { key: HEADER_SOURCE_OFFSET, value: Some(offset_text.as_str()) })
+            .insert(Header { key: HEADER_PLUGIN, value: Some(plugin_digest) })
+            .insert(Header { key: HEADER_IDEMPOTENCY_KEY, value: Some(key.as_str()) })
     }
 
     pub(super) fn lineage(

@@ -43,6 +43,7 @@ mod record_batch;
 mod restore;
 mod topics;
 pub mod transaction;
+mod watermarks;
 
 pub use config::{
     DEFAULT_CREATE_PARTITIONS, DEFAULT_RESTORE_CHECKPOINT_BYTES, DEFAULT_RESTORE_STALL_MS,

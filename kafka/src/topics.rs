@@ -142,12 +142,8 @@ pub const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
 /// `tally-<job>`) with `-restore` added, so a broker quota can pace
 /// restores apart from the job's reading of its input.
 pub fn restore_config(job: &JobSettings, kafka: &KafkaConfig) -> ClientConfig {
-    let mut config = base_config(kafka, ClientRole::Consumer);
-    let client_id =
-        config.get("client.id").map_or_else(|| format!("tally-{}", job.name), str::to_string);
+    let mut config = side_consumer_config(job, kafka, "restore");
     config
-        .set("client.id", format!("{client_id}-restore"))
-        .set("group.id", kafka.group_id(&job.name))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
@@ -158,6 +154,25 @@ pub fn restore_config(job: &JobSettings, kafka: &KafkaConfig) -> ClientConfig {
             config.set(*key, *value);
         }
     }
+    config
+}
+
+/// The consumer that reads a period job's shared watermarks; it never
+/// joins the group. Its `client.id` is the job's with `-watermarks` added.
+pub fn watermark_config(job: &JobSettings, kafka: &KafkaConfig) -> ClientConfig {
+    side_consumer_config(job, kafka, "watermarks")
+}
+
+/// A consumer beside the group's (it never joins it): the job's consumer
+/// settings, its `client.id` (or `tally-<job>`) with `-<suffix>` added so a
+/// broker quota can tell it apart, and the group's id for its requests.
+fn side_consumer_config(job: &JobSettings, kafka: &KafkaConfig, suffix: &str) -> ClientConfig {
+    let mut config = base_config(kafka, ClientRole::Consumer);
+    let client_id =
+        config.get("client.id").map_or_else(|| format!("tally-{}", job.name), str::to_string);
+    config
+        .set("client.id", format!("{client_id}-{suffix}"))
+        .set("group.id", kafka.group_id(&job.name));
     config
 }
 
@@ -285,6 +300,8 @@ pub struct TopicLayout {
     pub partitions: i32,
     /// The changelog topic.
     pub changelog: String,
+    /// A period job's watermark topic (see `watermarks`).
+    pub watermarks: Option<String>,
 }
 
 /// Checks that the job's topics exist (creating what the job allows) and
@@ -360,6 +377,14 @@ fn prepare_with(
                 .set("cleanup.policy", "compact"),
         );
     }
+    let watermarks = job.periods.is_some().then(|| crate::watermarks::watermark_topic(&job.name));
+    if let Some(topic) = &watermarks
+        && !existing.contains_key(topic)
+    {
+        to_create.push(
+            NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact"),
+        );
+    }
     if !to_create.is_empty() {
         let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
         let results = futures_executor::block_on(admin.create_topics(&to_create, &options))
@@ -373,7 +398,7 @@ fn prepare_with(
             }
         }
     }
-    Ok(TopicLayout { partitions, changelog })
+    Ok(TopicLayout { partitions, changelog, watermarks })
 }
 
 /// Partition counts of every topic the cluster has.

@@ -233,7 +233,10 @@ impl LocalSink {
             }
             line.extend_from_slice(b",\"value\":");
             write_json_or_text(line, &record.value);
-            write_lineage(line, record.source, record.sequence, lineage);
+            match &record.fact {
+                None => write_lineage(line, record.source, record.sequence, lineage),
+                Some(fact) => write_fact_lineage(line, record.source, fact, lineage),
+            }
             line.extend_from_slice(b"}\n");
         }
         let dead_letter_file = self.files.len() - 1;
@@ -342,6 +345,28 @@ fn start_writeback(file: &File, offset: u64, len: u64) {
 /// brace). The job name and digest need no escaping (config validation
 /// allows only `[A-Za-z0-9._-]` in job names).
 fn write_lineage(line: &mut Vec<u8>, source: SourcePosition, sequence: u32, lineage: &Lineage) {
+    write_source_and_plugin(line, source, lineage);
+    let mut number = itoa::Buffer::new();
+    line.extend_from_slice(b",\"idempotency_key\":\"");
+    line.extend_from_slice(lineage.job.as_bytes());
+    for part in [u64::from(source.partition), source.offset, u64::from(sequence)] {
+        line.push(b'/');
+        line.extend_from_slice(number.format(part).as_bytes());
+    }
+    line.push(b'"');
+}
+
+/// Like [`write_lineage`], for a record that states a fact (a period's
+/// FINAL or ADJUSTMENT): its idempotency key is `<job>/<fact>`, whatever
+/// input record happened to cause it.
+fn write_fact_lineage(line: &mut Vec<u8>, source: SourcePosition, fact: &str, lineage: &Lineage) {
+    write_source_and_plugin(line, source, lineage);
+    line.extend_from_slice(b",\"idempotency_key\":");
+    write_json_string(line, &format!("{}/{fact}", lineage.job));
+}
+
+/// `,"source":{..},"plugin":".."`.
+fn write_source_and_plugin(line: &mut Vec<u8>, source: SourcePosition, lineage: &Lineage) {
     let mut number = itoa::Buffer::new();
     line.extend_from_slice(b",\"source\":{\"partition\":");
     line.extend_from_slice(lineage.quoted_partitions[source.partition as usize].as_bytes());
@@ -349,12 +374,6 @@ fn write_lineage(line: &mut Vec<u8>, source: SourcePosition, sequence: u32, line
     line.extend_from_slice(number.format(source.offset).as_bytes());
     line.extend_from_slice(b"},\"plugin\":\"");
     line.extend_from_slice(lineage.plugin_digest.as_bytes());
-    line.extend_from_slice(b"\",\"idempotency_key\":\"");
-    line.extend_from_slice(lineage.job.as_bytes());
-    for part in [u64::from(source.partition), source.offset, u64::from(sequence)] {
-        line.push(b'/');
-        line.extend_from_slice(number.format(part).as_bytes());
-    }
     line.push(b'"');
 }
 
@@ -397,6 +416,7 @@ mod tests {
             value: b"{\"total\":3}".to_vec(),
             source: SourcePosition { partition: 0, offset: 7 },
             sequence: 1,
+            fact: None,
         };
         let dead = DeadLetter {
             source: SourcePosition { partition: 0, offset: 8 },
@@ -438,6 +458,7 @@ mod tests {
             value: vec![b'7'; 1000],
             source: SourcePosition { partition: 0, offset },
             sequence: 0,
+            fact: None,
         };
         let many: Vec<PendingOutput> = (0..1100).map(output).collect(); // over STAGE_BYTES formatted
         let file_len = |sink: &LocalSink| std::fs::metadata(sink.path(0)).unwrap().len();

@@ -490,6 +490,11 @@ impl LocalSource {
         Some(unread)
     }
 
+    /// The partitions read to their end (until [`LocalSource::look_again`]).
+    pub fn exhausted_partitions(&self) -> impl Iterator<Item = u32> + '_ {
+        self.partitions.iter().enumerate().filter(|(_, p)| p.exhausted).map(|(i, _)| i as u32)
+    }
+
     /// Whether every partition has been read to its end.
     #[cfg(test)]
     pub fn is_exhausted(&self) -> bool {

@@ -7,6 +7,7 @@
 //! the events around it are applied exactly once (see
 //! `docs/architecture.md`, invariant 5).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -93,11 +94,13 @@ impl TaskError {
 
 /// Turns input records into plugin events, moving their bytes; records
 /// over the job's record limit are dead-lettered in `txn` instead. Returns
-/// how many were.
+/// how many were. `arrival_ms` (a period job's: when the lines were read)
+/// becomes each event's timestamp.
 pub fn to_events(
     records: &mut Vec<InputRecord>,
     events: &mut Vec<Event>,
     txn: &mut Transaction,
+    arrival_ms: Option<i64>,
 ) -> u64 {
     events.clear();
     let limit = txn.limits().max_record_bytes;
@@ -117,7 +120,7 @@ pub fn to_events(
         events.push(Event {
             partition: record.position.partition,
             offset: record.position.offset,
-            timestamp_ms: None,
+            timestamp_ms: arrival_ms,
             key: None,
             value: record.value,
         });
@@ -147,6 +150,11 @@ struct Files {
     committed_positions: Vec<LocalPosition>,
     records: Vec<InputRecord>,
     context: JobContext,
+    /// A following period job's partitions read to their end, and since
+    /// when (their idleness; see `docs/periods.md`).
+    at_end_since: BTreeMap<u32, Instant>,
+    /// Of them, those idle and closed by idleness since they went idle.
+    idle_closed: BTreeSet<u32>,
 }
 
 /// How long a following job waits before looking for new input lines.
@@ -172,6 +180,7 @@ impl LocalTask {
         plugin: &LoadedPlugin,
         context: JobContext,
     ) -> Result<LocalTask, TaskError> {
+        let context = context.with_plugin_config(config.plugin_config.as_deref().unwrap_or("{}"));
         let make = plugin.processor_maker(config.limits, context.clone());
         LocalTask::open_with_in(config, local, context, make)
     }
@@ -201,6 +210,7 @@ impl LocalTask {
             Some(root) => drop(LocalSource::open_confined(&local.inputs, &[], Some(root))?),
         }
         let processor = make_processor()?;
+        config.check_plugin_kind(processor.kind())?;
         let mut locks = vec![DirLock::acquire(&local.state_dir)?];
         if local.output_dir != local.state_dir {
             locks.push(DirLock::acquire(&local.output_dir)?);
@@ -208,8 +218,11 @@ impl LocalTask {
         let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&local.state_dir.join("db"))?);
         let mut output_names = config.outputs.clone();
         output_names.push(config.dead_letter_output.clone());
-        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits)
+        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), config.limits)
             .with_emit(config.emit_per_output());
+        if let Some(book) = config.period_book() {
+            txn = txn.with_periods(book);
+        }
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
         let (committer, recovered) =
@@ -232,6 +245,8 @@ impl LocalTask {
                 committer,
                 records: Vec::with_capacity(config.batch_size),
                 context,
+                at_end_since: BTreeMap::new(),
+                idle_closed: BTreeSet::new(),
             },
             store,
             failed: false,
@@ -258,6 +273,16 @@ impl LocalTask {
     /// Digest of the plugin version running now.
     pub fn plugin_digest(&self) -> &str {
         self.task.plugin_digest()
+    }
+
+    /// A period job's partitions (see [`Task::period_status`]).
+    pub fn period_status(&self) -> Option<Vec<tally_core::periods::PartitionStatus>> {
+        self.task.period_status()
+    }
+
+    /// The name partition `index` goes by: its input file's name.
+    pub fn partition_name(&self, index: u32) -> Option<String> {
+        self.files.local.inputs.get(index as usize).map(|path| partition_name(path))
     }
 
     /// Path of output `name`'s file.
@@ -317,6 +342,25 @@ impl LocalTask {
 }
 
 impl Files {
+    /// A following period job notes which partitions are at their end
+    /// after a read: one that delivered a record is idle no more.
+    fn note_ends(&mut self) {
+        if self.config.periods.is_none() || !self.source.is_following() {
+            return;
+        }
+        for record in &self.records {
+            self.at_end_since.remove(&record.position.partition);
+            self.idle_closed.remove(&record.position.partition);
+        }
+        // A partition not read this time (the batch filled first) keeps
+        // its time: only a record ends its idleness.
+        let at_end: BTreeSet<u32> = self.source.exhausted_partitions().collect();
+        let now = Instant::now();
+        for partition in at_end {
+            self.at_end_since.entry(partition).or_insert(now);
+        }
+    }
+
     /// The inputs, positioned at `positions` and bounded by the job's limits.
     fn open_source(
         config: &JobSettings,
@@ -341,11 +385,16 @@ impl Driver for Files {
         _wait: Duration,
     ) -> Result<Input, TaskError> {
         self.source.next_batch(self.config.batch_size, &mut self.records)?;
+        self.note_ends();
         if self.records.is_empty() {
             return Ok(if self.source.is_following() { Input::Dry } else { Input::End });
         }
         let read = self.records.len();
-        let oversized = to_events(&mut self.records, events, txn);
+        // A period job's events arrive when their lines are read: the
+        // wall clock bounds how far in the future an event time may lie.
+        let arrival_ms =
+            self.config.periods.is_some().then(|| jiff::Timestamp::now().as_millisecond());
+        let oversized = to_events(&mut self.records, events, txn, arrival_ms);
         Ok(Input::Batch { read, oversized, more_buffered: false })
     }
 
@@ -384,6 +433,8 @@ impl Driver for Files {
     /// Cuts the output written since the last commit and reads the inputs
     /// again from it.
     fn discard(&mut self, _txn: &mut Transaction) -> Result<(), TaskError> {
+        // What idleness closed is dropped too: close it again.
+        self.idle_closed.clear();
         self.committer.abort()?;
         let follow = self.source.is_following();
         self.source = Files::open_source(&self.config, &self.local, &self.committed_positions)?;
@@ -394,6 +445,34 @@ impl Driver for Files {
     fn wait_for_input(&mut self) -> Result<(), TaskError> {
         std::thread::sleep(FOLLOW_POLL);
         Ok(self.source.look_again()?)
+    }
+
+    /// At the end of the inputs every partition is idle: a run that read
+    /// everything closes what idleness closes before its last commit. A
+    /// following job's partition is idle once read to its end for
+    /// `idle_timeout`.
+    fn idle_partitions(&mut self, _txn: &mut Transaction, at_end: bool) -> Vec<u32> {
+        let Some(periods) = &self.config.periods else { return Vec::new() };
+        if at_end {
+            return (0..self.local.inputs.len() as u32).collect();
+        }
+        let timeout = periods.idle_timeout.unsigned_abs();
+        let idle: Vec<u32> = self
+            .at_end_since
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= timeout)
+            .map(|(&partition, _)| partition)
+            .collect();
+        self.idle_closed.extend(&idle);
+        idle
+    }
+
+    fn idle_due(&mut self) -> bool {
+        let Some(periods) = &self.config.periods else { return false };
+        let timeout = periods.idle_timeout.unsigned_abs();
+        self.at_end_since.iter().any(|(partition, since)| {
+            since.elapsed() >= timeout && !self.idle_closed.contains(partition)
+        })
     }
 }
 

@@ -14,6 +14,6 @@ pub mod settings;
 pub use calendar::{Calendar, OutOfRange, Period, UnknownZone, Zone, time_zone_database};
 pub use rules::{
     Added, Aggregation, AggregationKey, EventFacts, PartitionPeriods, PeriodCounts, PeriodRecord,
-    Verdict,
+    Verdict, refused_by_rule,
 };
 pub use settings::{InvalidPeriods, PeriodSettings, PeriodsTable};

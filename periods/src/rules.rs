@@ -49,6 +49,19 @@ pub struct EventFacts {
     pub customer: String,
 }
 
+/// How a refusal for a full seen-id store begins.
+const SEEN_IDS_FULL: &str = "refused: the partition remembers";
+
+/// Whether a dead letter's reason is one the rules give whatever the
+/// plugin: a retry, a conflicting retry, a future, too old or out of range
+/// event, a full seen-id store. Any other (a malformed description, the
+/// plugin's own refusal) is the plugin's.
+pub fn refused_by_rule(reason: &str) -> bool {
+    ["duplicate:", "duplicate_conflict:", "future:", "too_old:", "out_of_range:", SEEN_IDS_FULL]
+        .iter()
+        .any(|prefix| reason.starts_with(prefix))
+}
+
 /// Longest event id, in bytes: every id is remembered until its horizon.
 pub const MAX_EVENT_ID_BYTES: usize = 256;
 /// Most fields of an aggregation key.
@@ -75,9 +88,15 @@ pub trait Aggregation {
     /// A failed call (a trap): the transaction cannot go on.
     type Error: std::fmt::Display;
 
-    /// The state of a period after `payload` (the event's bytes) is added
-    /// to `state` (`None`: the period's first event), or a refusal.
-    fn add(&mut self, state: Option<&[u8]>, payload: &[u8]) -> Result<Added, Self::Error>;
+    /// The state of a period after `payload` (the event's bytes), whose
+    /// event time is `time`, is added to `state` (`None`: the period's
+    /// first event), or a refusal.
+    fn add(
+        &mut self,
+        state: Option<&[u8]>,
+        time: Timestamp,
+        payload: &[u8],
+    ) -> Result<Added, Self::Error>;
 
     /// The value of a period whose state is `state`.
     fn value(&mut self, state: &[u8]) -> Result<u64, Self::Error>;
@@ -181,7 +200,8 @@ pub struct PartitionPeriods {
     closed: BTreeMap<PeriodId, PeriodState>,
     /// Final periods changed in this transaction.
     marked: BTreeSet<PeriodId>,
-    seen: HashMap<String, SeenId>,
+    /// Seen ids; a randomly seeded hash keeps crafted ids from colliding.
+    seen: HashMap<String, SeenId, foldhash::fast::RandomState>,
     /// Seen ids by expiry, for the purge.
     expiring: BTreeMap<Timestamp, Vec<String>>,
     /// Periods changed since the last [`PartitionPeriods::take_changes`],
@@ -205,7 +225,7 @@ impl PartitionPeriods {
             open: BTreeMap::new(),
             closed: BTreeMap::new(),
             marked: BTreeSet::new(),
-            seen: HashMap::new(),
+            seen: HashMap::default(),
             expiring: BTreeMap::new(),
             dirty: BTreeSet::new(),
             watermark_moved: false,
@@ -330,6 +350,13 @@ impl PartitionPeriods {
                 )
             }));
         }
+        if self.seen.len() as u64 >= settings.max_seen_ids && !self.would_purge_one(event.time) {
+            return Ok(Verdict::DeadLetter(format!(
+                "{SEEN_IDS_FULL} {} event ids, periods.max_seen_ids; an id is kept until its period's end plus periods.horizon ({}), so raise the limit or shorten the horizon, and send the event again",
+                self.seen.len(),
+                friendly(settings.horizon)
+            )));
+        }
         let id: PeriodId = (period.end, event.key.clone(), period.label.clone());
         let (held, is_final) = match self.open.get(&id) {
             Some(open) => (Some(&open.state), false),
@@ -337,7 +364,7 @@ impl PartitionPeriods {
                 (self.closed.get(&id).map(|closed| &closed.state), self.closed.contains_key(&id))
             }
         };
-        let state = match aggregation.add(held.map(Vec::as_slice), payload)? {
+        let state = match aggregation.add(held.map(Vec::as_slice), event.time, payload)? {
             Added::State(state) => state,
             Added::Refused(why) => return Ok(Verdict::DeadLetter(format!("refused: {why}"))),
         };
@@ -434,6 +461,13 @@ impl PartitionPeriods {
     }
 
     /// Rule 5 and the purge, at the effective watermark.
+    /// Whether a watermark raised to `time` would purge a seen id: an
+    /// event that makes room for its own id is not refused for the room.
+    fn would_purge_one(&self, time: Timestamp) -> bool {
+        let effective = self.effective_watermark().map_or(time, |effective| effective.max(time));
+        self.expiring.first_key_value().is_some_and(|(expires, _)| *expires <= effective)
+    }
+
     fn close_and_purge<A: Aggregation>(
         &mut self,
         aggregation: &mut A,

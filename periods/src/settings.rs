@@ -23,13 +23,18 @@ pub const DEFAULT_IDLE_TIMEOUT: &str = "60s";
 pub const DEFAULT_MAX_GRACE: &str = "72h";
 /// `default_time_zone` when the job does not set it.
 pub const DEFAULT_TIME_ZONE: &str = "UTC";
+/// The output FINAL and ADJUSTMENT records go to, when the table does not say.
+pub const DEFAULT_OUTPUT: &str = "periods";
 /// Most customers a job may give a time zone of their own.
 pub const MAX_TIME_ZONES: usize = 100_000;
 
 /// The `[periods]` table as written.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeriodsTable {
+    /// The output FINAL and ADJUSTMENT records go to.
+    #[serde(default)]
+    pub output: Option<String>,
     /// `month` or `day`.
     #[serde(default)]
     pub calendar: Option<String>,
@@ -56,6 +61,9 @@ pub struct PeriodsTable {
     /// Each customer's zone.
     #[serde(default)]
     pub time_zones: BTreeMap<String, String>,
+    /// The most event ids one partition remembers (no bound if unset).
+    #[serde(default)]
+    pub max_seen_ids: Option<u64>,
 }
 
 /// A `[periods]` value out of range or inconsistent.
@@ -73,6 +81,8 @@ pub struct InvalidPeriods {
 /// A job's billing periods, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeriodSettings {
+    /// The output FINAL and ADJUSTMENT records go to (one the job declares).
+    pub output: String,
     /// How long a period is.
     pub calendar: Calendar,
     /// How long after its end a period waits before its FINAL record.
@@ -87,6 +97,9 @@ pub struct PeriodSettings {
     pub default_time_zone: Zone,
     /// Each named customer's zone.
     pub time_zones: BTreeMap<String, Zone>,
+    /// The most event ids one partition remembers: an event with a new id
+    /// past it is refused (never counted without its id remembered).
+    pub max_seen_ids: u64,
 }
 
 impl PeriodSettings {
@@ -158,6 +171,7 @@ impl TryFrom<PeriodsTable> for PeriodSettings {
             time_zones.insert(customer.clone(), zone(format!("time_zones.{customer}"), name)?);
         }
         Ok(PeriodSettings {
+            output: table.output.unwrap_or_else(|| DEFAULT_OUTPUT.to_string()),
             calendar,
             grace,
             horizon,
@@ -165,6 +179,17 @@ impl TryFrom<PeriodsTable> for PeriodSettings {
             idle_timeout,
             default_time_zone,
             time_zones,
+            max_seen_ids: match table.max_seen_ids {
+                Some(0) => {
+                    return Err(InvalidPeriods {
+                        key: "max_seen_ids".into(),
+                        value: "0".into(),
+                        problem: "a partition that may remember no event id can count none; give a bound above zero, or leave it unset".into(),
+                    });
+                }
+                Some(max) => max,
+                None => u64::MAX,
+            },
         })
     }
 }

@@ -20,7 +20,12 @@ struct Sum;
 impl Aggregation for Sum {
     type Error = String;
 
-    fn add(&mut self, state: Option<&[u8]>, payload: &[u8]) -> Result<Added, String> {
+    fn add(
+        &mut self,
+        state: Option<&[u8]>,
+        _time: Timestamp,
+        payload: &[u8],
+    ) -> Result<Added, String> {
         let quantity: Option<u64> =
             std::str::from_utf8(payload).ok().and_then(|text| text.parse().ok());
         let Some(quantity) = quantity else {
@@ -243,6 +248,25 @@ fn oversized_ids_and_keys_are_refused_naming_the_limit() {
     let mut wide = event("ok", "2026-11-10T00:00:00Z", "acme");
     wide.key = (0..17).map(|field| (field.to_string(), String::new())).collect();
     assert!(reason(partition.offer(&wide, "1")).contains("16 fields of 1024 bytes in all"));
+}
+
+#[test]
+fn past_max_seen_ids_a_new_id_is_refused_and_a_retry_is_still_known() {
+    let mut partition = Partition::new(settings(r#"{"max_seen_ids": 2}"#));
+    assert_eq!(partition.offer(&event("a", "2026-11-10T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    assert_eq!(partition.offer(&event("b", "2026-11-11T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    let refused = reason(partition.offer(&event("c", "2026-11-12T00:00:00Z", "acme"), "1"));
+    assert!(
+        refused.starts_with("refused: the partition remembers 2 event ids, periods.max_seen_ids"),
+        "{refused}"
+    );
+    assert!(
+        reason(partition.offer(&event("a", "2026-11-10T00:00:00Z", "acme"), "1"))
+            .starts_with("duplicate:")
+    );
+    // Once November's ids are purged (its end plus the horizon), new ids count again.
+    assert_eq!(partition.offer(&event("d", "2027-01-10T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    assert_eq!(partition.offer(&event("e", "2027-01-11T00:00:00Z", "acme"), "1"), Verdict::Applied);
 }
 
 /// One step of a generated run.

@@ -105,6 +105,10 @@ impl StateStore for RocksStore {
         self.scan(STATE_CF, b"")
     }
 
+    fn scan_state_prefix(&self, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
+        self.scan(STATE_CF, prefix)
+    }
+
     fn commit(&self, commit: StoreCommit) -> Result<(), StateError> {
         let mut batch = rocksdb::WriteBatch::default();
         let (state, meta) = (cf_of(&self.db, STATE_CF), cf_of(&self.db, META_CF));

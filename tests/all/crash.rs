@@ -49,46 +49,10 @@ fn crash_loop(plugin: &str, events: usize, settings: &str) {
     let job = write_billing_job(dir.path(), plugin, &inputs, settings);
     let totals_path = dir.path().join("out/totals.ndjson");
 
-    let mut kills = 0;
-    let mut runs = 0;
-    loop {
-        runs += 1;
-        assert!(runs < 200, "the job never finished");
-        let mut child = Command::new(tally_binary())
-            .arg("run")
-            .arg(&job)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .env("RUST_LOG", "warn")
-            .env("TALLY_CACHE_DIR", dir.path().join("compiled"))
-            .spawn()
-            .unwrap();
-        if kills < KILLS {
-            // Wait until this run is producing output, then kill it a random
-            // moment later. The window is short enough that all the kills
-            // land before the input runs out even on a fast machine (a run
-            // gets through ~150k events/s with the Rust build), and each run
-            // resumes where the last committed, so the kills spread over the
-            // whole input.
-            let size_at_start = file_len(&totals_path);
-            let deadline = Instant::now() + Duration::from_secs(60);
-            // Recovery may first cut the file; wait for it to pass its old size.
-            while file_len(&totals_path) <= size_at_start && child.try_wait().unwrap().is_none() {
-                assert!(Instant::now() < deadline, "tally made no progress");
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            std::thread::sleep(Duration::from_millis(rng.below(60)));
-            if child.try_wait().unwrap().is_none() {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                kills += 1;
-                continue;
-            }
-        }
-        let status = child.wait().unwrap();
-        assert!(status.success(), "the final run failed: {status}");
-        break;
-    }
+    // The window is short enough that all the kills land before the input
+    // runs out even on a fast machine (a run gets through ~150k events/s
+    // with the Rust build).
+    let kills = run_killing(&job, &dir.path().join("compiled"), &totals_path, KILLS, 60, &mut rng);
     assert!(kills >= 10, "only {kills} kills landed mid-run");
 
     check_exactly_once(dir.path(), &lines, &partitions);

@@ -118,6 +118,7 @@ impl Backend for KafkaBackend {
             outputs: vec![self.totals.clone()],
             dead_letter: self.dead_letters.clone(),
             changelog: self.changelog.clone(),
+            watermarks: None,
         };
         let collector = RecordCollector::new(owner.clone(), addresses);
         let committer = KafkaCommitter::new(owner, collector, self.store.clone());

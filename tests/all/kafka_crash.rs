@@ -15,7 +15,7 @@ const EVENTS: usize = 200_000;
 const PARTITIONS: i32 = 4;
 const KILLS: u32 = 20;
 
-fn log_tail(dir: &std::path::Path, run: u32) -> String {
+pub(crate) fn log_tail(dir: &std::path::Path, run: u32) -> String {
     let log = std::fs::read_to_string(dir.join(format!("run-{run}.log"))).unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(30)..].join("\n")
@@ -23,7 +23,7 @@ fn log_tail(dir: &std::path::Path, run: u32) -> String {
 
 /// Runs the job of `job_file` to its end, SIGKILLing `kills` runs at random
 /// moments after each has committed something; returns how many runs it took.
-fn run_with_kills(
+pub(crate) fn run_with_kills(
     job: &KafkaBillingJob,
     job_file: &std::path::Path,
     dir: &std::path::Path,

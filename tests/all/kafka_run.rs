@@ -97,6 +97,7 @@ fn an_aborted_transaction_is_seen_by_read_uncommitted_readers_only() {
         outputs: vec![job.totals.clone()],
         dead_letter: job.dead_letters.clone(),
         changelog: "unused-changelog".into(),
+        watermarks: None,
     };
     let collector = RecordCollector::new(owner.clone(), addresses);
     let committer = KafkaCommitter::new(owner, collector, store.clone());
@@ -410,7 +411,8 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     let again = distinct_key_lines(1_000, 2);
     placed.extend(produce_usage(&job.input, &again, job.partitions));
     lines.extend(again);
-    let stutter = BrokerStutter::start(Duration::from_millis(700), Duration::from_millis(10));
+    let mut stutter =
+        Some(BrokerStutter::start(Duration::from_millis(700), Duration::from_millis(10)));
     let log_path = dir.path().join("restore.log");
     let mut child = spawn_run_logging_to(
         &["--until-caught-up", "--metrics", "127.0.0.1:0"],
@@ -423,6 +425,13 @@ fn a_slow_restore_that_keeps_making_progress_outlasts_its_stall_limit_in_one_ses
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
+        }
+        // The broker stutters for the restore only: left stuttering (it
+        // runs 1.4 % of the time), the job's first transaction after it
+        // can time out on a loaded machine, and a new session restores
+        // again (seen once in a full run).
+        if stutter.is_some() && read_log().contains("state restored and checked") {
+            stutter = None;
         }
         let address = read_log().lines().find_map(|line| {
             line.strip_prefix("metrics: http://")

@@ -14,7 +14,10 @@ use tally_core::plugin::{LoadedPlugin, PluginRuntime};
 use tally_core::settings::JobSettings;
 use tally_local::{LocalConfig, LocalTask};
 use tally_tests::native::NativeProcessor;
-use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, write_partitions};
+use tally_tests::{
+    env_or, expected_totals, final_totals, process_cpu_seconds, read_totals, usage_lines,
+    write_partitions,
+};
 
 #[allow(dead_code)] // the benchmark uses only the billing plugins
 mod plugins {
@@ -23,19 +26,6 @@ mod plugins {
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// CPU time (user + system) this process has used so far, from /proc.
-fn process_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
-    let fields: Vec<&str> =
-        stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    ticks as f64 / 100.0
-}
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(|a, b| a.partial_cmp(b).unwrap());

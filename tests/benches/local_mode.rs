@@ -19,30 +19,19 @@ use tally_core::settings::{DEFAULT_BATCH_SIZE, JobSettings};
 use tally_local::LocalConfig;
 use tally_local::LocalTask;
 use tally_tests::native::NativeProcessor;
-use tally_tests::{expected_totals, final_totals, read_totals, usage_lines, write_partitions};
+use tally_tests::{
+    env_or, expected_totals, final_totals, process_cpu_seconds, read_totals, usage_lines,
+    write_partitions,
+};
 
 #[allow(dead_code)] // the benchmark uses only the billing plugin
 mod plugins {
     include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
 }
 
-/// CPU time (user + system) this process has used so far, from /proc.
-fn process_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
-    // Fields after the parenthesised command name; utime and stime are the 14th and 15th overall.
-    let fields: Vec<&str> =
-        stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    ticks as f64 / 100.0 // USER_HZ is 100 on Linux
-}
-
 /// The allocator the `tally` binary uses, so both runs see what users get.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> (JobSettings, LocalConfig) {
     let mut settings =

@@ -97,23 +97,34 @@ pub fn partition_of(line: &UsageLine, partitions: i32) -> i32 {
 /// Produces `lines` to `topic` (keyed by customer, to the partition
 /// [`partition_of`] says) and returns where each landed.
 pub fn produce_usage(topic: &str, lines: &[UsageLine], partitions: i32) -> Vec<Placed> {
-    let tracker = PlacementTracker(Mutex::new(vec![Err("not delivered".to_string()); lines.len()]));
+    let records: Vec<(i32, &str, &str)> = lines
+        .iter()
+        .map(|line| {
+            let key = line
+                .line
+                .split("\"customer\":\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("");
+            (partition_of(line, partitions), key, line.line.as_str())
+        })
+        .collect();
+    produce_records(topic, &records)
+}
+
+/// Produces `records` (partition, key, payload) to `topic`, in order, and
+/// returns where each landed.
+pub fn produce_records(topic: &str, records: &[(i32, &str, &str)]) -> Vec<Placed> {
+    let tracker =
+        PlacementTracker(Mutex::new(vec![Err("not delivered".to_string()); records.len()]));
     let producer: ThreadedProducer<PlacementTracker> = client_config()
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create_with_context(tracker)
         .unwrap();
-    for (index, line) in lines.iter().enumerate() {
-        let key = line
-            .line
-            .split("\"customer\":\"")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-            .unwrap_or("");
-        let mut record = BaseRecord::with_opaque_to(topic, index)
-            .partition(partition_of(line, partitions))
-            .key(key)
-            .payload(line.line.as_str());
+    for (index, &(partition, key, payload)) in records.iter().enumerate() {
+        let mut record =
+            BaseRecord::with_opaque_to(topic, index).partition(partition).key(key).payload(payload);
         loop {
             match producer.send(record) {
                 Ok(()) => break,
@@ -124,18 +135,18 @@ pub fn produce_usage(topic: &str, lines: &[UsageLine], partitions: i32) -> Vec<P
                     record = back;
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err((err, _)) => panic!("producing usage failed: {err}"),
+                Err((err, _)) => panic!("producing to {topic} failed: {err}"),
             }
         }
     }
     let flushed = producer.flush(Duration::from_secs(60));
     let placed = std::mem::take(&mut *producer.context().0.lock().unwrap());
     if let Err(err) = flushed {
-        panic!("producing usage to {topic} did not finish within 60 s: {err}");
+        panic!("producing to {topic} did not finish within 60 s: {err}");
     }
     placed
         .into_iter()
-        .map(|placed| placed.unwrap_or_else(|err| panic!("producing usage failed: {err}")))
+        .map(|placed| placed.unwrap_or_else(|err| panic!("producing failed: {err}")))
         .collect()
 }
 
@@ -395,7 +406,8 @@ pub struct KafkaBillingJob {
 impl Drop for KafkaBillingJob {
     fn drop(&mut self) {
         let changelog = format!("tally-{}-state-changelog", self.name);
-        delete_topics(&[&self.totals, &self.dead_letters, &changelog]);
+        let watermarks = format!("tally-{}-watermarks", self.name);
+        delete_topics(&[&self.totals, &self.dead_letters, &changelog, &watermarks]);
         if self.owns_input {
             delete_topics(&[&self.input]);
         }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 pub mod components;
 pub mod kafka;
 pub mod native;
+pub mod periods;
 pub mod serve;
 
 /// The billing key: (customer, metric, period).
@@ -106,6 +107,23 @@ pub fn usage_lines(seed: u64, count: usize, bad_per_mille: u64) -> Vec<UsageLine
         .collect()
 }
 
+/// The number in environment variable `name`, or `default` (the
+/// benchmarks' sizes).
+pub fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// CPU time (user + system) this process has used so far, from /proc
+/// (the benchmarks' clock).
+pub fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th overall.
+    let fields: Vec<&str> =
+        stat[stat.rfind(')').expect("stat has a command name") + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0 // USER_HZ is 100 on Linux
+}
+
 /// Writes `lines` split round-robin into `files` NDJSON files in `dir`;
 /// returns the paths and, per file, its lines.
 pub fn write_partitions(
@@ -188,6 +206,56 @@ pub fn spawn_run_logging_to(
         .stderr(std::fs::File::create(log_path).unwrap())
         .spawn()
         .unwrap()
+}
+
+/// Runs `tally run <job>` until a run finishes, SIGKILLing runs at random
+/// moments until `kills` have landed: each killed run is let grow
+/// `watched` (an output file) first, then killed up to `max_pause_ms`
+/// later, so the kills land mid-run and spread over the input (each run
+/// resumes where the last committed). Returns the kills that landed.
+pub fn run_killing(
+    job: &Path,
+    cache_dir: &Path,
+    watched: &Path,
+    kills: u32,
+    max_pause_ms: u64,
+    rng: &mut Rng,
+) -> u32 {
+    use std::time::{Duration, Instant};
+    let file_len = |path: &Path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let mut landed = 0;
+    for runs in 0.. {
+        assert!(runs < 200, "the job never finished");
+        let mut child = std::process::Command::new(tally_binary())
+            .arg("run")
+            .arg(job)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .env("RUST_LOG", "warn")
+            .env("TALLY_CACHE_DIR", cache_dir)
+            .spawn()
+            .unwrap();
+        if landed < kills {
+            let size_at_start = file_len(watched);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            // Recovery may first cut the file; wait for it to pass its old size.
+            while file_len(watched) <= size_at_start && child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "tally made no progress");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            std::thread::sleep(Duration::from_millis(rng.below(max_pause_ms)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                landed += 1;
+                continue;
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(status.success(), "the final run failed: {status}");
+        break;
+    }
+    landed
 }
 
 /// One line of the `totals` output, as the tests read it.

@@ -7,13 +7,67 @@ use std::path::PathBuf;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::bindings::{WIT_PACKAGE, WIT_VERSION};
+use super::bindings::{PERIODS_WIT_VERSION, WIT_PACKAGE, WIT_VERSION};
 use super::contract::{self, Mismatch, Side};
 
-/// Interfaces a plugin may import, without version.
-const ALLOWED_IMPORTS: &[&str] = &["state", "output", "log", "types"];
-/// The interface a plugin must export, without version.
-const REQUIRED_EXPORT: &str = "aggregator";
+/// Which contract a plugin was built for, told by what it exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginKind {
+    /// `tally:plugin@0.1.0`: `process` turns batches into state changes
+    /// and outputs.
+    Process,
+    /// `tally:plugin@0.2.0`: the event facts, `add` and `value` of a job
+    /// that declares `[periods]` (the host owns event time and state).
+    Periods,
+}
+
+impl PluginKind {
+    /// The contract version.
+    pub fn version(self) -> &'static str {
+        match self {
+            PluginKind::Process => WIT_VERSION,
+            PluginKind::Periods => PERIODS_WIT_VERSION,
+        }
+    }
+
+    /// Interfaces such a plugin may import, without version.
+    fn allowed_imports(self) -> &'static [&'static str] {
+        match self {
+            PluginKind::Process => &["state", "output", "log", "types"],
+            PluginKind::Periods => &["log", "types"],
+        }
+    }
+
+    /// Interfaces such a plugin must export, without version: the first
+    /// names the kind.
+    fn required_exports(self) -> &'static [&'static str] {
+        match self {
+            PluginKind::Process => &["aggregator"],
+            PluginKind::Periods => &["periods", "config"],
+        }
+    }
+
+    /// What such a plugin may import, for messages.
+    fn allowed_text(self) -> &'static str {
+        match self {
+            PluginKind::Process => "plugins may only use tally:plugin's state, output and log",
+            PluginKind::Periods => {
+                "period plugins may only use tally:plugin's log (the host keeps their state and writes their records)"
+            }
+        }
+    }
+
+    /// What a job with such a plugin is, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            PluginKind::Process => "a process plugin (tally:plugin@0.1.0)",
+            PluginKind::Periods => "a period plugin (tally:plugin@0.2.0)",
+        }
+    }
+}
+
+/// Every kind, in the order the host tells them apart.
+const KINDS: [PluginKind; 2] = [PluginKind::Process, PluginKind::Periods];
 
 /// Why a plugin was refused. Nothing was run.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +107,7 @@ pub enum PluginError {
     },
     /// The component was built for another version of the contract.
     #[error(
-        "plugin `{name}` was built for {WIT_PACKAGE}@{found}, but this host runs {WIT_PACKAGE}@{WIT_VERSION}; rebuild it with a tally-sdk for {WIT_VERSION}"
+        "plugin `{name}` was built for {WIT_PACKAGE}@{found}, but this host runs {WIT_PACKAGE}@{WIT_VERSION} for process plugins (`aggregator`) and {WIT_PACKAGE}@{PERIODS_WIT_VERSION} for period plugins (`periods`); rebuild it with a current tally-sdk"
     )]
     WrongWitVersion {
         /// The plugin (its file or upload name).
@@ -62,21 +116,23 @@ pub enum PluginError {
         found: String,
     },
     /// The component imports something the host does not provide.
-    #[error(
-        "plugin `{name}` imports `{import}`, which Tally does not provide: plugins may only use {WIT_PACKAGE}'s state, output and log"
-    )]
+    #[error("plugin `{name}` imports `{import}`, which Tally does not provide: {allowed}")]
     ForbiddenImport {
         /// The plugin (its file or upload name).
         name: String,
         /// The import, as the component names it.
         import: String,
+        /// What such a plugin may import.
+        allowed: &'static str,
     },
     /// An interface the component imports or exports differs from the
     /// host's: an item the host does not have, or one of another type.
     #[error(
-        "plugin `{name}` {side} `{interface}`, which {mismatch}; rebuild it against {WIT_PACKAGE}@{WIT_VERSION}'s WIT (wit/tally-plugin@{WIT_VERSION}) with a tally-sdk for {WIT_VERSION}"
+        "plugin `{name}` {side} `{interface}`, which {mismatch}; rebuild it against {WIT_PACKAGE}@{version}'s WIT (wit/tally-plugin@{version}) with a tally-sdk for {version}"
     )]
     Mismatch {
+        /// The contract version the plugin was checked against.
+        version: &'static str,
         /// The plugin (its file or upload name).
         name: String,
         /// Whether the plugin imports or exports the interface.
@@ -88,7 +144,7 @@ pub enum PluginError {
     },
     /// The component does not export the entry point.
     #[error(
-        "plugin `{name}` does not export `{WIT_PACKAGE}/{REQUIRED_EXPORT}@{WIT_VERSION}` (it exports: {exports}); is it a Tally plugin? Use `tally_sdk::export!`"
+        "plugin `{name}` does not export `{WIT_PACKAGE}/aggregator@{WIT_VERSION}` (a process plugin) nor `{WIT_PACKAGE}/periods@{PERIODS_WIT_VERSION}` with `{WIT_PACKAGE}/config@{PERIODS_WIT_VERSION}` (a period plugin) (it exports: {exports}); is it a Tally plugin? Use `tally_sdk::export!` or `tally_sdk::export_periods!`"
     )]
     MissingEntryPoint {
         /// The plugin (its file or upload name).
@@ -138,31 +194,38 @@ pub fn check_is_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
 /// section; one whose `state` import has a function more, or a parameter
 /// of another type, for the cost of reading its types (function bodies
 /// are left to the compiler).
-pub fn check_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
-    let info = check_names(name, bytes)?;
+pub fn check_component(name: &str, bytes: &[u8]) -> Result<PluginKind, PluginError> {
+    let (info, kind) = check_names(name, bytes)?;
     let types = read_types(name, bytes)?;
     let mismatch = |side, item: &str, mismatch| PluginError::Mismatch {
+        version: kind.version(),
         name: name.to_string(),
         side,
         interface: item.to_string(),
         mismatch: Box::new(mismatch),
     };
     for import in &info.imports {
-        let (interface, _) = tally_interface(import).ok_or_else(|| {
-            PluginError::ForbiddenImport { name: name.to_string(), import: import.clone() }
-        })?;
+        let (interface, _) =
+            tally_interface(import).ok_or_else(|| PluginError::ForbiddenImport {
+                name: name.to_string(),
+                import: import.clone(),
+                allowed: kind.allowed_text(),
+            })?;
         let item = types
             .component_item_for_import(import)
             .ok_or_else(|| invalid(name, format!("its import `{import}` has no type")))?;
-        contract::check_item(types.as_ref(), Side::Import, interface, &item.ty)
+        contract::check_item(types.as_ref(), Side::Import, kind.version(), interface, &item.ty)
             .map_err(|found| mismatch(Side::Import, import, found))?;
     }
-    let entry_point = contract::versioned(REQUIRED_EXPORT);
-    let item = types
-        .component_item_for_export(&entry_point)
-        .ok_or_else(|| invalid(name, format!("its export `{entry_point}` has no type")))?;
-    contract::check_item(types.as_ref(), Side::Export, REQUIRED_EXPORT, &item.ty)
-        .map_err(|found| mismatch(Side::Export, &entry_point, found))
+    for export in kind.required_exports() {
+        let entry_point = contract::versioned(export, kind.version());
+        let item = types
+            .component_item_for_export(&entry_point)
+            .ok_or_else(|| invalid(name, format!("its export `{entry_point}` has no type")))?;
+        contract::check_item(types.as_ref(), Side::Export, kind.version(), export, &item.ty)
+            .map_err(|found| mismatch(Side::Export, &entry_point, found))?;
+    }
+    Ok(kind)
 }
 
 /// The first half of [`check_component`], for the cost of reading the
@@ -170,11 +233,11 @@ pub fn check_component(name: &str, bytes: &[u8]) -> Result<(), PluginError> {
 /// interfaces this host links and that exports the entry point. The
 /// serve host runs it before an upload waits for its compile; the types
 /// are checked in the compile worker, within its bounds.
-pub fn check_names(name: &str, bytes: &[u8]) -> Result<ComponentInfo, PluginError> {
+pub fn check_names(name: &str, bytes: &[u8]) -> Result<(ComponentInfo, PluginKind), PluginError> {
     check_is_component(name, bytes)?;
     let info = read_names(name, bytes)?;
-    check_contract(name, &info)?;
-    Ok(info)
+    let kind = check_contract(name, &info)?;
+    Ok((info, kind))
 }
 
 fn invalid(name: &str, reason: impl std::fmt::Display) -> PluginError {
@@ -256,41 +319,74 @@ fn tally_interface(name: &str) -> Option<(&str, &str)> {
     Some(rest.split_once('@').unwrap_or((rest, "")))
 }
 
-/// Refuses any import this host does not link, naming it.
-fn check_import_names(name: &str, imports: &[String]) -> Result<(), PluginError> {
+/// Which kind of plugin the exports make: the first kind whose required
+/// exports are all there, at its version.
+fn kind_of(exports: &[String]) -> Option<PluginKind> {
+    KINDS.into_iter().find(|kind| {
+        kind.required_exports().iter().all(|required| {
+            exports
+                .iter()
+                .filter_map(|export| tally_interface(export))
+                .any(|(interface, version)| interface == *required && version == kind.version())
+        })
+    })
+}
+
+/// Refuses any import this host does not link for a plugin of `kind`
+/// (`None`: the exports made no kind), naming it.
+fn check_import_names(
+    name: &str,
+    imports: &[String],
+    kind: Option<PluginKind>,
+) -> Result<(), PluginError> {
+    let wrong_version = |version: &str| PluginError::WrongWitVersion {
+        name: name.to_string(),
+        found: version.to_string(),
+    };
     for import in imports {
-        match tally_interface(import) {
-            Some((_, version)) if version != WIT_VERSION => {
-                return Err(PluginError::WrongWitVersion {
-                    name: name.to_string(),
-                    found: version.to_string(),
-                });
+        let forbidden = || PluginError::ForbiddenImport {
+            name: name.to_string(),
+            import: import.clone(),
+            allowed: kind.unwrap_or(PluginKind::Process).allowed_text(),
+        };
+        let Some((interface, version)) = tally_interface(import) else {
+            return Err(forbidden());
+        };
+        match kind {
+            Some(kind) if version != kind.version() => return Err(wrong_version(version)),
+            Some(kind) if !kind.allowed_imports().contains(&interface) => return Err(forbidden()),
+            Some(_) => {}
+            None if KINDS.iter().all(|kind| kind.version() != version) => {
+                return Err(wrong_version(version));
             }
-            Some((interface, _)) if ALLOWED_IMPORTS.contains(&interface) => {}
-            _ => {
-                return Err(PluginError::ForbiddenImport {
-                    name: name.to_string(),
-                    import: import.clone(),
-                });
-            }
+            None => {}
         }
     }
     Ok(())
 }
 
-/// Checks a component's imports and exports against what this host links.
-pub fn check_contract(name: &str, info: &ComponentInfo) -> Result<(), PluginError> {
-    check_import_names(name, &info.imports)?;
+/// Checks a component's imports and exports against what this host
+/// links; returns the kind of plugin it is.
+pub fn check_contract(name: &str, info: &ComponentInfo) -> Result<PluginKind, PluginError> {
+    let kind = kind_of(&info.exports);
+    check_import_names(name, &info.imports, kind)?;
+    if let Some(kind) = kind {
+        return Ok(kind);
+    }
     let entry_points: Vec<(&str, &str)> = info
         .exports
         .iter()
         .filter_map(|export| tally_interface(export))
-        .filter(|(i, _)| *i == REQUIRED_EXPORT)
+        .filter(|(interface, _)| ["aggregator", "periods"].contains(interface))
         .collect();
-    if entry_points.iter().any(|(_, version)| *version == WIT_VERSION) {
-        return Ok(());
-    }
-    match entry_points.first() {
+    // An entry point of a version this host runs, without the rest of its
+    // kind's exports, is missing those: not built for another version.
+    let runs = |(interface, version): &&(&str, &str)| {
+        KINDS
+            .iter()
+            .any(|kind| kind.version() == *version && kind.required_exports()[0] == *interface)
+    };
+    match entry_points.first().filter(|entry| !runs(entry)) {
         Some((_, version)) => {
             Err(PluginError::WrongWitVersion { name: name.to_string(), found: version.to_string() })
         }
@@ -322,7 +418,27 @@ mod tests {
             &["tally:plugin/state@0.1.0", "tally:plugin/output@0.1.0"],
             &["tally:plugin/aggregator@0.1.0"],
         );
-        check_contract("p.wasm", &plugin).unwrap();
+        assert_eq!(check_contract("p.wasm", &plugin).unwrap(), PluginKind::Process);
+    }
+
+    #[test]
+    fn a_period_plugin_passes_and_may_import_only_log() {
+        let exports = ["tally:plugin/periods@0.2.0", "tally:plugin/config@0.2.0"];
+        let plugin = info(&["tally:plugin/log@0.2.0"], &exports);
+        assert_eq!(check_contract("p.wasm", &plugin).unwrap(), PluginKind::Periods);
+        let err = check_contract("p.wasm", &info(&["tally:plugin/state@0.2.0"], &exports))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("imports `tally:plugin/state@0.2.0`, which Tally does not provide"));
+        assert!(err.contains("period plugins may only use tally:plugin's log"), "{err}");
+        let err = check_contract("p.wasm", &info(&["tally:plugin/state@0.1.0"], &exports))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("was built for tally:plugin@0.1.0"), "{err}");
+        let err = check_contract("p.wasm", &info(&[], &["tally:plugin/periods@0.2.0"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not export"), "{err}");
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct JobContext {
     pub log: Arc<PluginLog>,
     /// What the job's plugin calls use, as they run.
     pub meters: Arc<PluginMeters>,
+    /// The job file's `[plugin_config]` as JSON (`{}` when it has none),
+    /// handed to a period plugin when it starts.
+    pub plugin_config: Arc<str>,
 }
 
 impl JobContext {
@@ -49,7 +52,19 @@ impl JobContext {
         log: PluginLog,
         meters: PluginMeters,
     ) -> JobContext {
-        JobContext { stop, seat, log: Arc::new(log), meters: Arc::new(meters) }
+        JobContext {
+            stop,
+            seat,
+            log: Arc::new(log),
+            meters: Arc::new(meters),
+            plugin_config: Arc::from("{}"),
+        }
+    }
+
+    /// The same context, handing `config` (JSON) to period plugins.
+    pub fn with_plugin_config(mut self, config: &str) -> JobContext {
+        self.plugin_config = Arc::from(config);
+        self
     }
 
     /// Whether the job was asked to stop.

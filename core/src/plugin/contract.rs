@@ -23,35 +23,48 @@ use wasmparser::component_types::{
 use wasmparser::types::TypesRef;
 use wit_parser::{Function, InterfaceId, Resolve, Type, TypeDefKind};
 
-use super::bindings::{WIT_PACKAGE, WIT_VERSION};
+use super::bindings::{PERIODS_WIT_VERSION, WIT_PACKAGE, WIT_VERSION};
 
-/// The WIT the host's bindings are generated from (`bindings.rs`).
+/// The WIT of each contract version the host's bindings are generated
+/// from (`bindings.rs`).
 const WIT: &str = include_str!("../../../wit/tally-plugin@0.1.0/plugin.wit");
+const PERIODS_WIT: &str = include_str!("../../../wit/tally-plugin@0.2.0/plugin.wit");
 
 /// How deep a component's type is shown in a refusal, and how long the
 /// text may grow: a hostile type can nest as deep as the validator allows.
 const SHOWN_DEPTH: usize = 4;
 const SHOWN_BYTES: usize = 240;
 
-/// The contract's interfaces, by their unversioned names.
+/// One contract version's interfaces, by their unversioned names.
 struct Contract {
     resolve: Resolve,
     interfaces: Vec<(String, InterfaceId)>,
 }
 
-fn contract() -> &'static Contract {
-    static CONTRACT: OnceLock<Contract> = OnceLock::new();
-    CONTRACT.get_or_init(|| {
+impl Contract {
+    fn parse(wit: &str) -> Contract {
         let mut resolve = Resolve::default();
         // The WIT is part of this binary; `the_contract_parses` tests it.
-        let package = resolve.push_str("plugin.wit", WIT).expect("the contract's WIT parses");
+        let package = resolve.push_str("plugin.wit", wit).expect("the contract's WIT parses");
         let interfaces = resolve.packages[package]
             .interfaces
             .iter()
             .map(|(name, id)| (name.clone(), *id))
             .collect();
         Contract { resolve, interfaces }
-    })
+    }
+}
+
+/// The contract of `version` (`0.1.0` or `0.2.0`); `None` for a version
+/// this host does not link.
+fn contract(version: &str) -> Option<&'static Contract> {
+    static PROCESS: OnceLock<Contract> = OnceLock::new();
+    static PERIODS: OnceLock<Contract> = OnceLock::new();
+    match version {
+        WIT_VERSION => Some(PROCESS.get_or_init(|| Contract::parse(WIT))),
+        PERIODS_WIT_VERSION => Some(PERIODS.get_or_init(|| Contract::parse(PERIODS_WIT))),
+        _ => None,
+    }
 }
 
 /// Which side of the contract an item is on.
@@ -148,16 +161,19 @@ impl std::fmt::Display for Difference {
 }
 
 /// Compares the type of the component's import or export `name` (an
-/// interface of the contract, by its unversioned name `interface`) with
-/// what the host links. Items the host does not use in an export are
-/// allowed; everything imported must be provided exactly.
+/// interface of the contract of `version`, by its unversioned name
+/// `interface`) with what the host links. Items the host does not use in
+/// an export are allowed; everything imported must be provided exactly.
 pub fn check_item(
     types: TypesRef<'_>,
     side: Side,
+    version: &str,
     interface: &str,
     entity: &ComponentEntityType,
 ) -> Result<(), Mismatch> {
-    let contract = contract();
+    let Some(contract) = contract(version) else {
+        return Err(Mismatch::NoSuchItem { item: interface.to_string(), available: String::new() });
+    };
     let Some(&(_, id)) = contract.interfaces.iter().find(|(name, _)| name == interface) else {
         // Callers check names first; an unknown interface provides nothing.
         return Err(Mismatch::NoSuchItem { item: interface.to_string(), available: String::new() });
@@ -191,14 +207,15 @@ pub fn check_item(
     Ok(())
 }
 
-/// The interfaces of the contract a plugin may import, and the one it exports.
-pub fn interface_names() -> impl Iterator<Item = &'static str> {
-    contract().interfaces.iter().map(|(name, _)| name.as_str())
+/// The interfaces of the contract of `version` (none for a version this
+/// host does not link).
+pub fn interface_names(version: &str) -> impl Iterator<Item = &'static str> {
+    contract(version).into_iter().flat_map(|c| c.interfaces.iter().map(|(name, _)| name.as_str()))
 }
 
 /// The versioned name of a contract interface: `tally:plugin/state@0.1.0`.
-pub fn versioned(interface: &str) -> String {
-    format!("{WIT_PACKAGE}/{interface}@{WIT_VERSION}")
+pub fn versioned(interface: &str, version: &str) -> String {
+    format!("{WIT_PACKAGE}/{interface}@{version}")
 }
 
 fn entity_kind(entity: &ComponentEntityType) -> &'static str {
@@ -672,9 +689,12 @@ mod tests {
 
     #[test]
     fn the_contract_parses() {
-        let names: Vec<&str> = interface_names().collect();
+        let names: Vec<&str> = interface_names(WIT_VERSION).collect();
         assert_eq!(names, ["types", "state", "output", "log", "aggregator"]);
-        assert_eq!(versioned("state"), "tally:plugin/state@0.1.0");
+        assert_eq!(versioned("state", WIT_VERSION), "tally:plugin/state@0.1.0");
+        let names: Vec<&str> = interface_names(PERIODS_WIT_VERSION).collect();
+        assert_eq!(names, ["types", "log", "config", "periods"]);
+        assert_eq!(interface_names("0.3.0").count(), 0);
     }
 
     /// The types of a component written in WAT, and its import `name`.
@@ -691,7 +711,8 @@ mod tests {
             r#"(component (import "tally:plugin/state@0.1.0" (func)))"#,
             "tally:plugin/state@0.1.0",
             |types, entity| {
-                let err = check_item(types, Side::Import, "state", entity).unwrap_err();
+                let err =
+                    check_item(types, Side::Import, WIT_VERSION, "state", entity).unwrap_err();
                 assert_eq!(err, Mismatch::NotAnInterface { found: "a function" });
             },
         );
@@ -704,7 +725,7 @@ mod tests {
             (export "frobnicate" (func (param "key" (list u8))))
         )))"#;
         import_of(wat, "tally:plugin/state@0.1.0", |types, entity| {
-            let err = check_item(types, Side::Import, "state", entity).unwrap_err();
+            let err = check_item(types, Side::Import, WIT_VERSION, "state", entity).unwrap_err();
             assert_eq!(
                 err.to_string(),
                 "has no item `frobnicate` in this host (it has: get, get-many, put, put-many, delete, delete-many)"
@@ -718,7 +739,7 @@ mod tests {
             (export "put" (func (param "key" (list u8)) (param "value" (list u32))))
         )))"#;
         import_of(wat, "tally:plugin/state@0.1.0", |types, entity| {
-            let err = check_item(types, Side::Import, "state", entity).unwrap_err();
+            let err = check_item(types, Side::Import, WIT_VERSION, "state", entity).unwrap_err();
             assert_eq!(
                 err.to_string(),
                 "has `put` with another type than this host's `func(key: list<u8>, value: list<u8>)`: \
@@ -759,7 +780,8 @@ mod tests {
             let types =
                 wasmparser::Validator::new_with_features(features).validate_all(&bytes).unwrap();
             let item = types.component_item_for_import("tally:plugin/state@0.1.0").unwrap();
-            let err = check_item(types.as_ref(), Side::Import, "state", &item.ty).unwrap_err();
+            let err = check_item(types.as_ref(), Side::Import, WIT_VERSION, "state", &item.ty)
+                .unwrap_err();
             let Mismatch::WrongType { difference: found, .. } = &err else { panic!("{err:?}") };
             assert_eq!(found.to_string(), difference, "{export}");
         }
@@ -772,14 +794,14 @@ mod tests {
             (export "level" (type (eq $level)))
         )))"#;
         import_of(wat, "tally:plugin/types@0.1.0", |types, entity| {
-            check_item(types, Side::Import, "types", entity).unwrap()
+            check_item(types, Side::Import, WIT_VERSION, "types", entity).unwrap()
         });
         let wat = r#"(component (import "tally:plugin/types@0.1.0" (instance
             (type $level (enum "trace" "debug" "info" "warn" "error" "fatal"))
             (export "level" (type (eq $level)))
         )))"#;
         import_of(wat, "tally:plugin/types@0.1.0", |types, entity| {
-            let err = check_item(types, Side::Import, "types", entity).unwrap_err();
+            let err = check_item(types, Side::Import, WIT_VERSION, "types", entity).unwrap_err();
             assert!(
                 err.to_string()
                     .contains("the plugin `enum { trace, debug, info, warn, error, fatal }`"),
@@ -788,7 +810,7 @@ mod tests {
         });
         let wat = r#"(component (import "tally:plugin/types@0.1.0" (instance (export "event" (type (sub resource))))))"#;
         import_of(wat, "tally:plugin/types@0.1.0", |types, entity| {
-            let err = check_item(types, Side::Import, "types", entity).unwrap_err();
+            let err = check_item(types, Side::Import, WIT_VERSION, "types", entity).unwrap_err();
             assert!(err.to_string().ends_with("the plugin `a resource`"), "{err}");
         });
     }
@@ -803,7 +825,9 @@ mod tests {
             r#"(component (import "tally:plugin/log@0.1.0" (instance (export "log" (func (param "level" u8) (param "message" {ty}))))))"#
         );
         import_of(&wat, "tally:plugin/log@0.1.0", |types, entity| {
-            let err = check_item(types, Side::Import, "log", entity).unwrap_err().to_string();
+            let err = check_item(types, Side::Import, WIT_VERSION, "log", entity)
+                .unwrap_err()
+                .to_string();
             assert!(err.len() < 2 * SHOWN_BYTES, "{err}");
         });
     }

@@ -78,3 +78,19 @@ impl bindings::log::Host for StoreData {
         Ok(())
     }
 }
+
+impl bindings::periods::types::Host for StoreData {}
+
+impl bindings::periods::log::Host for StoreData {
+    fn log(&mut self, level: bindings::periods::Level, message: String) -> wasmtime::Result<()> {
+        use bindings::periods::Level as Wit;
+        let level = match level {
+            Wit::Trace => bindings::Level::Trace,
+            Wit::Debug => bindings::Level::Debug,
+            Wit::Info => bindings::Level::Info,
+            Wit::Warn => bindings::Level::Warn,
+            Wit::Error => bindings::Level::Error,
+        };
+        bindings::log::Host::log(self, level, message)
+    }
+}

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use wasmtime::{Engine, Store, UpdateDeadline};
 
+use super::check::PluginKind;
 use super::host_imports::MAX_LOGGED_ERROR_BYTES;
+use super::periods::PeriodInstance;
 use super::store::{INSTANCE_BYTES, StoreData, thread_cpu_time};
 use super::{
     ComponentInfo, Event, JobContext, PluginError, PluginUsage, ProcessError, Processor, Rejection,
@@ -31,7 +33,16 @@ pub(super) struct LoadedInner {
     pub(super) digest: String,
     pub(super) size: usize,
     pub(super) info: ComponentInfo,
-    pub(super) pre: bindings::PluginWorldPre<StoreData>,
+    pub(super) linked: Linked,
+}
+
+/// A component linked to the host's imports, ready to instantiate: by
+/// the contract it was built for.
+pub(super) enum Linked {
+    /// A process plugin (`tally:plugin@0.1.0`).
+    Process(bindings::PluginWorldPre<StoreData>),
+    /// A period plugin (`tally:plugin@0.2.0`).
+    Periods(bindings::periods::PeriodsWorldPre<StoreData>),
 }
 
 impl LoadedPlugin {
@@ -55,6 +66,14 @@ impl LoadedPlugin {
         &self.inner.info
     }
 
+    /// The contract the plugin was built for.
+    pub fn kind(&self) -> PluginKind {
+        match self.inner.linked {
+            Linked::Process(_) => PluginKind::Process,
+            Linked::Periods(_) => PluginKind::Periods,
+        }
+    }
+
     /// A fresh sandboxed instance with `limits`, on its own (its log lines
     /// tagged with the plugin's name; nothing can stop a call but its budget).
     pub fn instantiate(&self, limits: Limits) -> Result<PluginInstance, PluginError> {
@@ -69,7 +88,23 @@ impl LoadedPlugin {
         context: JobContext,
     ) -> impl FnOnce() -> Result<Box<dyn Processor>, PluginError> + use<> {
         let plugin = self.clone();
-        move || Ok(Box::new(plugin.instantiate_in(limits, context)?) as Box<dyn Processor>)
+        move || plugin.processor(limits, context)
+    }
+
+    /// A fresh instance of the job's processor: a process plugin's
+    /// instance, or a period plugin's under the host's period rules (the
+    /// job's `[periods]` live in its transaction).
+    pub fn processor(
+        &self,
+        limits: Limits,
+        context: JobContext,
+    ) -> Result<Box<dyn Processor>, PluginError> {
+        Ok(match self.kind() {
+            PluginKind::Process => Box::new(self.instantiate_in(limits, context)?),
+            PluginKind::Periods => Box::new(super::period_processor::PeriodProcessor::new(
+                PeriodInstance::new(self, limits, context)?,
+            )),
+        })
     }
 
     /// A fresh sandboxed instance with `limits`, for the job of `context`.
@@ -107,6 +142,86 @@ struct Sandbox {
     bindings: bindings::PluginWorld,
 }
 
+/// A fresh store for an instance of `plugin` with `limits`, for the job of
+/// `context`: the memory limit, the CPU budget checked at every epoch
+/// tick, the job's stop signal.
+pub(super) fn new_store(
+    plugin: &LoadedPlugin,
+    limits: Limits,
+    context: &JobContext,
+) -> Result<Store<StoreData>, PluginError> {
+    let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), limits);
+    let data = StoreData {
+        txn: placeholder,
+        context: context.clone(),
+        memory_limit: limits.memory_bytes,
+        memory_used: 0,
+        memory_exceeded: false,
+        call: CallLimits::batch(&limits),
+        call_started: thread_cpu_time(),
+        cpu_metered: Duration::ZERO,
+        cpu_metered_total: Duration::ZERO,
+        cpu_exceeded: false,
+        stopped: false,
+        violation: None,
+        misconfigured: None,
+        host_failure: None,
+    };
+    let mut store = Store::new(&plugin.inner.engine, data);
+    store.limiter(|data| data as &mut dyn ResourceLimiter);
+    // What a host call may copy out of the plugin (its arguments, and
+    // the lists it returns): no more than its memory limit, so aliased
+    // lists cannot make the host build more than the plugin could hold.
+    store.set_hostcall_fuel(usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX));
+    // At every epoch tick: stop the call if the job is stopping or the
+    // call has used its CPU budget (host calls made by the plugin count
+    // too; waiting does not), and take the job's turn on the CPU.
+    store.epoch_deadline_callback(|mut context| {
+        let data = context.data_mut();
+        data.context.run();
+        if data.context.stopping() {
+            data.stopped = true;
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        if data.meter_cpu() > data.call.cpu {
+            data.cpu_exceeded = true;
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        Ok(UpdateDeadline::Continue(1))
+    });
+    // Instantiation runs guest code too (start functions, allocator setup).
+    store.set_epoch_deadline(1);
+    store.data_mut().grow(INSTANCE_BYTES, "its instance").map_err(|err| {
+        PluginError::Instantiate { name: plugin.name().to_string(), reason: format!("{err:#}") }
+    })?;
+    Ok(store)
+}
+
+/// Why instantiating `plugin` in `store` failed, in its words.
+pub(super) fn instantiate_failure(
+    plugin: &LoadedPlugin,
+    store: &Store<StoreData>,
+    limits: Limits,
+    err: &wasmtime::Error,
+) -> PluginError {
+    let data = store.data();
+    let reason = if data.memory_exceeded {
+        format!(
+            "it needs more than its memory limit of {} bytes (limits.memory_bytes) to start",
+            limits.memory_bytes
+        )
+    } else if data.cpu_exceeded {
+        format!(
+            "it used more than its CPU budget of {} ms (limits.cpu_budget_ms) to start",
+            limits.cpu_budget_ms
+        )
+    } else {
+        // Its backtrace can carry names the plugin chose.
+        crate::text::sanitize(&format!("{err:#}"), MAX_LOGGED_ERROR_BYTES)
+    };
+    PluginError::Instantiate { name: plugin.name().to_string(), reason }
+}
+
 impl Sandbox {
     /// A fresh store with `limits`, and the plugin instantiated in it.
     fn new(
@@ -114,118 +229,72 @@ impl Sandbox {
         limits: Limits,
         context: &JobContext,
     ) -> Result<Sandbox, PluginError> {
-        let placeholder = Transaction::new(Arc::new(MemoryStore::default()), Arc::from([]), limits);
-        let data = StoreData {
-            txn: placeholder,
-            context: context.clone(),
-            memory_limit: limits.memory_bytes,
-            memory_used: 0,
-            memory_exceeded: false,
-            call: CallLimits::batch(&limits),
-            call_started: thread_cpu_time(),
-            cpu_metered: Duration::ZERO,
-            cpu_exceeded: false,
-            stopped: false,
-            violation: None,
-            misconfigured: None,
-            host_failure: None,
+        let Linked::Process(pre) = &plugin.inner.linked else {
+            return Err(PluginError::Instantiate {
+                name: plugin.name().to_string(),
+                reason: "it is a period plugin (tally:plugin@0.2.0): it runs in a job that declares [periods]".into(),
+            });
         };
-        let mut store = Store::new(&plugin.inner.engine, data);
-        store.limiter(|data| data as &mut dyn ResourceLimiter);
-        // What a host call may copy out of the plugin (its arguments, and
-        // the lists it returns): no more than its memory limit, so aliased
-        // lists cannot make the host build more than the plugin could hold.
-        store.set_hostcall_fuel(usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX));
-        // At every epoch tick: stop the call if the job is stopping or the
-        // call has used its CPU budget (host calls made by the plugin count
-        // too; waiting does not), and take the job's turn on the CPU.
-        store.epoch_deadline_callback(|mut context| {
-            let data = context.data_mut();
-            data.context.run();
-            if data.context.stopping() {
-                data.stopped = true;
-                return Ok(UpdateDeadline::Interrupt);
-            }
-            if data.meter_cpu() > data.call.cpu {
-                data.cpu_exceeded = true;
-                return Ok(UpdateDeadline::Interrupt);
-            }
-            Ok(UpdateDeadline::Continue(1))
-        });
-        // Instantiation runs guest code too (start functions, allocator setup).
-        store.set_epoch_deadline(1);
-        let instance_bytes = INSTANCE_BYTES;
-        store.data_mut().grow(instance_bytes, "its instance").map_err(|err| {
-            PluginError::Instantiate { name: plugin.name().to_string(), reason: format!("{err:#}") }
-        })?;
-        let bindings = plugin.inner.pre.instantiate(&mut store).map_err(|err| {
-            let data = store.data();
-            let reason = if data.memory_exceeded {
-                format!("it needs more than its memory limit of {} bytes (limits.memory_bytes) to start", limits.memory_bytes)
-            } else if data.cpu_exceeded {
-                format!("it used more than its CPU budget of {} ms (limits.cpu_budget_ms) to start", limits.cpu_budget_ms)
-            } else {
-                // Its backtrace can carry names the plugin chose.
-                crate::text::sanitize(&format!("{err:#}"), MAX_LOGGED_ERROR_BYTES)
-            };
-            PluginError::Instantiate { name: plugin.name().to_string(), reason }
-        })?;
+        let mut store = new_store(plugin, limits, context)?;
+        let bindings = pre
+            .instantiate(&mut store)
+            .map_err(|err| instantiate_failure(plugin, &store, limits, &err))?;
         store.data_mut().meter_cpu();
         Ok(Sandbox { store, bindings })
     }
 }
 
-impl PluginInstance {
-    /// Why the last call failed, as a dead-letter reason.
-    fn failure(
-        &self,
-        data: &mut StoreData,
-        err: wasmtime::Error,
-        logged: Option<String>,
-    ) -> ProcessError {
-        if data.stopped {
-            return ProcessError::Stopped;
-        }
-        if let Some(state) = data.host_failure.take() {
-            return ProcessError::Host(state);
-        }
-        if let Some(message) = data.misconfigured.take() {
-            return ProcessError::Misconfigured(message);
-        }
-        if let Some(violation) = data.violation.take() {
-            return ProcessError::Plugin(violation.0);
-        }
-        if data.memory_exceeded {
-            return ProcessError::Plugin(format!(
-                "plugin exceeded its memory limit of {} MiB (limits.memory_bytes = {}; linear memories and tables count)",
-                self.limits.memory_bytes >> 20,
-                self.limits.memory_bytes
-            ));
-        }
-        if data.cpu_exceeded {
-            self.context.meters.cpu_budget_breaches.inc();
-            return ProcessError::Plugin(data.call.cpu_exceeded_reason());
-        }
-        // Classified by type, never by wasmtime's text: a trap is the
-        // plugin's code stopping (a panic, `unreachable`, a bad access);
-        // anything else is wasmtime refusing a value that crossed the
-        // boundary: more than the call may copy (its hostcall fuel, set to
-        // the memory limit) or a malformed one (a pointer out of bounds,
-        // bad UTF-8). The host's own refusals were taken above.
-        let Some(trap) = err.downcast_ref::<wasmtime::Trap>() else {
-            return ProcessError::Plugin(format!(
-                "plugin passed a value the host cannot take: more than its memory limit of {} bytes \
-                 (limits.memory_bytes) between itself and the host in one call, or a malformed one ({})",
-                self.limits.memory_bytes,
-                crate::text::sanitize(&err.to_string(), MAX_LOGGED_ERROR_BYTES)
-            ));
-        };
-        // Its text can carry names the plugin chose.
-        let trap = crate::text::sanitize(&trap.to_string(), MAX_LOGGED_ERROR_BYTES);
-        match logged {
-            Some(logged) => ProcessError::Plugin(format!("plugin trapped ({trap}): {logged}")),
-            None => ProcessError::Plugin(format!("plugin trapped: {trap}")),
-        }
+/// Why a call failed, as a dead-letter reason: `logged` is the last
+/// error line the plugin logged (a panic message).
+pub(super) fn call_failure(
+    data: &mut StoreData,
+    err: wasmtime::Error,
+    logged: Option<String>,
+    limits: &Limits,
+    context: &JobContext,
+) -> ProcessError {
+    if data.stopped {
+        return ProcessError::Stopped;
+    }
+    if let Some(state) = data.host_failure.take() {
+        return ProcessError::Host(state);
+    }
+    if let Some(message) = data.misconfigured.take() {
+        return ProcessError::Misconfigured(message);
+    }
+    if let Some(violation) = data.violation.take() {
+        return ProcessError::Plugin(violation.0);
+    }
+    if data.memory_exceeded {
+        return ProcessError::Plugin(format!(
+            "plugin exceeded its memory limit of {} MiB (limits.memory_bytes = {}; linear memories and tables count)",
+            limits.memory_bytes >> 20,
+            limits.memory_bytes
+        ));
+    }
+    if data.cpu_exceeded {
+        context.meters.cpu_budget_breaches.inc();
+        return ProcessError::Plugin(data.call.cpu_exceeded_reason());
+    }
+    // Classified by type, never by wasmtime's text: a trap is the
+    // plugin's code stopping (a panic, `unreachable`, a bad access);
+    // anything else is wasmtime refusing a value that crossed the
+    // boundary: more than the call may copy (its hostcall fuel, set to
+    // the memory limit) or a malformed one (a pointer out of bounds,
+    // bad UTF-8). The host's own refusals were taken above.
+    let Some(trap) = err.downcast_ref::<wasmtime::Trap>() else {
+        return ProcessError::Plugin(format!(
+            "plugin passed a value the host cannot take: more than its memory limit of {} bytes \
+             (limits.memory_bytes) between itself and the host in one call, or a malformed one ({})",
+            limits.memory_bytes,
+            crate::text::sanitize(&err.to_string(), MAX_LOGGED_ERROR_BYTES)
+        ));
+    };
+    // Its text can carry names the plugin chose.
+    let trap = crate::text::sanitize(&trap.to_string(), MAX_LOGGED_ERROR_BYTES);
+    match logged {
+        Some(logged) => ProcessError::Plugin(format!("plugin trapped ({trap}): {logged}")),
+        None => ProcessError::Plugin(format!("plugin trapped: {trap}")),
     }
 }
 
@@ -274,8 +343,13 @@ impl Processor for PluginInstance {
                 let Some(mut sandbox) = self.sandbox.take() else {
                     unreachable!("the call ran in a sandbox")
                 };
-                let failure =
-                    self.failure(sandbox.store.data_mut(), err, txn.last_plugin_error.take());
+                let failure = call_failure(
+                    sandbox.store.data_mut(),
+                    err,
+                    txn.last_plugin_error.take(),
+                    &self.limits,
+                    &self.context,
+                );
                 if !matches!(failure, ProcessError::Stopped) {
                     self.traps += 1;
                     self.context.meters.failed(&failure.to_string());

@@ -28,13 +28,16 @@ pub mod context;
 pub mod contract;
 mod host_imports;
 mod instance;
+pub mod period_processor;
+pub mod periods;
 mod runtime;
 mod store;
 
 use sha2::{Digest, Sha256};
 
-pub use bindings::{Event, Rejection, WIT_PACKAGE, WIT_VERSION};
-pub use check::{ComponentInfo, PluginError};
+pub use bindings::periods::{EventFacts as DescribedEvent, EventTime};
+pub use bindings::{Event, PERIODS_WIT_VERSION, Rejection, WIT_PACKAGE, WIT_VERSION};
+pub use check::{ComponentInfo, PluginError, PluginKind};
 pub use context::{JobContext, StopSignal};
 pub use instance::{LoadedPlugin, PluginInstance};
 pub use runtime::{Inspection, PluginRuntime};
@@ -90,6 +93,30 @@ pub trait Processor {
     /// CPU time and memory used so far (zero for native processors).
     fn usage(&self) -> PluginUsage {
         PluginUsage::default()
+    }
+
+    /// The contract of the code running: a new version must be of the same.
+    fn kind(&self) -> PluginKind {
+        PluginKind::Process
+    }
+
+    /// The open transaction was dropped, to be redone: what the processor
+    /// counted of it (failures in a row) counts again when it happens again.
+    fn transaction_dropped(&mut self) {}
+
+    /// The open transaction is about to commit: does what is due at its
+    /// end (a period job's ADJUSTMENTs) in it.
+    fn end_transaction(&mut self, txn: &mut Transaction) -> Result<(), ProcessError> {
+        let _ = txn;
+        Ok(())
+    }
+
+    /// The job's partitions `idle` have read to their end and stayed there
+    /// (see `docs/periods.md`): closes what idleness closes (a period job's
+    /// FINALs) in the open transaction, which carries no input for it.
+    fn close_idle(&mut self, txn: &mut Transaction, idle: &[u32]) -> Result<(), ProcessError> {
+        let _ = (txn, idle);
+        Ok(())
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
-use super::instance::{LoadedInner, LoadedPlugin};
+use super::check::PluginKind;
+use super::instance::{Linked, LoadedInner, LoadedPlugin};
 use super::store::StoreData;
 use super::{ComponentInfo, PluginError, bindings, check, digest};
 use crate::limits::EPOCH_TICK;
@@ -179,16 +180,34 @@ impl PluginRuntime {
         component: &wasmtime::component::Component,
     ) -> Result<LoadedPlugin, PluginError> {
         let info = check::component_info(&self.engine, component);
-        check::check_contract(name, &info)?;
+        let kind = check::check_contract(name, &info)?;
         let instantiate_error = |err: wasmtime::Error| PluginError::Instantiate {
             name: name.to_string(),
             reason: format!("{err:#}"),
         };
         let mut linker = Linker::<StoreData>::new(&self.engine);
-        bindings::PluginWorld::add_to_linker::<_, HasSelf<StoreData>>(&mut linker, |data| data)
-            .map_err(instantiate_error)?;
-        let pre = linker.instantiate_pre(component).map_err(instantiate_error)?;
-        let pre = bindings::PluginWorldPre::new(pre).map_err(instantiate_error)?;
+        let linked = match kind {
+            PluginKind::Process => {
+                bindings::PluginWorld::add_to_linker::<_, HasSelf<StoreData>>(
+                    &mut linker,
+                    |data| data,
+                )
+                .map_err(instantiate_error)?;
+                let pre = linker.instantiate_pre(component).map_err(instantiate_error)?;
+                Linked::Process(bindings::PluginWorldPre::new(pre).map_err(instantiate_error)?)
+            }
+            PluginKind::Periods => {
+                bindings::periods::PeriodsWorld::add_to_linker::<_, HasSelf<StoreData>>(
+                    &mut linker,
+                    |data| data,
+                )
+                .map_err(instantiate_error)?;
+                let pre = linker.instantiate_pre(component).map_err(instantiate_error)?;
+                Linked::Periods(
+                    bindings::periods::PeriodsWorldPre::new(pre).map_err(instantiate_error)?,
+                )
+            }
+        };
         Ok(LoadedPlugin {
             inner: Arc::new(LoadedInner {
                 engine: self.engine.clone(),
@@ -196,7 +215,7 @@ impl PluginRuntime {
                 digest: digest.to_string(),
                 size,
                 info,
-                pre,
+                linked,
             }),
         })
     }
@@ -241,7 +260,7 @@ pub struct Inspection {
     /// Imports and exports.
     pub info: ComponentInfo,
     /// Whether this host would run it, and if not why.
-    pub verdict: Result<(), PluginError>,
+    pub verdict: Result<PluginKind, PluginError>,
 }
 
 fn file_name(path: &Path) -> String {

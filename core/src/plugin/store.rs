@@ -22,6 +22,9 @@ pub(super) const TABLE_ELEMENT_BYTES: u64 = std::mem::size_of::<usize>() as u64;
 /// context, globals and bookkeeping), counted in the memory limit too.
 pub(super) const INSTANCE_BYTES: u64 = 64 << 10;
 
+/// [`StoreData::call_started`] of a call whose start was not measured.
+pub(super) const NOT_MEASURED: Duration = Duration::MAX;
+
 /// CPU time the calling thread has used.
 pub(super) fn thread_cpu_time() -> Duration {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -43,9 +46,14 @@ pub struct StoreData {
     pub(super) memory_exceeded: bool,
     /// The CPU budget of the call running now.
     pub(super) call: CallLimits,
+    /// Thread CPU time when the call running now started, or
+    /// [`NOT_MEASURED`] until its first epoch tick (period plugins' calls,
+    /// too many and too short to read the clock for each).
     pub(super) call_started: Duration,
     /// Thread CPU time already added to the job's meters.
     pub(super) cpu_metered: Duration,
+    /// CPU time added to the job's meters by [`StoreData::meter_cpu`] in all.
+    pub(super) cpu_metered_total: Duration,
     pub(super) cpu_exceeded: bool,
     pub(super) stopped: bool,
     pub(super) violation: Option<Violation>,
@@ -70,8 +78,16 @@ impl StoreData {
     /// Adds the CPU time used since the last look to the job's meters.
     pub(super) fn meter_cpu(&mut self) -> Duration {
         let now = thread_cpu_time();
+        if self.call_started == NOT_MEASURED {
+            // The call's first tick: its budget counts from here (at most
+            // one tick late).
+            self.call_started = now;
+            self.cpu_metered = now;
+            return Duration::ZERO;
+        }
         let delta = now.saturating_sub(self.cpu_metered.max(self.call_started));
         self.context.meters.cpu_seconds.inc_by(delta.as_secs_f64());
+        self.cpu_metered_total += delta;
         self.cpu_metered = now;
         now.saturating_sub(self.call_started)
     }

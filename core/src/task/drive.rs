@@ -133,6 +133,23 @@ pub trait Driver {
     /// The job is stopping: forget records read but not run (they stay
     /// after the committed position, for the next run).
     fn stopping(&mut self) {}
+
+    /// The partitions that are idle now (read to their end, and staying
+    /// there; see `docs/periods.md`): a period job closes what idleness
+    /// closes in them before the commit. `at_end`: the input is at its
+    /// end, and every partition counts as idle. A driver may tell the
+    /// transaction's periods what it knows of partitions it does not own.
+    fn idle_partitions(&mut self, txn: &mut Transaction, at_end: bool) -> Vec<u32> {
+        let _ = (txn, at_end);
+        Vec::new()
+    }
+
+    /// Whether a partition went idle since idleness last closed anything
+    /// in it: a commit is due even with no input (a following job's
+    /// dry input).
+    fn idle_due(&mut self) -> bool {
+        false
+    }
 }
 
 impl Task {
@@ -173,7 +190,7 @@ impl Task {
         let mut last_commit = Instant::now();
         self.at_boundary();
         loop {
-            if stop.load(Ordering::Relaxed) {
+            if stop.load(Ordering::Relaxed) || self.context.stopping() {
                 driver.stopping();
                 if self.commit(driver, summary, false)? {
                     return Ok(Finish::Stopped);
@@ -213,7 +230,9 @@ impl Task {
                     continue;
                 }
                 Input::Dry => {
-                    if self.uncommitted.records > 0 && !self.commit(driver, summary, false)? {
+                    if (self.uncommitted.records > 0 || driver.idle_due())
+                        && !self.commit_at(driver, summary, false, false)?
+                    {
                         continue;
                     }
                     last_commit = Instant::now();
@@ -223,7 +242,7 @@ impl Task {
                     continue;
                 }
                 Input::End => {
-                    if self.commit(driver, summary, false)? {
+                    if self.commit_at(driver, summary, false, true)? {
                         return Ok(Finish::End);
                     }
                     // A version on trial failed the last transaction: redo
@@ -247,9 +266,27 @@ impl Task {
         summary: &mut RunSummary,
         may_overlap: bool,
     ) -> Result<bool, D::Error> {
+        self.commit_at(driver, summary, may_overlap, false)
+    }
+
+    /// [`Task::commit`]; `at_end`: the input is at its end.
+    fn commit_at<D: Driver>(
+        &mut self,
+        driver: &mut D,
+        summary: &mut RunSummary,
+        may_overlap: bool,
+        at_end: bool,
+    ) -> Result<bool, D::Error> {
         if let Some(outcome) = driver.settle(&mut self.txn, Settle::Wait)?
             && !self.settled(outcome, summary)
         {
+            return Ok(false);
+        }
+        let idle = driver.idle_partitions(&mut self.txn, at_end);
+        if !self.end_transaction(&idle)? {
+            // Stopped during a plugin call: the next run redoes it.
+            self.drop_transaction("the job was stopped during a plugin call");
+            driver.discard(&mut self.txn)?;
             return Ok(false);
         }
         if let Some(reason) = self.judge_transaction() {

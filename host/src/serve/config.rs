@@ -20,6 +20,7 @@
 //! max_jobs = 16                 # the most jobs the tenant may have
 //! cpu_share = 1                 # weight of the tenant's share of the cores
 //! max_total_memory_bytes = 4294967296  # sum of its jobs' limits.memory_bytes
+//! max_seen_ids = 10000000       # event ids a period job's partition may remember
 //! ```
 
 use std::collections::BTreeMap;
@@ -104,6 +105,14 @@ pub struct TenantConfig {
     /// The most the tenant's jobs' `limits.memory_bytes` may add up to.
     #[serde(default = "default_max_total_memory_bytes")]
     pub max_total_memory_bytes: u64,
+    /// The most event ids one partition of the tenant's period jobs may
+    /// remember (`periods.max_seen_ids`, and its value when unset).
+    #[serde(default = "default_max_seen_ids")]
+    pub max_seen_ids: u64,
+}
+
+fn default_max_seen_ids() -> u64 {
+    10_000_000
 }
 
 fn default_max_jobs() -> usize {
@@ -271,6 +280,11 @@ impl HostConfig {
                 return Err(InvalidHostFile(format!(
                     "tenant `{name}`: cpu_share must be between 1 and 1000, got {}",
                     tenant.cpu_share
+                )));
+            }
+            if tenant.max_seen_ids == 0 {
+                return Err(InvalidHostFile(format!(
+                    "tenant `{name}`: max_seen_ids must be at least 1 (its period jobs could count no event)"
                 )));
             }
             if tenant.max_total_memory_bytes < 1 << 20 {

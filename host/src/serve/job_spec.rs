@@ -22,7 +22,7 @@ use crate::config::{
     ConfigError, DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH, Emit,
     Guarantee, InvalidJob, JobConfig, JobSettings, KafkaConfig, Limits, LocalConfig, Mode,
     ModeError, default_batch_size, default_commit_interval_ms, default_create_partitions,
-    default_dead_letter_output, default_transaction_timeout_ms,
+    default_dead_letter_output, default_transaction_timeout_ms, period_settings,
 };
 use tally_core::hot_swap::SwapPolicy;
 use tally_local::SourceError;
@@ -93,6 +93,13 @@ pub struct ServedJob {
     /// Kafka mode: the tenant's topics on the host's cluster.
     #[serde(default)]
     pub kafka: Option<ServedKafka>,
+    /// Billing periods (see `docs/periods.md`); `max_seen_ids` at most the
+    /// tenant's.
+    #[serde(default)]
+    pub periods: Option<tally_periods::PeriodsTable>,
+    /// Handed to a period plugin, as JSON, when it is instantiated.
+    #[serde(default)]
+    pub plugin_config: Option<toml::Table>,
 }
 
 /// A served local job's inputs; outputs and state live in the job's directory.
@@ -339,6 +346,23 @@ impl ServedJob {
                 })
             }
         };
+        let mut periods = self.periods;
+        if let Some(periods) = &mut periods {
+            let cap = tenant.max_seen_ids;
+            match periods.max_seen_ids {
+                Some(asked) if asked > cap => {
+                    return Err(JobSpecError::OverCap {
+                        setting: "periods.max_seen_ids",
+                        max: cap,
+                        got: asked,
+                        why: " (the tenant's max_seen_ids)".into(),
+                    });
+                }
+                Some(_) => {}
+                None => periods.max_seen_ids = Some(cap),
+            }
+        }
+        let (periods, plugin_config) = period_settings(periods, self.plugin_config)?;
         Ok(JobConfig {
             settings: JobSettings {
                 name: format!("{tenant_name}.{}", self.name),
@@ -350,6 +374,8 @@ impl ServedJob {
                 limits: self.limits,
                 hot_swap: self.hot_swap,
                 emit: self.emit,
+                periods,
+                plugin_config,
             },
             mode,
         })

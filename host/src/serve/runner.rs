@@ -26,7 +26,7 @@ use tally_local::LocalTask;
 
 use super::error::ServeError;
 use super::registry::{JobDir, JobRecord, VersionStatus};
-use super::wire::{JobMode, JobState, JobStatus, LagUnit};
+use super::wire::{JobMode, JobState, JobStatus, LagUnit, PeriodPartition};
 
 /// A job that has not committed for this long reports no throughput.
 const IDLE_AFTER: Duration = Duration::from_secs(5);
@@ -57,6 +57,7 @@ impl JobStatus {
             last_plugin_failure: None,
             demoted: false,
             restore: None,
+            periods: None,
         }
     }
 }
@@ -143,6 +144,7 @@ struct StatusInner {
     last_error: Option<String>,
     last_swap: Option<String>,
     on_trial: Option<String>,
+    periods: Option<Vec<PeriodPartition>>,
 }
 
 impl JobRuntime {
@@ -199,6 +201,7 @@ impl JobRuntime {
                 last_error: None,
                 last_swap: None,
                 on_trial: None,
+                periods: None,
             }),
             record: Mutex::new(record),
             plugins: Mutex::new(HashMap::from([(plugin.digest().to_string(), plugin)])),
@@ -259,6 +262,7 @@ impl JobRuntime {
                 .map(|(ago, reason)| format!("{reason} ({}s ago)", ago.as_secs())),
             demoted: self.context.seat.as_ref().is_some_and(|seat| seat.is_demoted()),
             restore,
+            periods: status.periods.clone(),
         }
     }
 
@@ -539,6 +543,12 @@ impl JobObserver for Observer {
 
     fn aborted(&self, _reason: &str) {
         self.runtime.metrics.aborted();
+    }
+
+    fn periods(&self, partitions: &[tally_core::periods::PartitionStatus]) {
+        self.runtime.metrics.periods(partitions);
+        lock(&self.runtime.status).periods =
+            Some(partitions.iter().map(PeriodPartition::from).collect());
     }
 
     fn batch(&self, events: usize, outcome: &BatchOutcome) {

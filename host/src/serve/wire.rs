@@ -79,6 +79,60 @@ pub struct JobStatus {
     /// rate and an estimate of the time left.
     #[serde(default)]
     pub restore: Option<RestoreSnapshot>,
+    /// A period job's partitions after its last commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub periods: Option<Vec<PeriodPartition>>,
+}
+
+/// One partition of a period job, as its status shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeriodPartition {
+    /// The input partition.
+    pub partition: u32,
+    /// Its own watermark (RFC 3339), if it accepted an event.
+    pub watermark: Option<String>,
+    /// The watermark its periods close by: its own, or the one idleness
+    /// closed it through.
+    pub effective_watermark: Option<String>,
+    /// Whether idleness closed it past its own watermark (a record
+    /// arriving ends that).
+    pub idle: bool,
+    /// Periods not yet final.
+    pub open_periods: u64,
+    /// Event ids remembered for de-duplication.
+    pub seen_ids: u64,
+    /// FINAL records emitted.
+    pub finals: u64,
+    /// ADJUSTMENT records emitted.
+    pub adjustments: u64,
+    /// Retries refused (`duplicate:`).
+    pub duplicates: u64,
+    /// Retries with another payload refused (`duplicate_conflict:`).
+    pub conflicts: u64,
+    /// Events too far in the future refused (`future:`).
+    pub future: u64,
+    /// Events too old refused (`too_old:`).
+    pub too_old: u64,
+}
+
+impl From<&tally_core::periods::PartitionStatus> for PeriodPartition {
+    fn from(status: &tally_core::periods::PartitionStatus) -> PeriodPartition {
+        let counts = &status.counts;
+        PeriodPartition {
+            partition: status.partition,
+            watermark: status.watermark.map(|at| at.to_string()),
+            effective_watermark: status.effective_watermark.map(|at| at.to_string()),
+            idle: status.effective_watermark > status.watermark,
+            open_periods: status.open_periods as u64,
+            seen_ids: status.seen_ids as u64,
+            finals: counts.finals,
+            adjustments: counts.adjustments,
+            duplicates: counts.duplicates,
+            conflicts: counts.conflicts,
+            future: counts.future,
+            too_old: counts.too_old,
+        }
+    }
 }
 
 /// How a job reads and writes.

@@ -11,6 +11,7 @@ mod rebalance;
 mod session;
 mod state_updater;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,6 +33,7 @@ use super::committer::{
 use super::fetch::{FetchQueue, Router};
 use super::restore::{RestoreError, RestoreLimits, Restorer};
 use super::topics::{self, TopicLayout};
+use super::watermarks::SharedWatermarks;
 use super::{QuietEof, SetupError};
 use tally_core::hot_swap::{PluginSlot, SwapPolicy};
 use tally_core::observe::{JobObserver, RestoreProgress, RunSummary};
@@ -41,9 +43,9 @@ use tally_core::task::{Finish, RunError, Task};
 use tally_core::transaction::Transaction;
 use tally_state_rocks::RocksStore;
 
-use crate::config::KafkaConfig;
+use crate::config::{Guarantee, KafkaConfig};
 use tally_core::lock::DirLock;
-use tally_core::settings::JobSettings;
+use tally_core::settings::{InvalidJob, JobSettings};
 
 /// How long a transactional call (init, send offsets, commit, abort) may take.
 pub(super) const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
@@ -190,6 +192,7 @@ impl KafkaJob {
         plugin: &LoadedPlugin,
         context: JobContext,
     ) -> Result<KafkaJob, KafkaJobError> {
+        let context = context.with_plugin_config(config.plugin_config.as_deref().unwrap_or("{}"));
         let make = plugin.processor_maker(config.limits, context.clone());
         KafkaJob::open_with_in(config, kafka, context, make)
     }
@@ -211,8 +214,26 @@ impl KafkaJob {
     ) -> Result<KafkaJob, KafkaJobError> {
         config.validate()?;
         kafka.validate(config)?;
+        if config.periods.is_some() && kafka.guarantee != Guarantee::ExactlyOnce {
+            return Err(InvalidJob {
+                job: config.name.clone(),
+                message: "it declares [periods] with guarantee = \"at_least_once\": a period's FINAL and the watermarks shared with the job's other instances are only right inside a Kafka transaction; use exactly_once (the default)".into(),
+            }
+            .into());
+        }
+        if config.periods.is_some() && kafka.inputs.len() > 1 {
+            return Err(InvalidJob {
+                job: config.name.clone(),
+                message: format!(
+                    "it declares [periods] and reads {} input topics; a period job reads one (its partitions are the periods' partitions): merge the inputs into one topic, or run one job per topic",
+                    kafka.inputs.len()
+                ),
+            }
+            .into());
+        }
         let kafka = kafka.clone();
         let processor = make_processor()?;
+        config.check_plugin_kind(processor.kind())?;
         let lock = DirLock::acquire(&kafka.state_dir)?;
         let instance = instance_id::instance_id(&kafka.state_dir)
             .map_err(|err| KafkaJobError::Setup { job: config.name.clone(), source: err.into() })?;
@@ -220,8 +241,13 @@ impl KafkaJob {
         let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&kafka.state_dir.join("db"))?);
         let mut limits = config.limits;
         limits.max_value_bytes = limits.max_value_bytes.min(MAX_KAFKA_VALUE_BYTES);
-        let txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits)
+        let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits)
             .with_emit(config.emit_per_output());
+        if let Some(mut book) = config.period_book() {
+            // Nothing is owned before the group assigns partitions.
+            book.own(std::collections::BTreeSet::new());
+            txn = txn.with_periods(book);
+        }
         tracing::info!(job = %config.name, plugin = %processor.digest(), partitions = layout.partitions, instance = %instance, "Kafka job opened");
         Ok(KafkaJob {
             config: config.clone(),
@@ -267,6 +293,12 @@ impl KafkaJob {
     /// Digest of the plugin version running now.
     pub fn plugin_digest(&self) -> &str {
         self.task.plugin_digest()
+    }
+
+    /// A period job's partitions held by this instance (`None` for a job
+    /// without periods).
+    pub fn period_status(&self) -> Option<Vec<tally_core::periods::PartitionStatus>> {
+        self.task.period_status()
     }
 
     /// Runs until `stop` is set (or, with `until_caught_up`, until the
@@ -406,6 +438,18 @@ impl KafkaJob {
                 .collect(),
             dead_letter: kafka.dead_letter_topic.clone(),
             changelog: self.layout.changelog.clone(),
+            watermarks: self.layout.watermarks.clone(),
+        };
+        let watermarks = match &self.layout.watermarks {
+            Some(topic) => Some(
+                SharedWatermarks::open(
+                    topics::watermark_config(config, kafka),
+                    topic,
+                    self.layout.partitions.max(0) as u32,
+                )
+                .map_err(|err| self.client_error(err))?,
+            ),
+            None => None,
         };
         let collector = RecordCollector::new(owner.clone(), addresses);
         let committer = KafkaCommitter::new(owner, collector, self.store.clone());
@@ -428,6 +472,8 @@ impl KafkaJob {
                 failure: None,
                 options,
                 context: task.context().clone(),
+                watermarks,
+                shared: BTreeMap::new(),
             };
             task.drive(&mut session, stop, summary)
         });

@@ -2,6 +2,7 @@
 //! back to the last commit.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
@@ -30,8 +31,11 @@ pub(super) struct Progress {
     pub(super) first: HashMap<u32, i64>,
     /// Next offset per source id that the committed state includes.
     pub(super) included: HashMap<u32, i64>,
-    /// Input partitions read to their end (for `until_caught_up`).
-    pub(super) at_end: BTreeSet<(usize, i32)>,
+    /// Input partitions read to their end (for `until_caught_up`, and a
+    /// period job's idleness), and since when.
+    pub(super) at_end: BTreeMap<(usize, i32), Instant>,
+    /// Partition numbers assigned to this instance.
+    pub(super) assigned: BTreeSet<i32>,
     /// Partition numbers assigned whose state is still being restored
     /// (paused: none of their records may arrive).
     pub(super) restoring: BTreeSet<i32>,

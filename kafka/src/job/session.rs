@@ -3,8 +3,10 @@
 //! holds, and commits in two phases, the commit point on a thread of its
 //! own while the next transaction runs.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use jiff::Timestamp;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -20,6 +22,7 @@ use crate::committer::{KafkaCommitError, KafkaCommitter, KafkaTransactions, Reco
 use crate::config::{Guarantee, KafkaConfig};
 use crate::fetch::{FetchQueue, Fetched, FetchedRecord};
 use crate::keys::{namespace, source_id, split_source_id};
+use crate::watermarks::SharedWatermarks;
 use tally_core::batch::BatchOutcome;
 use tally_core::commit::TwoPhaseCommitter;
 use tally_core::observe::RunSummary;
@@ -48,6 +51,11 @@ pub(super) struct Session<'s, 'scope, 'env> {
     pub(super) failure: Option<String>,
     pub(super) options: KafkaRunOptions,
     pub(super) context: JobContext,
+    /// A period job's view of the watermarks its other instances commit.
+    pub(super) watermarks: Option<SharedWatermarks>,
+    /// The own watermarks sent to the watermark topic, per partition, in
+    /// a commit that took effect or in the open transaction.
+    pub(super) shared: BTreeMap<u32, Timestamp>,
 }
 
 impl Driver for Session<'_, '_, '_> {
@@ -124,6 +132,7 @@ impl Driver for Session<'_, '_, '_> {
     /// Aborts the transaction and moves the consumer back to the committed
     /// offsets.
     fn discard(&mut self, _txn: &mut Transaction) -> Result<(), SessionError> {
+        self.shared.clear();
         self.committer.abort()?;
         rewind(self.consumer, &self.progress.first)?;
         self.progress.forget_uncommitted();
@@ -136,6 +145,35 @@ impl Driver for Session<'_, '_, '_> {
         self.progress.pending.clear();
         self.progress.pending_bytes = 0;
         self.progress.oversized.clear();
+    }
+
+    /// A period job's partitions that have been read to their end for
+    /// `idle_timeout` (all those at their end, `at_end`); the periods
+    /// learn the watermarks the job's other instances committed.
+    fn idle_partitions(&mut self, txn: &mut Transaction, at_end: bool) -> Vec<u32> {
+        let (Some(periods), Some(book)) = (&self.job.periods, txn.periods.as_deref_mut()) else {
+            return Vec::new();
+        };
+        let Some(watermarks) = self.watermarks.as_mut().and_then(SharedWatermarks::look) else {
+            // Until the others' committed watermarks are read to their
+            // end, the lowest of them is not known: nothing is idle yet.
+            return Vec::new();
+        };
+        book.set_others(watermarks.iter().map(|(&p, &at)| (p, at)));
+        let timeout = periods.idle_timeout.unsigned_abs();
+        let progress = &self.progress;
+        progress
+            .at_end
+            .iter()
+            .filter(|((topic, partition), since)| {
+                // A partition with records read but not run is not idle.
+                let source = source_id(*topic, *partition);
+                !progress.restoring.contains(partition)
+                    && !progress.pending.iter().any(|event| event.partition == source)
+                    && (at_end || since.elapsed() >= timeout)
+            })
+            .map(|(&(topic, partition), _)| source_id(topic, partition))
+            .collect()
     }
 }
 
@@ -185,15 +223,29 @@ impl Session<'_, '_, '_> {
             self.progress.forget_uncommitted();
             self.progress.included.clear();
             self.progress.restoring.clear();
+            self.progress.assigned.clear();
+            self.shared.clear();
         }
         if let Some(assignment) = rebalanced.assigned
             && self.updater.is_current(&assignment)
         {
             self.progress.restoring =
                 assignment.partitions.iter().map(|(_, partition)| *partition).collect();
+            self.progress.assigned = self.progress.restoring.clone();
             self.updater.restore(assignment);
         }
         self.resume_restored(txn)?;
+        if let Some(book) = txn.periods.as_deref_mut() {
+            // A period job's book holds the partitions assigned and restored.
+            let progress = &self.progress;
+            book.own(
+                progress
+                    .assigned
+                    .difference(&progress.restoring)
+                    .map(|&partition| source_id(0, partition))
+                    .collect(),
+            );
+        }
         if rebalanced.revoked {
             return Ok(Some(Input::Lost("partitions were revoked")));
         }
@@ -313,10 +365,19 @@ impl Session<'_, '_, '_> {
 
     /// Whether every assigned partition has reported its end since it last
     /// delivered a record.
+    /// A period job's partitions must also have been idle for its
+    /// `idle_timeout`, so what idleness closes is closed before the end.
     fn caught_up(&self) -> bool {
         let Ok(assignment) = self.consumer.assignment() else { return false };
         let assigned = assignment.elements();
-        !assigned.is_empty() && self.progress.at_end.len() >= assigned.len()
+        let idle_for = self.job.periods.as_ref().map(|periods| periods.idle_timeout.unsigned_abs());
+        let at_end = self
+            .progress
+            .at_end
+            .values()
+            .filter(|since| idle_for.is_none_or(|idle_for| since.elapsed() >= idle_for))
+            .count();
+        !assigned.is_empty() && at_end >= assigned.len()
     }
 }
 
@@ -386,7 +447,7 @@ fn take_fetched(
         }
         Fetched::End(topic, partition, _) => {
             if let Some(topic) = kafka.inputs.iter().position(|input| input == topic) {
-                progress.at_end.insert((topic, partition));
+                progress.at_end.entry((topic, partition)).or_insert_with(Instant::now);
             }
         }
         Fetched::Error(code, text) => {
@@ -409,10 +470,17 @@ impl Session<'_, '_, '_> {
         may_overlap: bool,
     ) -> Result<CommitOutcome, SessionError> {
         let started = Instant::now();
+        if let Err(source) = self.share_watermarks(txn) {
+            return self.commit_failed(KafkaCommitError::Kafka(source), Settle::Wait);
+        }
         // Phase one here; phase two, the commit point, on the commit thread.
         let mut two_phase =
             KafkaTransactions { committer: self.committer, consumer: self.consumer };
-        let prepared = match two_phase.prepare(txn, &self.progress.positions) {
+        let prepared = {
+            let positions = self.fenced_positions(txn);
+            two_phase.prepare(txn, &positions)
+        };
+        let prepared = match prepared {
             Ok(prepared) => prepared,
             Err(err) => return self.commit_failed(err, Settle::Wait),
         };
@@ -434,6 +502,46 @@ impl Session<'_, '_, '_> {
             return Ok(CommitOutcome::InFlight);
         }
         self.settle_now(txn, Settle::Wait)
+    }
+
+    /// The input positions a commit carries. A period job's commit also
+    /// carries the committed position of every partition it owns and did
+    /// not read in it: a commit that only closes idle partitions then
+    /// still goes with the group's offsets, so the broker fences it when
+    /// this instance has lost the group (a zombie closing periods its
+    /// successor closes too).
+    fn fenced_positions(&self, txn: &Transaction) -> std::borrow::Cow<'_, BTreeMap<u32, i64>> {
+        let mut positions = std::borrow::Cow::Borrowed(&self.progress.positions);
+        if txn.periods.is_none()
+            || self.kafka.guarantee != Guarantee::ExactlyOnce
+            || txn.overlay.is_empty()
+        {
+            return positions;
+        }
+        for (&source, &next) in &self.progress.included {
+            let partition = split_source_id(source).1;
+            if self.progress.assigned.contains(&partition)
+                && !self.progress.restoring.contains(&partition)
+                && !positions.contains_key(&source)
+            {
+                positions.to_mut().insert(source, next);
+            }
+        }
+        positions
+    }
+
+    /// Sends the own watermarks that moved since they were last sent into
+    /// the open transaction: the job's other instances learn them when,
+    /// and only if, it commits.
+    fn share_watermarks(&mut self, txn: &Transaction) -> Result<(), KafkaError> {
+        let Some(book) = txn.periods.as_deref() else { return Ok(()) };
+        for (partition, at) in book.watermarks() {
+            if self.shared.get(&partition) != Some(&at) {
+                self.committer.collector().send_watermark(partition, at)?;
+                self.shared.insert(partition, at);
+            }
+        }
+        Ok(())
     }
 
     /// The outcome of the commit in flight: with [`Settle::IfReady`], only
@@ -510,6 +618,7 @@ impl Session<'_, '_, '_> {
     ) -> Result<CommitOutcome, SessionError> {
         match err {
             KafkaCommitError::Kafka(err) if classify(&err) == Recovery::Abort => {
+                self.shared.clear();
                 if how != Settle::AfterFailure {
                     tracing::warn!(job = %self.job.name, error = %err, "transaction aborted; rewinding to the committed offsets");
                     self.committer.abort()?;

@@ -93,3 +93,71 @@ fn install_panic_hook() {
         }));
     });
 }
+
+/// The generated `tally:plugin@0.2.0` bindings of period plugins.
+#[allow(missing_docs)]
+pub mod periods_generated {
+    wit_bindgen::generate!({
+        path: "../../wit/tally-plugin@0.2.0",
+        world: "periods-plugin",
+        pub_export_macro: true,
+        export_macro_name: "export_periods_plugin",
+        default_bindings_module: "tally_sdk::bindings::periods_generated",
+    });
+}
+
+pub use periods_generated::export_periods_plugin;
+pub use periods_generated::exports::tally::plugin::config::Guest as ConfigGuest;
+pub use periods_generated::exports::tally::plugin::periods::Guest as PeriodsGuest;
+pub use periods_generated::tally::plugin::types::{
+    Event as WitPeriodEvent, EventFacts as WitFacts, EventTime as WitEventTime,
+    Instant as WitInstant,
+};
+
+/// Runs `describe` over a batch.
+pub fn describe_all<P: crate::Periods>(
+    plugin: &P,
+    events: Vec<WitPeriodEvent>,
+) -> Vec<Result<WitFacts, String>> {
+    install_periods_panic_hook();
+    events
+        .iter()
+        .map(|event| {
+            crate::periods::describe(plugin, &event.value).map(|facts| WitFacts {
+                id: facts.id,
+                time: match facts.time {
+                    crate::EventTime::Rfc3339(text) => WitEventTime::Rfc3339(text),
+                    crate::EventTime::UnixMillis(millis) => WitEventTime::UnixMillis(millis),
+                },
+                key: facts.key,
+                customer: facts.customer,
+            })
+        })
+        .collect()
+}
+
+/// Runs `add` for one event.
+pub fn add_one<P: crate::Periods>(
+    plugin: &P,
+    state: Option<Vec<u8>>,
+    time: WitInstant,
+    event: WitPeriodEvent,
+) -> Result<Vec<u8>, String> {
+    install_periods_panic_hook();
+    let time = crate::Instant { seconds: time.seconds, nanoseconds: time.nanoseconds };
+    crate::periods::add(plugin, state.as_deref(), time, &event.value)
+}
+
+/// Sends panic messages to the host log before the trap (period plugins):
+/// every export installs it first.
+pub fn install_periods_panic_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            periods_generated::tally::plugin::log::log(
+                periods_generated::tally::plugin::types::Level::Error,
+                &format!("panic: {info}"),
+            )
+        }));
+    });
+}

@@ -56,12 +56,14 @@
 //! [`Plugin`] instead of [`Aggregate`].
 
 mod aggregate;
+pub mod periods;
 mod types;
 
 #[doc(hidden)]
 pub mod bindings;
 
 pub use aggregate::{Aggregate, Reject, run_aggregate};
+pub use periods::{EventTime, Facts, Instant, Periods};
 pub use types::{Event, Host, Level, OutputRecord, Plugin, Rejection};
 
 /// Exports a [`Plugin`] (or an [`Aggregate`]) as this component's entry point.
@@ -85,6 +87,59 @@ macro_rules! export {
             }
 
             $crate::bindings::export_plugin!(TallyPluginExport with_types_in $crate::bindings::generated);
+        };
+    };
+}
+
+/// Exports a [`Periods`] implementation as this component's period plugin
+/// (`tally:plugin@0.2.0`): configured once per instance with the job's
+/// `[plugin_config]`, then called by the host's period rules. Use it once
+/// per plugin crate, at the top level; it exports nothing natively.
+#[macro_export]
+macro_rules! export_periods {
+    ($plugin:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            static PLUGIN: ::std::sync::OnceLock<$plugin> = ::std::sync::OnceLock::new();
+
+            fn plugin() -> &'static $plugin {
+                PLUGIN.get().expect("the host configures a period plugin before calling it")
+            }
+
+            struct TallyPeriodsExport;
+
+            impl $crate::bindings::ConfigGuest for TallyPeriodsExport {
+                fn configure(config: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {
+                    $crate::bindings::install_periods_panic_hook();
+                    let configured = $crate::periods::configure::<$plugin>(&config)?;
+                    // One configuration per instance: a second call changes nothing.
+                    let _ = PLUGIN.set(configured);
+                    Ok(())
+                }
+            }
+
+            impl $crate::bindings::PeriodsGuest for TallyPeriodsExport {
+                fn describe(
+                    events: ::std::vec::Vec<$crate::bindings::WitPeriodEvent>,
+                ) -> ::std::vec::Vec<::std::result::Result<$crate::bindings::WitFacts, ::std::string::String>> {
+                    $crate::bindings::describe_all(plugin(), events)
+                }
+
+                fn add(
+                    state: ::std::option::Option<::std::vec::Vec<u8>>,
+                    time: $crate::bindings::WitInstant,
+                    event: $crate::bindings::WitPeriodEvent,
+                ) -> ::std::result::Result<::std::vec::Vec<u8>, ::std::string::String> {
+                    $crate::bindings::add_one(plugin(), state, time, event)
+                }
+
+                fn value(state: ::std::vec::Vec<u8>) -> u64 {
+                    $crate::bindings::install_periods_panic_hook();
+                    $crate::periods::value(plugin(), &state)
+                }
+            }
+
+            $crate::bindings::export_periods_plugin!(TallyPeriodsExport with_types_in $crate::bindings::periods_generated);
         };
     };
 }

@@ -1,0 +1,376 @@
+//! The period billing plugin: usage events metered per customer, metric
+//! and calendar period in the customer's time zone. The host owns the
+//! periods (see `docs/periods.md`); this plugin says what each event is and
+//! how the metric's meter counts it.
+//!
+//! Events: `{"id": "...", "customer": "...", "metric": "...",
+//! "quantity": 12, "ts": "2026-11-03T10:00:00Z"}`. The job's
+//! `[plugin_config]` names each metric's meter:
+//!
+//! ```toml
+//! [plugin_config]
+//! meters = { calls = "sum", requests = "count", peak_gb = "max", storage_gb = "latest", seats = { unique_count = "user" } }
+//! ```
+//!
+//! - `sum`: the quantities added up (refused past 2^64 − 1);
+//! - `count`: the events;
+//! - `max`: the largest quantity;
+//! - `latest`: the quantity of the event with the greatest event time
+//!   (of events with the same time, the one read first);
+//! - `unique_count`: how many distinct values the named string field took.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tally_sdk::{EventTime, Facts, Instant, Periods, Reject};
+
+/// How one metric counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Meter {
+    /// The quantities added up.
+    Sum,
+    /// The events.
+    Count,
+    /// The largest quantity.
+    Max,
+    /// The quantity of the latest event.
+    Latest,
+    /// The distinct values of a string field.
+    UniqueCount(String),
+}
+
+/// A meter as `[plugin_config]` writes it: `"sum"`, `"unique_count:user"`,
+/// `{ unique_count = "user" }` or `{ meter = "unique_count", field = "user" }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MeterSpec {
+    Named(String),
+    Unique {
+        unique_count: String,
+    },
+    Table {
+        meter: String,
+        #[serde(default)]
+        field: Option<String>,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    meters: BTreeMap<String, MeterSpec>,
+}
+
+/// A period's state, tagged by its meter (so a state always values as
+/// what it was built by).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Sum of quantities.
+    Sum(u64),
+    /// Number of events.
+    Count(u64),
+    /// Largest quantity.
+    Max(u64),
+    /// The latest event's time and quantity.
+    Latest {
+        /// Seconds since 1970.
+        seconds: i64,
+        /// Nanoseconds within the second.
+        nanoseconds: u32,
+        /// Its quantity.
+        value: u64,
+    },
+    /// The distinct values seen.
+    Unique(BTreeSet<String>),
+}
+
+/// The fields every event has.
+#[derive(Deserialize)]
+struct Usage<'a> {
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    customer: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    metric: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    ts: std::borrow::Cow<'a, str>,
+    #[serde(default, borrow)]
+    quantity: Option<&'a RawValue>,
+}
+
+/// The billing plugin, configured.
+pub struct BillingPeriods {
+    meters: BTreeMap<String, Meter>,
+}
+
+impl BillingPeriods {
+    fn meter(&self, metric: &str) -> Result<&Meter, Reject> {
+        self.meters.get(metric).ok_or_else(|| {
+            Reject::new(format!(
+                "metric {metric:?} has no meter; name it in the job's [plugin_config] meters (it has: {})",
+                self.meters.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })
+    }
+}
+
+/// A quantity exactly as written: a non-negative integer up to 2^64 − 1.
+fn quantity(raw: Option<&RawValue>) -> Result<u64, Reject> {
+    let raw = raw.ok_or_else(|| Reject::new("quantity is missing"))?;
+    let text = raw.get();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Reject::new(format!("quantity must be a non-negative integer, got {text}")));
+    }
+    text.parse::<u64>().map_err(|_| {
+        Reject::new(format!("quantity {text} is over the largest meterable, 2^64 - 1"))
+    })
+}
+
+/// The named string field of the event, for `unique_count`.
+fn field(event: &RawValue, name: &str) -> Result<String, Reject> {
+    let fields: BTreeMap<String, serde_json::Value> = serde_json::from_str(event.get())
+        .map_err(|err| Reject::new(format!("the event is not a JSON object: {err}")))?;
+    match fields.get(name) {
+        Some(serde_json::Value::String(value)) => Ok(value.clone()),
+        Some(other) => Err(Reject::new(format!(
+            "field {name:?} must be a string for its unique_count meter, got {other}"
+        ))),
+        None => Err(Reject::new(format!("field {name:?} (counted by unique_count) is missing"))),
+    }
+}
+
+fn usage(event: &RawValue) -> Result<Usage<'_>, Reject> {
+    serde_json::from_str(event.get()).map_err(|err| {
+        Reject::new(format!(
+            "a usage event is {{\"id\", \"customer\", \"metric\", \"quantity\", \"ts\"}}: {err}"
+        ))
+    })
+}
+
+impl Periods for BillingPeriods {
+    type Config = serde_json::Value;
+    type Event<'a> = &'a RawValue;
+    type State = State;
+
+    fn new(config: serde_json::Value) -> Result<BillingPeriods, String> {
+        let config: Config = serde_json::from_value(config).map_err(|err| {
+            format!(
+                "write meters = {{ calls = \"sum\", seats = {{ unique_count = \"user\" }} }}: {err}"
+            )
+        })?;
+        if config.meters.is_empty() {
+            return Err("meters is empty: name at least one metric's meter".into());
+        }
+        let mut meters = BTreeMap::new();
+        for (metric, spec) in config.meters {
+            let (name, field) = match spec {
+                MeterSpec::Named(name) => match name.split_once(':') {
+                    Some((name, field)) => (name.to_string(), Some(field.to_string())),
+                    None => (name, None),
+                },
+                MeterSpec::Unique { unique_count } => ("unique_count".into(), Some(unique_count)),
+                MeterSpec::Table { meter, field } => (meter, field),
+            };
+            let meter = match (name.as_str(), field) {
+                ("sum", None) => Meter::Sum,
+                ("count", None) => Meter::Count,
+                ("max", None) => Meter::Max,
+                ("latest", None) => Meter::Latest,
+                ("unique_count", Some(field)) if !field.is_empty() => Meter::UniqueCount(field),
+                ("unique_count", _) => {
+                    return Err(format!(
+                        "meters.{metric}: unique_count counts the values of a field; name it: {{ unique_count = \"user\" }}"
+                    ));
+                }
+                (other, _) => {
+                    return Err(format!(
+                        "meters.{metric} = {other:?}: the meters are \"sum\", \"count\", \"max\", \"latest\" and {{ unique_count = \"<field>\" }}"
+                    ));
+                }
+            };
+            meters.insert(metric, meter);
+        }
+        Ok(BillingPeriods { meters })
+    }
+
+    fn describe(&self, event: &&RawValue) -> Result<Facts, Reject> {
+        let usage = usage(event)?;
+        match self.meter(&usage.metric)? {
+            Meter::Count => {}
+            Meter::UniqueCount(name) => drop(field(event, name)?),
+            _ => drop(quantity(usage.quantity)?),
+        }
+        Ok(Facts {
+            id: usage.id.into_owned(),
+            time: EventTime::Rfc3339(usage.ts.into_owned()),
+            key: vec![
+                ("customer".into(), usage.customer.to_string()),
+                ("metric".into(), usage.metric.into_owned()),
+            ],
+            customer: usage.customer.into_owned(),
+        })
+    }
+
+    fn add(&self, state: Option<State>, time: Instant, event: &RawValue) -> Result<State, Reject> {
+        let usage = usage(event)?;
+        let meter = self.meter(&usage.metric)?;
+        let next = match (meter, state) {
+            (Meter::Sum, None) => State::Sum(quantity(usage.quantity)?),
+            (Meter::Sum, Some(State::Sum(sum))) => {
+                State::Sum(sum.checked_add(quantity(usage.quantity)?).ok_or_else(|| {
+                    Reject::new("the period's sum would pass 2^64 - 1, the largest meterable")
+                })?)
+            }
+            (Meter::Count, None) => State::Count(1),
+            (Meter::Count, Some(State::Count(count))) => State::Count(count.saturating_add(1)),
+            (Meter::Max, None) => State::Max(quantity(usage.quantity)?),
+            (Meter::Max, Some(State::Max(max))) => State::Max(max.max(quantity(usage.quantity)?)),
+            (Meter::Latest, None) => State::Latest {
+                seconds: time.seconds,
+                nanoseconds: time.nanoseconds,
+                value: quantity(usage.quantity)?,
+            },
+            (Meter::Latest, Some(State::Latest { seconds, nanoseconds, value })) => {
+                // Ties go to the event read first.
+                if (time.seconds, time.nanoseconds) > (seconds, nanoseconds) {
+                    State::Latest {
+                        seconds: time.seconds,
+                        nanoseconds: time.nanoseconds,
+                        value: quantity(usage.quantity)?,
+                    }
+                } else {
+                    State::Latest { seconds, nanoseconds, value }
+                }
+            }
+            (Meter::UniqueCount(name), None) => {
+                State::Unique(BTreeSet::from([field(event, name)?]))
+            }
+            (Meter::UniqueCount(name), Some(State::Unique(mut seen))) => {
+                seen.insert(field(event, name)?);
+                State::Unique(seen)
+            }
+            (meter, Some(_)) => {
+                return Err(Reject::new(format!(
+                    "metric {:?}'s meter changed to {meter:?} while its period was open; keep a metric's meter for its periods",
+                    usage.metric
+                )));
+            }
+        };
+        Ok(next)
+    }
+
+    fn value(&self, state: &State) -> u64 {
+        match state {
+            State::Sum(value) | State::Count(value) | State::Max(value) => *value,
+            State::Latest { value, .. } => *value,
+            State::Unique(seen) => seen.len() as u64,
+        }
+    }
+}
+
+tally_sdk::export_periods!(BillingPeriods);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plugin() -> BillingPeriods {
+        BillingPeriods::new(serde_json::json!({"meters": {
+            "calls": "sum", "requests": "count", "peak": "max", "gb": "latest",
+            "seats": {"unique_count": "user"}
+        }}))
+        .unwrap()
+    }
+
+    fn raw(text: &str) -> Box<RawValue> {
+        RawValue::from_string(text.to_string()).unwrap()
+    }
+
+    fn at(seconds: i64) -> Instant {
+        Instant { seconds, nanoseconds: 0 }
+    }
+
+    fn fold(plugin: &BillingPeriods, events: &[(&str, i64)]) -> u64 {
+        let mut state = None;
+        for (event, seconds) in events {
+            state = Some(plugin.add(state, at(*seconds), &raw(event)).unwrap());
+        }
+        plugin.value(&state.unwrap())
+    }
+
+    #[test]
+    fn each_meter_counts_as_documented() {
+        let plugin = plugin();
+        let event = |metric: &str, quantity: &str, user: &str| {
+            format!(
+                r#"{{"id":"x","customer":"acme","metric":"{metric}","quantity":{quantity},"ts":"2026-11-01T00:00:00Z","user":"{user}"}}"#
+            )
+        };
+        let e = |m, q| event(m, q, "u");
+        assert_eq!(fold(&plugin, &[(&e("calls", "2"), 1), (&e("calls", "3"), 2)]), 5);
+        assert_eq!(fold(&plugin, &[(&e("requests", "2"), 1), (&e("requests", "9"), 2)]), 2);
+        assert_eq!(fold(&plugin, &[(&e("peak", "7"), 1), (&e("peak", "3"), 2)]), 7);
+        // Latest by event time; a tie keeps the first read.
+        assert_eq!(fold(&plugin, &[(&e("gb", "7"), 5), (&e("gb", "3"), 2)]), 7);
+        assert_eq!(fold(&plugin, &[(&e("gb", "7"), 5), (&e("gb", "3"), 5)]), 7);
+        assert_eq!(fold(&plugin, &[(&e("gb", "7"), 5), (&e("gb", "3"), 6)]), 3);
+        let seats = [
+            (event("seats", "1", "Zoë"), 1),
+            (event("seats", "1", "Zo\\u00eb"), 2),
+            (event("seats", "1", "zoe"), 3),
+        ];
+        let seats: Vec<(&str, i64)> = seats.iter().map(|(e, t)| (e.as_str(), *t)).collect();
+        assert_eq!(fold(&plugin, &seats), 2, "an escaped string is the same string");
+        let max = e("calls", "18446744073709551615");
+        assert_eq!(fold(&plugin, &[(&max, 1)]), u64::MAX);
+        let err =
+            plugin.add(Some(State::Sum(u64::MAX)), at(1), &raw(&e("calls", "1"))).unwrap_err();
+        assert!(err.0.contains("2^64 - 1"), "{err}");
+    }
+
+    #[test]
+    fn malformed_events_and_configs_say_what_is_wrong() {
+        let plugin = plugin();
+        let bad = |text: &str| plugin.describe(&&*raw(text)).unwrap_err().0;
+        assert!(
+            bad(r#"{"id":"x","customer":"a","metric":"calls","quantity":-3,"ts":"t"}"#)
+                .contains("non-negative integer, got -3")
+        );
+        assert!(
+            bad(r#"{"id":"x","customer":"a","metric":"calls","quantity":1.5,"ts":"t"}"#)
+                .contains("got 1.5")
+        );
+        assert!(
+            bad(r#"{"id":"x","customer":"a","metric":"disk","quantity":1,"ts":"t"}"#)
+                .contains("metric \"disk\" has no meter")
+        );
+        assert!(
+            bad(r#"{"customer":"a","metric":"calls","quantity":1,"ts":"t"}"#)
+                .contains("missing field `id`")
+        );
+        assert!(
+            bad(r#"{"id":"x","customer":"a","metric":"seats","ts":"t","user":3}"#)
+                .contains("must be a string")
+        );
+        let facts =
+            plugin.describe(&&*raw(r#"{"id":"x","customer":"a","metric":"requests","ts":"t"}"#));
+        assert_eq!(facts.unwrap().key[1], ("metric".to_string(), "requests".to_string()));
+        let err = BillingPeriods::new(serde_json::json!({"meters": {"calls": "avg"}})).err();
+        assert!(err.unwrap().contains("the meters are"));
+        let err =
+            BillingPeriods::new(serde_json::json!({"meters": {"seats": "unique_count"}})).err();
+        assert!(err.unwrap().contains("name it"));
+        let forms = serde_json::json!({"meters": {
+            "a": "unique_count:user", "b": {"meter": "unique_count", "field": "user"},
+            "c": {"meter": "sum"}
+        }});
+        let plugin = BillingPeriods::new(forms).unwrap();
+        assert_eq!(plugin.meters["a"], Meter::UniqueCount("user".into()));
+        assert_eq!(plugin.meters["b"], Meter::UniqueCount("user".into()));
+        assert_eq!(plugin.meters["c"], Meter::Sum);
+        assert!(BillingPeriods::new(serde_json::json!({"meters": {}})).is_err());
+    }
+}

@@ -1,0 +1,128 @@
+//! A period plugin that misbehaves as each event asks, written against the
+//! raw `tally:plugin@0.2.0` bindings (no SDK in the way). An event is
+//! `{"id": "...", "do": "<what>", "quantity": <n>}` as plain text fields;
+//! its time is `ts` if it has one, else 2026-11-10T12:00:00Z; customer
+//! `acme`.
+//!
+//! - `ok`: counts `quantity`;
+//! - `trap-describe`, `loop-describe`: fail while describing (its batch
+//!   is described again event by event);
+//! - `extra-facts`: describes two events for one;
+//! - `huge-id`: an event id of 1 MiB;
+//! - `trap-add`, `loop-add`: fail while adding;
+//! - `huge-state`: a period state of 8 MiB;
+//! - `trap-value`: marks the state, whose value then traps.
+//!
+//! `configure` refuses `{"refuse": true}` with a message.
+
+wit_bindgen::generate!({ path: "../../../wit/tally-plugin@0.2.0", world: "periods-plugin" });
+
+use exports::tally::plugin::config::Guest as Config;
+use exports::tally::plugin::periods::Guest as Periods;
+use tally::plugin::types::{Event, EventFacts, EventTime, Instant, Level};
+
+/// Logs panic messages at error level before the trap, as the SDKs do: the
+/// host names them in the dead letter's reason.
+fn hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            tally::plugin::log::log(Level::Error, &info.to_string())
+        }))
+    });
+}
+
+#[allow(dead_code)]
+struct Hostile;
+
+/// The text of field `name` in a flat JSON object (no escapes).
+fn field<'a>(value: &'a str, name: &str) -> &'a str {
+    let Some(start) = value.find(&format!("\"{name}\":")) else { return "" };
+    let rest = value[start + name.len() + 3..].trim_start();
+    let rest = rest.strip_prefix('"').unwrap_or(rest);
+    let end = rest.find(['"', ',', '}']).unwrap_or(rest.len());
+    &rest[..end]
+}
+
+fn text(event: &Event) -> &str {
+    std::str::from_utf8(&event.value).unwrap_or("")
+}
+
+#[allow(clippy::empty_loop)]
+fn spin() -> ! {
+    loop {
+        std::hint::black_box(());
+    }
+}
+
+impl Config for Hostile {
+    fn configure(config: String) -> Result<(), String> {
+        if config.contains("\"refuse\":true") {
+            return Err("this plugin refuses to run: {\"refuse\": true}".into());
+        }
+        Ok(())
+    }
+}
+
+impl Periods for Hostile {
+    fn describe(events: Vec<Event>) -> Vec<Result<EventFacts, String>> {
+        hook();
+        let mut described = Vec::new();
+        for event in &events {
+            let value = text(event);
+            let ts = match field(value, "ts") {
+                "" => "2026-11-10T12:00:00Z",
+                ts => ts,
+            };
+            let facts = |id: String| EventFacts {
+                id,
+                time: EventTime::Rfc3339(ts.into()),
+                key: vec![("customer".into(), "acme".into())],
+                customer: "acme".into(),
+            };
+            match field(value, "do") {
+                "trap-describe" => panic!("describe trapped as asked"),
+                "loop-describe" => spin(),
+                "extra-facts" => {
+                    described.push(Ok(facts(field(value, "id").into())));
+                    described.push(Ok(facts("extra".into())));
+                }
+                "huge-id" => described.push(Ok(facts("x".repeat(1 << 20)))),
+                _ => described.push(Ok(facts(field(value, "id").into()))),
+            }
+        }
+        described
+    }
+
+    fn add(state: Option<Vec<u8>>, _time: Instant, event: Event) -> Result<Vec<u8>, String> {
+        hook();
+        let value = text(&event);
+        let total = state
+            .as_deref()
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| s.trim_start_matches('!').parse::<u64>().ok())
+            .unwrap_or(0);
+        let poisoned = state.as_deref().is_some_and(|s| s.starts_with(b"!"));
+        match field(value, "do") {
+            "trap-add" => panic!("add trapped as asked"),
+            "loop-add" => spin(),
+            "huge-state" => return Ok(vec![b'7'; 8 << 20]),
+            _ => {}
+        }
+        let quantity: u64 = field(value, "quantity").parse().unwrap_or(0);
+        let marked = poisoned || field(value, "do") == "trap-value";
+        Ok(format!("{}{}", if marked { "!" } else { "" }, total + quantity).into_bytes())
+    }
+
+    fn value(state: Vec<u8>) -> u64 {
+        hook();
+        if state.starts_with(b"!") {
+            panic!("value trapped as asked");
+        }
+        std::str::from_utf8(&state).ok().and_then(|s| s.parse().ok()).unwrap_or(0)
+    }
+}
+
+// Exported only in the wasm build: the names are not valid native symbols.
+#[cfg(target_arch = "wasm32")]
+export!(Hostile);

@@ -1,0 +1,164 @@
+//! Period plugins (`tally:plugin@0.2.0`): the typed way to write the
+//! aggregation of a job that declares `[periods]`.
+//!
+//! The host owns event time in such a job: it assigns each event to its
+//! customer's calendar period, keeps watermarks, closes periods, de-
+//! duplicates event ids and writes the FINAL and ADJUSTMENT records (see
+//! `docs/periods.md`). A period plugin says only what the host cannot
+//! know: what an event says about itself ([`Periods::describe`]), how it
+//! changes a period's state ([`Periods::add`]) and a period's value
+//! ([`Periods::value`]). Each is a pure function: the plugin has no state
+//! of its own, and the host may call it again with the same arguments.
+//!
+//! ```
+//! use serde::Deserialize;
+//! use tally_sdk::{EventTime, Facts, Instant, Periods, Reject};
+//!
+//! #[derive(Deserialize)]
+//! struct Call<'a> { id: &'a str, customer: &'a str, ts: &'a str }
+//!
+//! /// Calls per customer and period.
+//! struct CallsPerPeriod;
+//!
+//! impl Periods for CallsPerPeriod {
+//!     type Config = serde_json::Value;
+//!     type Event<'a> = Call<'a>;
+//!     type State = u64;
+//!
+//!     fn new(_config: serde_json::Value) -> Result<Self, String> {
+//!         Ok(CallsPerPeriod)
+//!     }
+//!     fn describe(&self, call: &Call<'_>) -> Result<Facts, Reject> {
+//!         Ok(Facts {
+//!             id: call.id.to_string(),
+//!             time: EventTime::Rfc3339(call.ts.to_string()),
+//!             key: vec![("customer".into(), call.customer.to_string())],
+//!             customer: call.customer.to_string(),
+//!         })
+//!     }
+//!     fn add(&self, calls: Option<u64>, _time: Instant, _call: Call<'_>) -> Result<u64, Reject> {
+//!         Ok(calls.unwrap_or(0) + 1)
+//!     }
+//!     fn value(&self, calls: &u64) -> u64 {
+//!         *calls
+//!     }
+//! }
+//!
+//! tally_sdk::export_periods!(CallsPerPeriod);
+//! ```
+
+use serde::Serialize;
+use serde::de::{Deserialize, DeserializeOwned};
+
+use crate::aggregate::Reject;
+
+/// When an event happened, as found in it: the host parses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventTime {
+    /// An RFC 3339 instant with its offset (`2026-11-03T10:00:00Z`).
+    Rfc3339(String),
+    /// Milliseconds since the Unix epoch.
+    UnixMillis(i64),
+}
+
+/// What an event says about itself: its id, time, aggregation key and the
+/// customer whose time zone decides its period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    /// The producer's id of the event; a retry carries the same one (at
+    /// most 256 bytes).
+    pub id: String,
+    /// When it happened.
+    pub time: EventTime,
+    /// The aggregation key's fields, in order (`customer`, `metric`): each
+    /// period is one key's, and its records carry these fields.
+    pub key: Vec<(String, String)>,
+    /// The customer whose time zone decides the event's period.
+    pub customer: String,
+}
+
+/// An instant as the host read an event's time: seconds since the Unix
+/// epoch and nanoseconds within the second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Instant {
+    /// Seconds since 1970-01-01T00:00:00Z.
+    pub seconds: i64,
+    /// Nanoseconds within the second (0 to 999,999,999).
+    pub nanoseconds: u32,
+}
+
+/// The aggregation of a period job.
+///
+/// Events, the configuration and each period's state travel as JSON: an
+/// event that does not decode is dead-lettered with the decoder's reason.
+pub trait Periods: Sized + Send + Sync + 'static {
+    /// The job file's `[plugin_config]`, decoded from JSON.
+    type Config: DeserializeOwned;
+    /// An input event, decoded from each record's JSON value (it may
+    /// borrow from the record).
+    type Event<'a>: Deserialize<'a>;
+    /// A period's state (stored by the host as JSON).
+    type State: Serialize + DeserializeOwned;
+
+    /// The plugin configured for the job, or why the configuration is
+    /// refused (the job does not start, with this message).
+    fn new(config: Self::Config) -> Result<Self, String>;
+
+    /// What `event` says about itself, or why it is malformed.
+    fn describe(&self, event: &Self::Event<'_>) -> Result<Facts, Reject>;
+
+    /// A period's state after `event` (whose time the host read as `time`)
+    /// is added to `state` (`None`: the period's first event), or why the
+    /// event is refused (it then counts for nothing).
+    fn add(
+        &self,
+        state: Option<Self::State>,
+        time: Instant,
+        event: Self::Event<'_>,
+    ) -> Result<Self::State, Reject>;
+
+    /// The value of a period whose state is `state`: what its FINAL and
+    /// ADJUSTMENT records carry.
+    fn value(&self, state: &Self::State) -> u64;
+}
+
+/// Decodes the configuration and makes the plugin.
+pub fn configure<P: Periods>(config: &str) -> Result<P, String> {
+    let config = serde_json::from_str(config)
+        .map_err(|err| format!("[plugin_config] does not fit this plugin: {err}"))?;
+    P::new(config)
+}
+
+/// What `value` (one record's bytes) says about itself.
+pub fn describe<P: Periods>(plugin: &P, value: &[u8]) -> Result<Facts, String> {
+    let event: P::Event<'_> = serde_json::from_slice(value)
+        .map_err(|err| format!("the event is not the JSON this plugin reads: {err}"))?;
+    plugin.describe(&event).map_err(|reject| reject.0)
+}
+
+/// The state after the event `value` is added to `state`.
+pub fn add<P: Periods>(
+    plugin: &P,
+    state: Option<&[u8]>,
+    time: Instant,
+    value: &[u8],
+) -> Result<Vec<u8>, String> {
+    let state = match state {
+        Some(bytes) => Some(
+            serde_json::from_slice(bytes)
+                .map_err(|err| format!("a period's state does not decode: {err}"))?,
+        ),
+        None => None,
+    };
+    let event: P::Event<'_> = serde_json::from_slice(value)
+        .map_err(|err| format!("the event is not the JSON this plugin reads: {err}"))?;
+    let next = plugin.add(state, time, event).map_err(|reject| reject.0)?;
+    Ok(serde_json::to_vec(&next).expect("a period's state serializes"))
+}
+
+/// The value of the period whose state is `state`.
+pub fn value<P: Periods>(plugin: &P, state: &[u8]) -> u64 {
+    let state: P::State = serde_json::from_slice(state)
+        .unwrap_or_else(|err| panic!("a period's state does not decode: {err}"));
+    plugin.value(&state)
+}

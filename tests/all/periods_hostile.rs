@@ -1,0 +1,165 @@
+//! A period job against a hostile period plugin and bad job files: each
+//! misbehaving event costs only itself (dead-lettered with the limit it
+//! broke), a period that cannot be valued stops the job before anything
+//! more commits, and every refusal at start names what is wrong and the fix.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use tally_tests::*;
+
+use crate::plugins::{BILLING_PERIODS, PERIODS_HOSTILE, USAGE_BILLING};
+
+/// Runs a one-file local job of `plugin` over `lines`, with `extra` job
+/// settings and `sections` after `[local]`.
+fn run(dir: &Path, plugin: &str, lines: &[String], extra: &str, sections: &str) -> Output {
+    std::fs::write(dir.join("in.ndjson"), lines.join("\n") + "\n").unwrap();
+    let job = format!(
+        "name = \"hostile\"\nplugin = {plugin:?}\noutputs = [\"periods\"]\n{extra}\n\
+         [local]\ninputs = [\"in.ndjson\"]\noutput_dir = \"out\"\nstate_dir = \"state\"\n{sections}\n"
+    );
+    std::fs::write(dir.join("job.toml"), job).unwrap();
+    Command::new(tally_binary()).arg("run").arg(dir.join("job.toml")).output().unwrap()
+}
+
+fn event(id: &str, what: &str, quantity: u64) -> String {
+    format!(r#"{{"id":"{id}","do":"{what}","quantity":{quantity}}}"#)
+}
+
+#[test]
+fn a_hostile_period_plugin_costs_only_its_own_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = [
+        event("a1", "ok", 1),
+        event("b1", "trap-describe", 0),
+        event("a2", "ok", 2),
+        event("b2", "loop-describe", 0),
+        event("b3", "extra-facts", 0),
+        event("b4", "huge-id", 0),
+        event("b5", "trap-add", 0),
+        event("b6", "loop-add", 0),
+        event("b7", "huge-state", 0),
+        event("a3", "ok", 4),
+        // Two days later: the day closes.
+        r#"{"id":"a4","do":"ok","quantity":8,"ts":"2026-11-12T12:00:00Z"}"#.to_string(),
+    ];
+    let output = run(
+        dir.path(),
+        PERIODS_HOSTILE,
+        &lines,
+        "batch_size = 100\n[limits]\ncpu_budget_ms = 50",
+        "[periods]\ncalendar = \"day\"",
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let finals = std::fs::read_to_string(dir.path().join("out/periods.ndjson")).unwrap();
+    let finals: Vec<serde_json::Value> =
+        finals.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(finals.len(), 1, "one FINAL: {finals:?}");
+    assert_eq!(finals[0]["value"]["period"], "2026-11-10");
+    assert_eq!(finals[0]["value"]["value"], 7, "the good events, and only them");
+    let dead: Vec<(u64, String)> = read_dead_letters(&dir.path().join("out/dead-letters.ndjson"))
+        .into_iter()
+        .map(|(_, offset, reason)| (offset, reason))
+        .collect();
+    let expected: [(u64, &[&str]); 7] = [
+        (1, &["malformed: plugin failed describing it", "describe trapped as asked"]),
+        (3, &["malformed: plugin failed describing it", "limits.cpu_budget_ms"]),
+        (4, &["malformed: plugin failed describing it", "described 2 events"]),
+        (5, &["refused: an event id must be 1 to 256 bytes"]),
+        (6, &["refused: plugin failed adding it", "add trapped as asked"]),
+        (7, &["refused: plugin failed adding it", "limits.cpu_budget_ms"]),
+        (8, &["refused: ", "limits.max_value_bytes"]),
+    ];
+    assert_eq!(dead.len(), expected.len(), "{dead:#?}");
+    for ((offset, reason), (expected_offset, parts)) in dead.iter().zip(expected) {
+        assert_eq!(*offset, expected_offset, "{dead:#?}");
+        for part in parts {
+            assert!(reason.contains(part), "line {offset}: {reason:?} lacks {part:?}");
+        }
+    }
+}
+
+#[test]
+fn a_period_the_plugin_cannot_value_stops_the_job_before_it_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = [
+        event("a1", "trap-value", 1),
+        r#"{"id":"a2","do":"ok","quantity":8,"ts":"2026-11-12T12:00:00Z"}"#.to_string(),
+    ];
+    let output = run(dir.path(), PERIODS_HOSTILE, &lines, "", "[periods]\ncalendar = \"day\"");
+    assert!(!output.status.success(), "the job must stop");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("failed computing a period's value"), "{stderr}");
+    assert!(stderr.contains("value trapped as asked"), "{stderr}");
+    let finals = std::fs::read_to_string(dir.path().join("out/periods.ndjson")).unwrap_or_default();
+    assert!(finals.is_empty(), "no FINAL without its value: {finals}");
+}
+
+#[test]
+fn bad_period_jobs_are_refused_at_start_naming_the_key_the_value_and_the_fix() {
+    let line = [
+        r#"{"id":"a","customer":"acme","metric":"calls","quantity":1,"ts":"2026-11-01T00:00:00Z"}"#
+            .to_string(),
+    ];
+    let meters = "[plugin_config]\nmeters = { calls = \"sum\" }";
+    let cases: [(&str, &str, String, &[&str]); 10] = [
+        (USAGE_BILLING, "", "[plugin_config]\nx = 1".to_string(), &["declares no [periods]"]),
+        (
+            BILLING_PERIODS,
+            "",
+            format!("[periods]\n{meters}\nsince = 2026-11-01T00:00:00Z"),
+            &["[plugin_config] since = 2026-11-01T00:00:00Z", "as a string"],
+        ),
+        (BILLING_PERIODS, "", meters.to_string(), &["declare [periods]"]),
+        (USAGE_BILLING, "", "[periods]".to_string(), &["declares [periods]", "period plugin"]),
+        (
+            BILLING_PERIODS,
+            "",
+            format!("[periods]\ntime_zones = {{ acme = \"America/NewYork\" }}\n{meters}"),
+            &["periods.time_zones.acme", "America/NewYork"],
+        ),
+        (
+            BILLING_PERIODS,
+            "",
+            format!("[periods]\ngrace = \"0s\"\n{meters}"),
+            &["periods.grace", "longer than zero"],
+        ),
+        (
+            BILLING_PERIODS,
+            "",
+            format!("[periods]\ngrace = \"100h\"\n{meters}"),
+            &["periods.grace", "max_grace"],
+        ),
+        (
+            BILLING_PERIODS,
+            "",
+            format!("[periods]\ngrace = \"40d\"\nmax_grace = \"50d\"\n{meters}"),
+            &["periods.grace", "horizon"],
+        ),
+        (
+            BILLING_PERIODS,
+            "",
+            "[periods]\n[plugin_config]\nmeters = { calls = \"avg\" }".to_string(),
+            &["refused the job's [plugin_config]", "the meters are"],
+        ),
+        (
+            PERIODS_HOSTILE,
+            "",
+            "[periods]\n[plugin_config]\nrefuse = true".to_string(),
+            &["this plugin refuses to run"],
+        ),
+    ];
+    for (plugin, extra, sections, parts) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let output = run(dir.path(), plugin, &line, extra, &sections);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{sections}: must be refused");
+        for part in parts {
+            assert!(stderr.contains(part), "{sections}: {stderr:?} lacks {part:?}");
+        }
+        assert!(
+            !dir.path().join("out/periods.ndjson").exists(),
+            "{sections}: refused before anything is written"
+        );
+    }
+}
