@@ -262,15 +262,24 @@ impl PeriodBook {
 mod tests {
     use super::*;
     use crate::state::{MemoryStore, StoreCommit};
-    use tally_periods::{Added, Aggregation, EventFacts, PeriodsTable};
+    use tally_periods::{Addition, Aggregation, EventFacts, Folded, PeriodsTable};
 
     /// Counts events: the state is the count, one byte.
     struct Count;
 
     impl Aggregation for Count {
         type Error = String;
-        fn add(&mut self, state: Option<&[u8]>, _: Timestamp, _: &[u8]) -> Result<Added, String> {
-            Ok(Added::State(vec![state.map_or(0, |state| state[0]) + 1]))
+        fn add(
+            &mut self,
+            states: &[Option<&[u8]>],
+            additions: &[Addition],
+        ) -> Result<Folded, String> {
+            let mut counts: Vec<u8> =
+                states.iter().map(|state| state.map_or(0, |state| state[0])).collect();
+            for addition in additions {
+                counts[addition.period] += 1;
+            }
+            Ok(Folded::States(counts.into_iter().map(|count| vec![count]).collect()))
         }
         fn value(&mut self, state: &[u8]) -> Result<u64, String> {
             Ok(u64::from(state[0]))

@@ -13,7 +13,7 @@ pub mod settings;
 
 pub use calendar::{Calendar, OutOfRange, Period, UnknownZone, Zone, time_zone_database};
 pub use rules::{
-    Added, Aggregation, AggregationKey, EventFacts, PartitionPeriods, PeriodCounts, PeriodRecord,
-    Verdict, refused_by_rule,
+    Addition, Aggregation, AggregationKey, EventFacts, Folded, Offer, Offered, PartitionPeriods,
+    PeriodCounts, PeriodRecord, Verdict, refused_by_rule,
 };
 pub use settings::{InvalidPeriods, PeriodSettings, PeriodsTable};

@@ -23,6 +23,14 @@
 //! through ([`PartitionPeriods::close_idle`]): another partition's
 //! watermark is never taken as this one's own.
 //!
+//! A batch of events is offered whole ([`PartitionPeriods::offer_all`]):
+//! the rules decide each event in order as if the aggregation accepts it,
+//! and the aggregation folds the accepted events into their periods in one
+//! call ([`Aggregation::add`]), before any period's value is needed. Should
+//! it refuse one, what the batch did is undone and its events are offered
+//! one at a time: the verdicts and records are those of one event at a
+//! time, whatever the batch.
+//!
 //! Everything here is state the host commits in the transaction:
 //! [`PartitionPeriods::take_changes`] hands over what changed since the
 //! last call as entries of a stable encoding ([`crate::codec`]), and
@@ -73,13 +81,31 @@ pub const MAX_KEY_BYTES: usize = 1024;
 /// period record and name it, with the period's label.
 pub type AggregationKey = Vec<(String, String)>;
 
-/// What adding an event to a period's state gave.
+/// One event to add to a period, in a call of [`Aggregation::add`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addition {
+    /// The period's index in the call's states.
+    pub period: usize,
+    /// The event's time.
+    pub time: Timestamp,
+    /// The event's index in the offered batch ([`PartitionPeriods::offer_all`]).
+    pub event: usize,
+}
+
+/// What a call of [`Aggregation::add`] gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Added {
-    /// The period's new state.
-    State(Vec<u8>),
-    /// The plugin refused the event, saying why: it does not count.
-    Refused(String),
+pub enum Folded {
+    /// Each period's state after its additions, in the order of the call's
+    /// states.
+    States(Vec<Vec<u8>>),
+    /// The first addition refused (its index in the call), and why:
+    /// nothing else of the call counts.
+    Refused {
+        /// Index of the refused addition.
+        addition: usize,
+        /// The reason, for the event's dead letter.
+        reason: String,
+    },
 }
 
 /// How events change a period's state, and the period's value: the
@@ -88,18 +114,31 @@ pub trait Aggregation {
     /// A failed call (a trap): the transaction cannot go on.
     type Error: std::fmt::Display;
 
-    /// The state of a period after `payload` (the event's bytes), whose
-    /// event time is `time`, is added to `state` (`None`: the period's
-    /// first event), or a refusal.
+    /// Folds `additions`, in order, into the periods whose states are
+    /// `states` (`None`: the period has no event yet): each addition's
+    /// event changes the state of its period. The states after the fold,
+    /// or the first addition refused. A call with several additions may
+    /// refuse for any reason of the caller's (a state over a limit): the
+    /// rules then offer the events one at a time.
     fn add(
         &mut self,
-        state: Option<&[u8]>,
-        time: Timestamp,
-        payload: &[u8],
-    ) -> Result<Added, Self::Error>;
+        states: &[Option<&[u8]>],
+        additions: &[Addition],
+    ) -> Result<Folded, Self::Error>;
 
     /// The value of a period whose state is `state`.
     fn value(&mut self, state: &[u8]) -> Result<u64, Self::Error>;
+}
+
+/// An event offered to a partition's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct Offer<'a> {
+    /// What the plugin said of it.
+    pub facts: &'a EventFacts,
+    /// Its bytes (their digest tells a conflicting retry apart).
+    pub payload: &'a [u8],
+    /// When it reached the host.
+    pub arrival: Timestamp,
 }
 
 /// What became of one offered event.
@@ -213,6 +252,62 @@ pub struct PartitionPeriods {
     /// deletions, the idle watermark).
     changed: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     counts: PeriodCounts,
+    /// While a batch is tried whole: how to undo it.
+    journal: Option<Journal>,
+    /// While a batch is tried whole: the additions not folded yet.
+    window: Window,
+}
+
+/// What a batch tried whole changed, to undo it should the aggregation
+/// refuse one of its events: the partition's small parts as they were,
+/// the periods it touched as they were, and its changes to the seen ids
+/// and marks in order.
+#[derive(Debug, Clone)]
+struct Journal {
+    watermark: Option<Timestamp>,
+    idle_through: Option<Timestamp>,
+    watermark_moved: bool,
+    counts: PeriodCounts,
+    dirty: BTreeSet<PeriodId>,
+    changed: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Each touched period as it was: (open, closed).
+    periods: HashMap<PeriodId, (Option<PeriodState>, Option<PeriodState>)>,
+    log: Vec<Undo>,
+}
+
+/// One change to the seen ids or marks, undone in reverse order.
+#[derive(Debug, Clone)]
+enum Undo {
+    /// An id was remembered, last under this expiry.
+    Seen(Timestamp),
+    /// The ids expiring then were forgotten.
+    Purged(Timestamp, Vec<(String, Option<SeenId>)>),
+    /// A period was marked for an adjustment.
+    Marked(PeriodId),
+    /// A period's mark was taken away.
+    Unmarked(PeriodId),
+}
+
+/// Additions not folded yet: the periods they go to (with each one's state
+/// before the first of them) and the additions, in order.
+#[derive(Debug, Clone, Default)]
+struct Window {
+    slots: HashMap<PeriodId, usize>,
+    periods: Vec<(PeriodId, Option<Vec<u8>>)>,
+    additions: Vec<Addition>,
+}
+
+/// Why the rules stopped short: the aggregation failed, or a batch tried
+/// whole must be offered one event at a time.
+enum Stop<E> {
+    Failed(E),
+    OneByOne,
+}
+
+impl<E> From<E> for Stop<E> {
+    fn from(err: E) -> Stop<E> {
+        Stop::Failed(err)
+    }
 }
 
 impl PartitionPeriods {
@@ -231,6 +326,8 @@ impl PartitionPeriods {
             watermark_moved: false,
             changed: BTreeMap::new(),
             counts: PeriodCounts::default(),
+            journal: None,
+            window: Window::default(),
         }
     }
 
@@ -300,6 +397,74 @@ impl PartitionPeriods {
         aggregation: &mut A,
         out: &mut Vec<PeriodRecord>,
     ) -> Result<Verdict, A::Error> {
+        let offer = Offer { facts: event, payload, arrival };
+        exact(self.offer_one(0, &offer, aggregation, out))
+    }
+
+    /// Applies a batch of events, in order, as [`PartitionPeriods::offer`]
+    /// one at a time would, appending the FINAL records they close to
+    /// `out`; what became of each, in order. The batch is tried whole
+    /// first (see the module), so the aggregation is called once per
+    /// batch rather than once per event, unless it refuses an event. An
+    /// `Err` is the aggregation's failure: the partition is left as
+    /// before the batch, and the transaction cannot go on.
+    pub fn offer_all<A: Aggregation>(
+        &mut self,
+        offers: &[Offer<'_>],
+        aggregation: &mut A,
+        out: &mut Vec<PeriodRecord>,
+    ) -> Result<Vec<Offered>, A::Error> {
+        if offers.len() > 1 {
+            let mark = out.len();
+            self.begin_whole();
+            let tried = self.offer_each(offers, aggregation, out).and_then(|offered| {
+                self.flush(aggregation)?;
+                Ok(offered)
+            });
+            match tried {
+                Ok(offered) => {
+                    self.journal = None;
+                    return Ok(offered);
+                }
+                Err(Stop::Failed(err)) => {
+                    self.undo();
+                    out.truncate(mark);
+                    return Err(err);
+                }
+                Err(Stop::OneByOne) => {
+                    self.undo();
+                    out.truncate(mark);
+                }
+            }
+        }
+        exact(self.offer_each(offers, aggregation, out))
+    }
+
+    fn offer_each<A: Aggregation>(
+        &mut self,
+        offers: &[Offer<'_>],
+        aggregation: &mut A,
+        out: &mut Vec<PeriodRecord>,
+    ) -> Result<Vec<Offered>, Stop<A::Error>> {
+        let mut offered = Vec::with_capacity(offers.len());
+        for (index, offer) in offers.iter().enumerate() {
+            let before = out.len();
+            let verdict = self.offer_one(index, offer, aggregation, out)?;
+            offered.push(Offered { verdict, records: out.len() - before });
+        }
+        Ok(offered)
+    }
+
+    /// Rules 1 to 5 for the batch's event `index`: its addition folded
+    /// now, or, while a batch is tried whole, later.
+    fn offer_one<A: Aggregation>(
+        &mut self,
+        index: usize,
+        offer: &Offer<'_>,
+        aggregation: &mut A,
+        out: &mut Vec<PeriodRecord>,
+    ) -> Result<Verdict, Stop<A::Error>> {
+        let (event, arrival) = (offer.facts, offer.arrival);
         if let Some(refusal) = malformed(event) {
             return Ok(Verdict::DeadLetter(refusal));
         }
@@ -337,7 +502,7 @@ impl PartitionPeriods {
                 friendly(settings.horizon)
             )));
         }
-        let digest = codec::payload_digest(payload);
+        let digest = codec::payload_digest(offer.payload);
         if let Some(seen) = self.seen.get(&event.id) {
             return Ok(Verdict::DeadLetter(if seen.digest == digest {
                 self.counts.duplicates += 1;
@@ -358,18 +523,44 @@ impl PartitionPeriods {
             )));
         }
         let id: PeriodId = (period.end, event.key.clone(), period.label.clone());
-        let (held, is_final) = match self.open.get(&id) {
-            Some(open) => (Some(&open.state), false),
-            None => {
-                (self.closed.get(&id).map(|closed| &closed.state), self.closed.contains_key(&id))
+        let is_final = !self.open.contains_key(&id) && self.closed.contains_key(&id);
+        let addition = Addition { period: 0, time: event.time, event: index };
+        let added = if self.journal.is_some() {
+            let slot = match self.window.slots.get(&id) {
+                Some(&slot) => slot,
+                None => {
+                    // The batch's first addition to it since the last fold:
+                    // kept as it was, if the batch has not touched it yet.
+                    self.touch(&id);
+                    let held = self.open.get(&id).or_else(|| self.closed.get(&id));
+                    let held = held.map(|period| period.state.clone());
+                    let slot = self.window.periods.len();
+                    self.window.periods.push((id.clone(), held));
+                    self.window.slots.insert(id.clone(), slot);
+                    slot
+                }
+            };
+            self.window.additions.push(Addition { period: slot, ..addition });
+            // Folded before anything reads it (a value, the batch's end).
+            None
+        } else {
+            let held = self.open.get(&id).or_else(|| self.closed.get(&id));
+            let held = held.map(|period| period.state.as_slice());
+            match aggregation.add(&[held], &[addition])? {
+                Folded::States(mut states) if states.len() == 1 => states.pop(),
+                Folded::States(states) => {
+                    return Ok(Verdict::DeadLetter(format!(
+                        "refused: the plugin gave {} states for one period",
+                        states.len()
+                    )));
+                }
+                Folded::Refused { reason, .. } => {
+                    return Ok(Verdict::DeadLetter(format!("refused: {reason}")));
+                }
             }
         };
-        let state = match aggregation.add(held.map(Vec::as_slice), event.time, payload)? {
-            Added::State(state) => state,
-            Added::Refused(why) => return Ok(Verdict::DeadLetter(format!("refused: {why}"))),
-        };
         let entry = if is_final {
-            self.marked.insert(id.clone());
+            self.mark(&id);
             self.closed.get_mut(&id).expect("a final period is held")
         } else {
             self.open.entry(id.clone()).or_insert_with(|| PeriodState {
@@ -380,13 +571,18 @@ impl PartitionPeriods {
                 value: 0,
             })
         };
-        entry.state = state;
+        if let Some(state) = added {
+            entry.state = state;
+        }
         self.dirty.insert(id);
         let seen = SeenId { expires: purge_at, digest };
         let stored = codec::seen(&event.id, &seen);
         self.changed.insert(stored.0, Some(stored.1));
         self.seen.insert(event.id.clone(), seen);
         self.expiring.entry(purge_at).or_default().push(event.id.clone());
+        if let Some(journal) = &mut self.journal {
+            journal.log.push(Undo::Seen(purge_at));
+        }
 
         if self.watermark.is_none_or(|watermark| event.time > watermark) {
             self.watermark = Some(event.time);
@@ -394,6 +590,119 @@ impl PartitionPeriods {
         }
         self.close_and_purge(aggregation, out)?;
         Ok(Verdict::Applied)
+    }
+
+    /// Starts trying a batch whole: what it changes is journaled.
+    fn begin_whole(&mut self) {
+        self.window = Window::default();
+        self.journal = Some(Journal {
+            watermark: self.watermark,
+            idle_through: self.idle_through,
+            watermark_moved: self.watermark_moved,
+            counts: self.counts,
+            dirty: self.dirty.clone(),
+            changed: self.changed.clone(),
+            periods: HashMap::new(),
+            log: Vec::new(),
+        });
+    }
+
+    /// Keeps period `id` as it is now in the journal, if one is kept and
+    /// does not hold it yet.
+    fn touch(&mut self, id: &PeriodId) {
+        if let Some(journal) = &mut self.journal
+            && !journal.periods.contains_key(id)
+        {
+            let before = (self.open.get(id).cloned(), self.closed.get(id).cloned());
+            journal.periods.insert(id.clone(), before);
+        }
+    }
+
+    /// Marks period `id` for an adjustment.
+    fn mark(&mut self, id: &PeriodId) {
+        if self.marked.insert(id.clone())
+            && let Some(journal) = &mut self.journal
+        {
+            journal.log.push(Undo::Marked(id.clone()));
+        }
+    }
+
+    /// Undoes the batch tried whole: the partition is as it was before.
+    fn undo(&mut self) {
+        self.window = Window::default();
+        let Some(journal) = self.journal.take() else { return };
+        for undo in journal.log.into_iter().rev() {
+            match undo {
+                Undo::Seen(expires) => {
+                    if let Some(ids) = self.expiring.get_mut(&expires) {
+                        if let Some(id) = ids.pop() {
+                            self.seen.remove(&id);
+                        }
+                        if ids.is_empty() {
+                            self.expiring.remove(&expires);
+                        }
+                    }
+                }
+                Undo::Purged(expires, forgotten) => {
+                    let mut ids = Vec::with_capacity(forgotten.len());
+                    for (id, seen) in forgotten {
+                        if let Some(seen) = seen {
+                            self.seen.insert(id.clone(), seen);
+                        }
+                        ids.push(id);
+                    }
+                    self.expiring.insert(expires, ids);
+                }
+                Undo::Marked(id) => {
+                    self.marked.remove(&id);
+                }
+                Undo::Unmarked(id) => {
+                    self.marked.insert(id);
+                }
+            }
+        }
+        for (id, (open, closed)) in journal.periods {
+            match open {
+                Some(period) => self.open.insert(id.clone(), period),
+                None => self.open.remove(&id),
+            };
+            match closed {
+                Some(period) => self.closed.insert(id, period),
+                None => self.closed.remove(&id),
+            };
+        }
+        self.watermark = journal.watermark;
+        self.idle_through = journal.idle_through;
+        self.watermark_moved = journal.watermark_moved;
+        self.counts = journal.counts;
+        self.dirty = journal.dirty;
+        self.changed = journal.changed;
+    }
+
+    /// Folds the additions not folded yet into their periods, in one call;
+    /// a refusal (or an answer of the wrong shape) sends the batch back to
+    /// be offered one event at a time.
+    fn flush<A: Aggregation>(&mut self, aggregation: &mut A) -> Result<(), Stop<A::Error>> {
+        let window = std::mem::take(&mut self.window);
+        if window.additions.is_empty() {
+            return Ok(());
+        }
+        let states: Vec<Option<&[u8]>> =
+            window.periods.iter().map(|(_, held)| held.as_deref()).collect();
+        let Folded::States(folded) = aggregation.add(&states, &window.additions)? else {
+            return Err(Stop::OneByOne);
+        };
+        if folded.len() != window.periods.len() {
+            return Err(Stop::OneByOne);
+        }
+        for ((id, _), state) in window.periods.into_iter().zip(folded) {
+            let held = match self.open.get_mut(&id) {
+                Some(period) => period,
+                None => self.closed.get_mut(&id).ok_or(Stop::OneByOne)?,
+            };
+            held.state = state;
+        }
+        Ok(())
     }
 
     /// Closes the partition through `adopted`, a watermark of the job's
@@ -412,7 +721,7 @@ impl PartitionPeriods {
         self.idle_through = Some(adopted);
         let stored = codec::idle_through(adopted);
         self.changed.insert(stored.0, Some(stored.1));
-        self.close_and_purge(aggregation, out)
+        exact(self.close_and_purge(aggregation, out))
     }
 
     /// The transaction's end: an ADJUSTMENT for each final period changed
@@ -472,14 +781,25 @@ impl PartitionPeriods {
         &mut self,
         aggregation: &mut A,
         out: &mut Vec<PeriodRecord>,
-    ) -> Result<(), A::Error> {
+    ) -> Result<(), Stop<A::Error>> {
         let Some(effective) = self.effective_watermark() else { return Ok(()) };
         let grace = self.settings.grace;
-        while let Some(entry) = self.open.first_entry() {
-            if after(entry.key().0, grace) > effective {
+        let horizon = self.settings.horizon;
+        let closes =
+            self.open.first_key_value().is_some_and(|(id, _)| after(id.0, grace) <= effective);
+        let forgets =
+            self.closed.first_key_value().is_some_and(|(id, _)| after(id.0, horizon) <= effective);
+        if closes || forgets {
+            // A value is read: what the batch added must be in it.
+            self.flush(aggregation)?;
+        }
+        while let Some((id, _)) = self.open.first_key_value() {
+            if after(id.0, grace) > effective {
                 break;
             }
-            let (id, mut period) = entry.remove_entry();
+            let id = id.clone();
+            self.touch(&id);
+            let Some(mut period) = self.open.remove(&id) else { break };
             let value = aggregation.value(&period.state)?;
             period.version = 1;
             period.value = value;
@@ -488,15 +808,19 @@ impl PartitionPeriods {
             self.dirty.insert(id.clone());
             self.closed.insert(id, period);
         }
-        let horizon = self.settings.horizon;
-        while let Some(entry) = self.closed.first_entry() {
-            if after(entry.key().0, horizon) > effective {
+        while let Some((id, _)) = self.closed.first_key_value() {
+            if after(id.0, horizon) > effective {
                 break;
             }
-            let (id, mut period) = entry.remove_entry();
+            let id = id.clone();
+            self.touch(&id);
+            let Some(mut period) = self.closed.remove(&id) else { break };
             // A late event changed it in this transaction: its adjustment
             // goes out before it is forgotten.
             if self.marked.remove(&id) {
+                if let Some(journal) = &mut self.journal {
+                    journal.log.push(Undo::Unmarked(id.clone()));
+                }
                 adjust(&id, &mut period, aggregation, out, &mut self.dirty, &mut self.counts)?;
             }
             self.dirty.remove(&id);
@@ -506,12 +830,39 @@ impl PartitionPeriods {
             if *entry.key() > effective {
                 break;
             }
-            for id in entry.remove() {
-                self.seen.remove(&id);
+            let (expires, ids) = entry.remove_entry();
+            let mut forgotten = Vec::new();
+            for id in ids {
+                let seen = self.seen.remove(&id);
                 self.changed.insert(codec::seen_key(&id), None);
+                if self.journal.is_some() {
+                    forgotten.push((id, seen));
+                }
+            }
+            if let Some(journal) = &mut self.journal {
+                journal.log.push(Undo::Purged(expires, forgotten));
             }
         }
         Ok(())
+    }
+}
+
+/// What became of one event of a batch offered whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offered {
+    /// Whether it counted.
+    pub verdict: Verdict,
+    /// How many records it closed, appended in order to the batch's.
+    pub records: usize,
+}
+
+/// The result of rules that fold every addition at once (never a batch
+/// tried whole, which alone defers its additions).
+fn exact<T, E>(result: Result<T, Stop<E>>) -> Result<T, E> {
+    match result {
+        Ok(value) => Ok(value),
+        Err(Stop::Failed(err)) => Err(err),
+        Err(Stop::OneByOne) => unreachable!("only a batch tried whole defers its additions"),
     }
 }
 

@@ -9,35 +9,57 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use proptest::prelude::*;
 use tally_periods::{
-    Added, Aggregation, EventFacts, PartitionPeriods, PeriodRecord, PeriodSettings, PeriodsTable,
-    Verdict,
+    Addition, Aggregation, EventFacts, Folded, Offer, PartitionPeriods, PeriodCounts, PeriodRecord,
+    PeriodSettings, PeriodsTable, Verdict,
 };
 
 /// A `sum` meter: the state is the total as decimal text; a payload is a
-/// quantity, and `bad` is refused.
-struct Sum;
+/// quantity, `bad` is refused, and so is an event that would take its
+/// period's total past `limit` (a refusal that depends on the state).
+struct Sum {
+    /// The payloads of the batch offered, by index.
+    payloads: Vec<Vec<u8>>,
+    limit: u64,
+    /// Calls of `add`, and additions in them.
+    calls: usize,
+    additions: usize,
+}
+
+impl Sum {
+    fn new(limit: u64) -> Sum {
+        Sum { payloads: Vec::new(), limit, calls: 0, additions: 0 }
+    }
+}
+
+fn number(bytes: &[u8]) -> Option<u64> {
+    std::str::from_utf8(bytes).ok().and_then(|text| text.parse().ok())
+}
 
 impl Aggregation for Sum {
     type Error = String;
 
-    fn add(
-        &mut self,
-        state: Option<&[u8]>,
-        _time: Timestamp,
-        payload: &[u8],
-    ) -> Result<Added, String> {
-        let quantity: Option<u64> =
-            std::str::from_utf8(payload).ok().and_then(|text| text.parse().ok());
-        let Some(quantity) = quantity else {
-            return Ok(Added::Refused("quantity is not a number".into()));
-        };
-        let total: u64 =
-            state.map_or(0, |state| std::str::from_utf8(state).unwrap().parse().unwrap());
-        Ok(Added::State((total + quantity).to_string().into_bytes()))
+    fn add(&mut self, states: &[Option<&[u8]>], additions: &[Addition]) -> Result<Folded, String> {
+        self.calls += 1;
+        self.additions += additions.len();
+        let mut totals: Vec<u64> =
+            states.iter().map(|state| state.map_or(0, |state| number(state).unwrap())).collect();
+        for (index, addition) in additions.iter().enumerate() {
+            let Some(quantity) = number(&self.payloads[addition.event]) else {
+                let reason = "quantity is not a number".to_string();
+                return Ok(Folded::Refused { addition: index, reason });
+            };
+            let total = totals[addition.period] + quantity;
+            if total > self.limit {
+                let reason = format!("the total would pass {}", self.limit);
+                return Ok(Folded::Refused { addition: index, reason });
+            }
+            totals[addition.period] = total;
+        }
+        Ok(Folded::States(totals.iter().map(|total| total.to_string().into_bytes()).collect()))
     }
 
     fn value(&mut self, state: &[u8]) -> Result<u64, String> {
-        Ok(std::str::from_utf8(state).unwrap().parse().unwrap())
+        Ok(number(state).unwrap())
     }
 }
 
@@ -63,11 +85,16 @@ fn event(id: &str, time: &str, customer: &str) -> EventFacts {
 struct Partition {
     periods: PartitionPeriods,
     records: Vec<PeriodRecord>,
+    sum: Sum,
 }
 
 impl Partition {
     fn new(settings: Arc<PeriodSettings>) -> Partition {
-        Partition { periods: PartitionPeriods::new(settings), records: Vec::new() }
+        Partition {
+            periods: PartitionPeriods::new(settings),
+            records: Vec::new(),
+            sum: Sum::new(u64::MAX),
+        }
     }
 
     /// Offers an event that arrived at its own event time.
@@ -81,13 +108,14 @@ impl Partition {
         quantity: &str,
         arrival: Timestamp,
     ) -> Verdict {
+        self.sum.payloads = vec![quantity.as_bytes().to_vec()];
         self.periods
-            .offer(event, quantity.as_bytes(), arrival, &mut Sum, &mut self.records)
+            .offer(event, quantity.as_bytes(), arrival, &mut self.sum, &mut self.records)
             .unwrap()
     }
 
     fn end_transaction(&mut self) {
-        self.periods.end_transaction(&mut Sum, &mut self.records).unwrap();
+        self.periods.end_transaction(&mut self.sum, &mut self.records).unwrap();
     }
 
     /// The records emitted since the last call, as (type, label, value,
@@ -190,15 +218,24 @@ fn an_idle_partition_closes_by_another_partitions_watermark_without_taking_it() 
     );
     // UTC November ends 2026-12-01T00:00Z; with the grace, 01:00Z.
     let mut records = Vec::new();
-    partition.periods.close_idle(at("2026-12-01T00:59:59Z"), &mut Sum, &mut records).unwrap();
+    partition
+        .periods
+        .close_idle(at("2026-12-01T00:59:59Z"), &mut Sum::new(u64::MAX), &mut records)
+        .unwrap();
     assert!(records.is_empty());
-    partition.periods.close_idle(at("2026-12-01T01:00:00Z"), &mut Sum, &mut records).unwrap();
+    partition
+        .periods
+        .close_idle(at("2026-12-01T01:00:00Z"), &mut Sum::new(u64::MAX), &mut records)
+        .unwrap();
     assert_eq!(records.len(), 1);
     assert_eq!((records[0].period.label.as_str(), records[0].value), ("2026-11", 4));
     assert_eq!(partition.periods.watermark(), Some(at("2026-11-10T00:00:00Z")), "own stays");
     assert_eq!(partition.periods.effective_watermark(), Some(at("2026-12-01T01:00:00Z")));
     // A lower watermark adopted later changes nothing.
-    partition.periods.close_idle(at("2026-11-20T00:00:00Z"), &mut Sum, &mut records).unwrap();
+    partition
+        .periods
+        .close_idle(at("2026-11-20T00:00:00Z"), &mut Sum::new(u64::MAX), &mut records)
+        .unwrap();
     assert_eq!(partition.periods.effective_watermark(), Some(at("2026-12-01T01:00:00Z")));
     // A record arriving late for the closed month adjusts it.
     assert_eq!(
@@ -311,61 +348,112 @@ fn generated_settings() -> Arc<PeriodSettings> {
     )
 }
 
-/// Runs `steps`, committing where they say (and at the end); restarts from
-/// the committed entries after the commits listed in `restarts`. Returns
-/// every record of a committed transaction, and the verdicts.
-fn run(steps: &[Step], restarts: &[usize]) -> (Vec<PeriodRecord>, Vec<Verdict>) {
+/// How a generated run is driven.
+#[derive(Debug, Clone, Copy)]
+struct Drive<'a> {
+    /// Restart from the committed entries after these commits.
+    restarts: &'a [usize],
+    /// Offer the events between two other steps in batches of at most
+    /// this many (1: one at a time).
+    batch: usize,
+    /// The meter refuses a period's total past this.
+    limit: u64,
+}
+
+const ONE_BY_ONE: Drive<'static> = Drive { restarts: &[], batch: 1, limit: u64::MAX };
+
+/// What a generated run gave: every record of a committed transaction,
+/// the verdicts, the committed entries and the counts.
+struct Ran {
+    records: Vec<PeriodRecord>,
+    verdicts: Vec<Verdict>,
+    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    counts: PeriodCounts,
+}
+
+/// An event step's facts, payload and arrival.
+fn offered(step: &Step) -> Option<(EventFacts, String, Timestamp)> {
+    let Step::Event { id, customer, minutes: at_minute, late_arrival, quantity } = step else {
+        return None;
+    };
+    let customer = CUSTOMERS[usize::from(*customer)];
+    let facts = EventFacts {
+        id: format!("event-{id}"),
+        time: minutes(*at_minute),
+        key: vec![("customer".into(), customer.into())],
+        customer: customer.into(),
+    };
+    // A quantity of 9 is written so that the meter refuses it.
+    let payload = if *quantity == 9 { "bad".to_string() } else { quantity.to_string() };
+    Some((facts, payload, minutes(at_minute + late_arrival)))
+}
+
+fn minutes(count: i64) -> Timestamp {
+    at("2026-09-20T00:00:00Z") + jiff::SignedDuration::from_mins(count)
+}
+
+/// Runs `steps`, committing where they say (and at the end), driven as
+/// `drive` says.
+fn run(steps: &[Step], drive: Drive<'_>) -> Ran {
     let settings = generated_settings();
-    let start = at("2026-09-20T00:00:00Z");
-    let minutes = |count: i64| start + jiff::SignedDuration::from_mins(count);
-    let mut committed_entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
     let mut partition = PartitionPeriods::new(settings.clone());
+    let mut sum = Sum::new(drive.limit);
     let (mut records, mut pending, mut verdicts) = (Vec::new(), Vec::new(), Vec::new());
     let mut commits = 0;
-    let mut commit = |partition: &mut PartitionPeriods,
-                      pending: &mut Vec<PeriodRecord>,
-                      committed_entries: &mut BTreeMap<Vec<u8>, Vec<u8>>| {
-        partition.end_transaction(&mut Sum, pending).unwrap();
-        for (key, value) in partition.take_changes() {
-            match value {
-                Some(value) => committed_entries.insert(key, value),
-                None => committed_entries.remove(&key),
-            };
-        }
-        records.append(pending);
-    };
-    for step in steps.iter().chain([&Step::Commit]) {
-        match step {
-            Step::Event { id, customer, minutes: at_minute, late_arrival, quantity } => {
-                let customer = CUSTOMERS[usize::from(*customer)];
-                let facts = EventFacts {
-                    id: format!("event-{id}"),
-                    time: minutes(*at_minute),
-                    key: vec![("customer".into(), customer.into())],
-                    customer: customer.into(),
-                };
-                let arrival = minutes(at_minute + late_arrival);
-                let payload = quantity.to_string();
-                verdicts.push(
-                    partition
-                        .offer(&facts, payload.as_bytes(), arrival, &mut Sum, &mut pending)
-                        .unwrap(),
-                );
+    let mut batch: Vec<(EventFacts, String, Timestamp)> = Vec::new();
+    let steps: Vec<&Step> = steps.iter().chain([&Step::Commit]).collect();
+    for (index, step) in steps.iter().enumerate() {
+        if let Some(event) = offered(step) {
+            batch.push(event);
+            let next_is_event = steps.get(index + 1).is_some_and(|next| offered(next).is_some());
+            if batch.len() < drive.batch && next_is_event {
+                continue;
             }
+            sum.payloads =
+                batch.iter().map(|(_, payload, _)| payload.clone().into_bytes()).collect();
+            let offers: Vec<Offer<'_>> = batch
+                .iter()
+                .map(|(facts, payload, arrival)| Offer {
+                    facts,
+                    payload: payload.as_bytes(),
+                    arrival: *arrival,
+                })
+                .collect();
+            let before = pending.len();
+            let offered = partition.offer_all(&offers, &mut sum, &mut pending).unwrap();
+            assert_eq!(
+                offered.iter().map(|offered| offered.records).sum::<usize>(),
+                pending.len() - before,
+                "each record is told to its event"
+            );
+            verdicts.extend(offered.into_iter().map(|offered| offered.verdict));
+            batch.clear();
+            continue;
+        }
+        match step {
             Step::Idle { minutes: through } => {
-                partition.close_idle(minutes(*through), &mut Sum, &mut pending).unwrap();
+                partition.close_idle(minutes(*through), &mut sum, &mut pending).unwrap();
             }
             Step::Commit => {
-                commit(&mut partition, &mut pending, &mut committed_entries);
+                partition.end_transaction(&mut sum, &mut pending).unwrap();
+                for (key, value) in partition.take_changes() {
+                    match value {
+                        Some(value) => entries.insert(key, value),
+                        None => entries.remove(&key),
+                    };
+                }
+                records.append(&mut pending);
                 commits += 1;
-                if restarts.contains(&commits) {
-                    let entries = committed_entries.clone().into_iter();
-                    partition = PartitionPeriods::restore(settings.clone(), entries).unwrap();
+                if drive.restarts.contains(&commits) {
+                    let committed = entries.clone().into_iter();
+                    partition = PartitionPeriods::restore(settings.clone(), committed).unwrap();
                 }
             }
+            Step::Event { .. } => unreachable!("offered above"),
         }
     }
-    (records, verdicts)
+    Ran { records, verdicts, entries, counts: partition.counts() }
 }
 
 /// Each period's FINAL value and its last value, by (key, label).
@@ -394,10 +482,10 @@ proptest! {
         steps in steps(),
         restarts in prop::collection::vec(1usize..40, 0..4),
     ) {
-        let (uninterrupted, verdicts) = run(&steps, &[]);
-        let (restarted, verdicts_restarted) = run(&steps, &restarts);
-        prop_assert_eq!(uninterrupted, restarted);
-        prop_assert_eq!(verdicts, verdicts_restarted);
+        let uninterrupted = run(&steps, ONE_BY_ONE);
+        let restarted = run(&steps, Drive { restarts: &restarts, ..ONE_BY_ONE });
+        prop_assert_eq!(uninterrupted.records, restarted.records);
+        prop_assert_eq!(uninterrupted.verdicts, restarted.verdicts);
     }
 
     /// Where transactions end changes how many ADJUSTMENTs there are, never
@@ -406,17 +494,139 @@ proptest! {
     fn transaction_boundaries_change_no_final_and_no_settled_value(steps in steps()) {
         let without_commits: Vec<Step> =
             steps.iter().filter(|step| !matches!(step, Step::Commit)).cloned().collect();
-        let (committing, verdicts) = run(&steps, &[]);
-        let (once, verdicts_once) = run(&without_commits, &[]);
+        let committing = run(&steps, ONE_BY_ONE);
+        let once = run(&without_commits, ONE_BY_ONE);
         let finals = |records: &[PeriodRecord]| -> Vec<PeriodRecord> {
             records.iter().filter(|record| record.is_final()).cloned().collect()
         };
-        prop_assert_eq!(finals(&committing), finals(&once));
-        prop_assert_eq!(verdicts, verdicts_once);
+        prop_assert_eq!(finals(&committing.records), finals(&once.records));
+        prop_assert_eq!(committing.verdicts, once.verdicts);
         let settled_once: BTreeMap<_, _> =
-            settled(&once).into_iter().map(|(id, (first, last, _))| (id, (first, last))).collect();
+            settled(&once.records).into_iter().map(|(id, (first, last, _))| (id, (first, last))).collect();
         let settled_committing: BTreeMap<_, _> =
-            settled(&committing).into_iter().map(|(id, (first, last, _))| (id, (first, last))).collect();
+            settled(&committing.records).into_iter().map(|(id, (first, last, _))| (id, (first, last))).collect();
         prop_assert_eq!(settled_committing, settled_once);
     }
+
+    /// Events offered in batches (folded whole, or one by one after a
+    /// refusal, a state-dependent one included) give the records, the
+    /// verdicts and the committed entries of events offered one at a time.
+    #[test]
+    fn batches_change_no_record_verdict_or_entry(
+        steps in steps(),
+        batch in 2usize..40,
+        limit in prop_oneof![Just(u64::MAX), 5u64..60],
+        restarts in prop::collection::vec(1usize..40, 0..3),
+    ) {
+        let one_by_one = run(&steps, Drive { restarts: &restarts, batch: 1, limit });
+        let batched = run(&steps, Drive { restarts: &restarts, batch, limit });
+        prop_assert_eq!(one_by_one.records, batched.records);
+        prop_assert_eq!(one_by_one.verdicts, batched.verdicts);
+        prop_assert_eq!(one_by_one.entries, batched.entries);
+        prop_assert_eq!(one_by_one.counts, batched.counts);
+    }
+}
+
+/// A batch that forgets a period marked by an earlier batch of the same
+/// transaction (its ADJUSTMENT goes out first), then meets a refused
+/// event, is undone whole: the period is marked again, and the events one
+/// at a time emit that ADJUSTMENT once.
+#[test]
+fn an_undone_batch_gives_back_the_marks_it_took() {
+    let event =
+        |id, minutes| Step::Event { id, customer: 0, minutes, late_arrival: 0, quantity: 1 };
+    let steps = [
+        event(1, 0),
+        event(2, 2 * 1440),
+        Step::Commit,
+        // Late: 20 September (New York) is final; it is marked.
+        event(3, 10),
+        // Closing nothing, it ends the batch.
+        Step::Idle { minutes: 0 },
+        // Far ahead: 20 September is forgotten, after its ADJUSTMENT...
+        event(4, 20 * 1440),
+        // ...and this one is refused, so the batch is undone.
+        Step::Event { id: 5, customer: 0, minutes: 20 * 1440, late_arrival: 0, quantity: 9 },
+    ];
+    let one_by_one = run(&steps, ONE_BY_ONE);
+    let batched = run(&steps, Drive { batch: 2, ..ONE_BY_ONE });
+    let adjustments = one_by_one.records.iter().filter(|record| !record.is_final()).count();
+    assert_eq!(adjustments, 1, "{:?}", one_by_one.records);
+    assert_eq!(one_by_one.records, batched.records);
+    assert_eq!(one_by_one.verdicts, batched.verdicts);
+    assert_eq!(one_by_one.entries, batched.entries);
+}
+
+/// A refused event that would raise the watermark far enough to close and
+/// forget periods and ids closes and forgets nothing, tried whole or not:
+/// a retry of a remembered id is still a duplicate.
+#[test]
+fn a_refused_event_forgets_no_id_in_a_batch_either() {
+    let event =
+        |id, minutes, quantity| Step::Event { id, customer: 0, minutes, late_arrival: 0, quantity };
+    let steps = [
+        event(1, 0, 1),
+        Step::Commit,
+        // Refused (a quantity of 9): tried whole, its addition is folded,
+        // and refused, before anything closes...
+        event(2, 20 * 1440, 9),
+        event(3, 5, 1),
+        Step::Idle { minutes: 0 },
+        // ...so id 1 is remembered.
+        event(1, 0, 1),
+    ];
+    let one_by_one = run(&steps, ONE_BY_ONE);
+    let batched = run(&steps, Drive { batch: 2, ..ONE_BY_ONE });
+    assert!(
+        matches!(one_by_one.verdicts.last(), Some(Verdict::DeadLetter(reason)) if reason.starts_with("duplicate:")),
+        "{:?}",
+        one_by_one.verdicts
+    );
+    assert_eq!(one_by_one.verdicts, batched.verdicts);
+    assert_eq!(one_by_one.records, batched.records);
+    assert_eq!(one_by_one.entries, batched.entries);
+}
+
+/// A batch the meter accepts whole is folded in one call, a batch with a
+/// refused event one event at a time, with the same verdicts.
+#[test]
+fn a_batch_is_folded_in_one_call_unless_an_event_is_refused() {
+    let settings = settings("{}");
+    let ids = ["a", "b", "c", "d"];
+    let facts: Vec<EventFacts> = ids
+        .iter()
+        .map(|id| event(id, "2026-11-10T12:00:00Z", if *id == "b" { "globex" } else { "acme" }))
+        .collect();
+    let offer = |payloads: &[&str], sum: &mut Sum| {
+        let mut partition = PartitionPeriods::new(settings.clone());
+        sum.payloads = payloads.iter().map(|payload| payload.as_bytes().to_vec()).collect();
+        let offers: Vec<Offer<'_>> = facts
+            .iter()
+            .zip(payloads)
+            .map(|(facts, payload)| Offer {
+                facts,
+                payload: payload.as_bytes(),
+                arrival: facts.time,
+            })
+            .collect();
+        let offered = partition.offer_all(&offers, sum, &mut Vec::new()).unwrap();
+        let verdicts: Vec<Verdict> = offered.into_iter().map(|offered| offered.verdict).collect();
+        (verdicts, partition.take_changes())
+    };
+    let mut sum = Sum::new(u64::MAX);
+    let (verdicts, _) = offer(&["1", "2", "3", "4"], &mut sum);
+    assert_eq!(verdicts, vec![Verdict::Applied; 4]);
+    assert_eq!((sum.calls, sum.additions), (1, 4), "one call folds the batch");
+
+    let mut sum = Sum::new(u64::MAX);
+    let (verdicts, changes) = offer(&["1", "bad", "3", "4"], &mut sum);
+    assert_eq!(verdicts[1], Verdict::DeadLetter("refused: quantity is not a number".into()));
+    assert_eq!(verdicts.iter().filter(|verdict| **verdict == Verdict::Applied).count(), 3);
+    // The whole batch (refused at its second addition), then each event.
+    assert_eq!(sum.calls, 1 + 4);
+    let mut one_by_one = Partition::new(settings.clone());
+    for (facts, payload) in facts.iter().zip(["1", "bad", "3", "4"]) {
+        one_by_one.offer(facts, payload);
+    }
+    assert_eq!(changes, one_by_one.periods.take_changes());
 }

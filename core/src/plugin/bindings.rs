@@ -31,6 +31,7 @@ pub mod periods {
 
     pub use PeriodsPlugin as PeriodsWorld;
     pub use PeriodsPluginPre as PeriodsWorldPre;
+    pub use exports::tally::plugin::periods::{Addition, Refusal};
     pub use tally::plugin::types::{Event, EventFacts, EventTime, Instant, Level};
     pub use tally::plugin::{log, types};
 }

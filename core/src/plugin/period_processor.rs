@@ -1,17 +1,21 @@
 //! The processor of a period job: the host's period rules (the
 //! [`PeriodBook`] in the transaction) around a period plugin's instance.
-//! Each event is described by the plugin, offered to its partition's rules
-//! in offset order, dead-lettered with the rules' reason when they refuse
-//! it, and the FINAL and ADJUSTMENT records it closes are emitted with an
-//! idempotency key made of the fact they state. See `docs/periods.md`.
+//! A batch is described by the plugin in one call, each partition's events
+//! are offered to its rules in offset order (and folded into their
+//! periods in one call, or one by one after the plugin refuses one), each
+//! refused event is dead-lettered with the reason, and the FINAL and
+//! ADJUSTMENT records the events close are emitted, in the batch's order,
+//! with an idempotency key made of the fact they state. See `docs/periods.md`.
 
 use std::fmt::Write as _;
 
 use jiff::Timestamp;
-use tally_periods::{Added, Aggregation, EventFacts, PeriodRecord, Verdict, time_zone_database};
+use tally_periods::{
+    Addition, Aggregation, EventFacts, Folded, Offer, PeriodRecord, Verdict, time_zone_database,
+};
 
 use super::bindings::periods as wit;
-use super::periods::{PeriodInstance, to_wit};
+use super::periods::{PeriodInstance, instant, to_wit};
 use super::{DescribedEvent as WitFacts, EventTime};
 use super::{Event, PluginKind, PluginUsage, ProcessError, Processor, Rejection};
 use crate::periods::PeriodBook;
@@ -128,49 +132,100 @@ impl PeriodProcessor {
         events: &[Event],
         txn: &mut Transaction,
     ) -> Result<(), ProcessError> {
-        let carried: Vec<wit::Event> = events.iter().map(to_wit).collect();
+        // Each partition's events side by side, in offset order, so that
+        // the calls for a partition name its events in one slice.
+        let mut order: Vec<usize> = (0..events.len()).collect();
+        order.sort_by_key(|&index| events[index].partition);
+        let carried: Vec<wit::Event> = order.iter().map(|&index| to_wit(&events[index])).collect();
         let described = self.describe(&carried)?;
-        let mut records = Vec::new();
-        for ((event, carried), described) in events.iter().zip(&carried).zip(described) {
-            let source = SourcePosition { partition: event.partition, offset: event.offset };
-            let facts =
+        let mut outcomes: Vec<Outcome> = Vec::with_capacity(events.len());
+        outcomes.resize_with(events.len(), || Outcome::Malformed(String::new()));
+        let mut described = described.into_iter();
+        let mut start = 0;
+        while start < order.len() {
+            let partition = events[order[start]].partition;
+            let end = start
+                + order[start..]
+                    .iter()
+                    .take_while(|&&index| events[index].partition == partition)
+                    .count();
+            let run = &order[start..end];
+            // The events it offers to the rules, and where each lies in the run.
+            let mut facts = Vec::with_capacity(run.len());
+            let mut positions = Vec::with_capacity(run.len());
+            for (position, (&index, described)) in run.iter().zip(described.by_ref()).enumerate() {
                 match described.map_err(|why| format!("malformed: {why}")).and_then(facts_of) {
-                    Ok(facts) => facts,
-                    Err(reason) => {
-                        dead_letter(txn, source, event, reason);
-                        continue;
+                    Ok(read) => {
+                        facts.push((index, read));
+                        positions.push(position);
                     }
-                };
-            let arrival = event
-                .timestamp_ms
-                .and_then(|ms| Timestamp::from_millisecond(ms).ok())
-                .unwrap_or_else(Timestamp::now);
-            let mut calls = Calls { processor: self, event: Some(carried) };
-            let verdict = book.partition(event.partition, event.offset).offer(
-                &facts,
-                &event.value,
-                arrival,
+                    Err(reason) => outcomes[index] = Outcome::Malformed(reason),
+                }
+            }
+            let offers: Vec<Offer<'_>> = facts
+                .iter()
+                .map(|(index, facts)| {
+                    let event = &events[*index];
+                    let arrival = event
+                        .timestamp_ms
+                        .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+                        .unwrap_or_else(Timestamp::now);
+                    Offer { facts, payload: &event.value, arrival }
+                })
+                .collect();
+            if offers.is_empty() {
+                start = end;
+                continue;
+            }
+            let last_offset = events[order[end - 1]].offset;
+            let mut calls =
+                Calls { processor: self, events: &carried[start..end], positions: &positions };
+            let mut records = Vec::new();
+            let offered = book.partition(partition, last_offset).offer_all(
+                &offers,
                 &mut calls,
                 &mut records,
             )?;
-            if let Verdict::DeadLetter(reason) = verdict {
-                let by_rule = tally_periods::refused_by_rule(&reason);
-                let dead = DeadLetter {
-                    source,
-                    reason: sanitize(&reason, MAX_REASON_BYTES),
-                    record: event.value.clone(),
-                };
-                if by_rule {
-                    txn.push_rule_dead_letter(dead);
-                } else {
-                    txn.push_dead_letter(dead);
+            let mut records = records.into_iter();
+            for ((index, _), offered) in facts.iter().zip(offered) {
+                let closed = records.by_ref().take(offered.records).collect();
+                outcomes[*index] = Outcome::Offered(offered.verdict, closed);
+            }
+            start = end;
+        }
+        for (event, outcome) in events.iter().zip(outcomes) {
+            let source = SourcePosition { partition: event.partition, offset: event.offset };
+            match outcome {
+                Outcome::Malformed(reason) => dead_letter(txn, source, event, reason),
+                Outcome::Offered(verdict, mut closed) => {
+                    if let Verdict::DeadLetter(reason) = verdict {
+                        let by_rule = tally_periods::refused_by_rule(&reason);
+                        let dead = DeadLetter {
+                            source,
+                            reason: sanitize(&reason, MAX_REASON_BYTES),
+                            record: event.value.clone(),
+                        };
+                        if by_rule {
+                            txn.push_rule_dead_letter(dead);
+                        } else {
+                            txn.push_dead_letter(dead);
+                        }
+                    }
+                    emit(txn, book.output(), &mut closed, source);
                 }
             }
-            emit(txn, book.output(), &mut records, source);
         }
         txn.put_host_state(book.take_changes());
         Ok(())
     }
+}
+
+/// What became of one event of a batch.
+enum Outcome {
+    /// The plugin could not describe it: a dead letter, with why.
+    Malformed(String),
+    /// The rules' verdict, and the records it closed.
+    Offered(Verdict, Vec<PeriodRecord>),
 }
 
 impl Processor for PeriodProcessor {
@@ -208,7 +263,7 @@ impl Processor for PeriodProcessor {
             let mut records = Vec::new();
             for partition in book.partitions() {
                 let offset = book.last_offset(partition);
-                let mut calls = Calls { processor: &mut *processor, event: None };
+                let mut calls = Calls { processor: &mut *processor, events: &[], positions: &[] };
                 book.partition(partition, offset).end_transaction(&mut calls, &mut records)?;
                 let source = SourcePosition { partition, offset };
                 emit(txn, book.output(), &mut records, source);
@@ -228,7 +283,7 @@ impl Processor for PeriodProcessor {
                 let Some((periods, Some(adopted))) = book.idle_partition(partition) else {
                     continue;
                 };
-                let mut calls = Calls { processor: &mut *processor, event: None };
+                let mut calls = Calls { processor: &mut *processor, events: &[], positions: &[] };
                 periods.close_idle(adopted, &mut calls, &mut records)?;
                 emit(txn, book.output(), &mut records, SourcePosition { partition, offset });
             }
@@ -238,11 +293,71 @@ impl Processor for PeriodProcessor {
     }
 }
 
-/// The plugin's `add` and `value`, as the period rules call them, for
-/// `event` (none when closing without one).
+/// The plugin's `add` and `value`, as the period rules call them, for the
+/// events of one partition's run of a batch (none when closing without
+/// events).
 struct Calls<'p> {
     processor: &'p mut PeriodProcessor,
-    event: Option<&'p wit::Event>,
+    /// The run's events, as the plugin sees them.
+    events: &'p [wit::Event],
+    /// Where each event offered to the rules lies among `events`.
+    positions: &'p [usize],
+}
+
+impl Calls<'_> {
+    /// The event the rules' addition names.
+    fn event(&self, addition: &Addition) -> Result<usize, ProcessError> {
+        self.positions
+            .get(addition.event)
+            .copied()
+            .filter(|&position| position < self.events.len())
+            .ok_or_else(|| {
+                ProcessError::Misconfigured("an addition names no event of the batch".into())
+            })
+    }
+
+    /// One event added alone: the plugin's refusals, failures and an
+    /// oversized state are the event's dead letter.
+    fn add_one(
+        &mut self,
+        states: Vec<Option<Vec<u8>>>,
+        addition: &Addition,
+    ) -> Result<Folded, ProcessError> {
+        let event = &self.events[self.event(addition)?];
+        let one = wit::Addition { period: 0, time: instant(addition.time), event: 0 };
+        let limit = self.processor.instance.limits().max_value_bytes;
+        let refused = |reason| Ok(Folded::Refused { addition: 0, reason });
+        match self.processor.instance.add(&states, std::slice::from_ref(event), &[one]) {
+            Ok(Ok(mut folded)) if folded.len() == 1 => {
+                let state = folded.pop().unwrap_or_default();
+                if state.len() > limit as usize {
+                    // Not counted as the plugin's failure: a period can
+                    // outgrow the limit on honest input (a large
+                    // unique_count).
+                    return refused(format!(
+                        "the period's state would be {} bytes with it, over the job's limit of {limit} bytes (limits.max_value_bytes); raise the limit",
+                        state.len()
+                    ));
+                }
+                self.processor.failures_in_a_row = 0;
+                Ok(Folded::States(vec![state]))
+            }
+            Ok(Ok(folded)) => {
+                let reason = format!("it gave {} states for one period", folded.len());
+                self.processor.failed(&reason)?;
+                refused(format!("plugin failed adding it: {reason}"))
+            }
+            Ok(Err(refusal)) => {
+                self.processor.failures_in_a_row = 0;
+                refused(sanitize(&refusal.reason, MAX_REASON_BYTES))
+            }
+            Err(ProcessError::Plugin(reason)) => {
+                self.processor.failed(&reason)?;
+                refused(format!("plugin failed adding it: {reason}"))
+            }
+            Err(other) => Err(other),
+        }
+    }
 }
 
 impl Aggregation for Calls<'_> {
@@ -250,33 +365,52 @@ impl Aggregation for Calls<'_> {
 
     fn add(
         &mut self,
-        state: Option<&[u8]>,
-        time: Timestamp,
-        _payload: &[u8],
-    ) -> Result<Added, ProcessError> {
-        let Some(event) = self.event else {
-            return Err(ProcessError::Misconfigured("an event was added without one".into()));
-        };
-        let limit = self.processor.instance.limits().max_value_bytes;
-        match self.processor.instance.add(state, time, event) {
-            // Not counted as the plugin's failure: a period can outgrow
-            // the limit on honest input (a large unique_count).
-            Ok(Ok(state)) if state.len() > limit as usize => Ok(Added::Refused(format!(
-                "the period's state would be {} bytes with it, over the job's limit of {limit} bytes (limits.max_value_bytes); raise the limit",
-                state.len()
-            ))),
-            Ok(Ok(state)) => {
+        states: &[Option<&[u8]>],
+        additions: &[Addition],
+    ) -> Result<Folded, ProcessError> {
+        let states: Vec<Option<Vec<u8>>> =
+            states.iter().map(|state| state.map(<[u8]>::to_vec)).collect();
+        match additions {
+            [] => {
+                return Ok(Folded::States(
+                    states.into_iter().map(Option::unwrap_or_default).collect(),
+                ));
+            }
+            [addition] => return self.add_one(states, addition),
+            _ => {}
+        }
+        // Only the stretch of the run the additions name goes over (the
+        // events since the last fold, in order): a run folded at many
+        // closes is not copied whole each time.
+        let mut named = Vec::with_capacity(additions.len());
+        for addition in additions {
+            named.push(self.event(addition)?);
+        }
+        let first = named.iter().copied().min().unwrap_or(0);
+        let last = named.iter().copied().max().unwrap_or(0);
+        let folding: Vec<wit::Addition> = additions
+            .iter()
+            .zip(&named)
+            .map(|(addition, position)| wit::Addition {
+                period: addition.period as u32,
+                time: instant(addition.time),
+                event: (position - first) as u32,
+            })
+            .collect();
+        // Anything but every state, each within the limit, sends the
+        // rules back to the events one by one, where each refusal or
+        // failure is its own event's (and counted once, there).
+        let limit = self.processor.instance.limits().max_value_bytes as usize;
+        let one_by_one = Folded::Refused { addition: 0, reason: String::new() };
+        match self.processor.instance.add(&states, &self.events[first..=last], &folding) {
+            Ok(Ok(folded))
+                if folded.len() == states.len()
+                    && folded.iter().all(|state| state.len() <= limit) =>
+            {
                 self.processor.failures_in_a_row = 0;
-                Ok(Added::State(state))
+                Ok(Folded::States(folded))
             }
-            Ok(Err(refusal)) => {
-                self.processor.failures_in_a_row = 0;
-                Ok(Added::Refused(sanitize(&refusal, MAX_REASON_BYTES)))
-            }
-            Err(ProcessError::Plugin(reason)) => {
-                self.processor.failed(&reason)?;
-                Ok(Added::Refused(format!("plugin failed adding it: {reason}")))
-            }
+            Ok(_) | Err(ProcessError::Plugin(_)) => Ok(one_by_one),
             Err(other) => Err(other),
         }
     }

@@ -1,7 +1,7 @@
 //! A period plugin's sandboxed instance (`tally:plugin@0.2.0`): configured
 //! once with the job's `[plugin_config]` when it starts, then called by the
-//! host's period rules — `describe` per batch, `add` per applied event,
-//! `value` per FINAL or ADJUSTMENT — each call within the job's CPU budget
+//! host's period rules — `describe` per batch, `add` per batch (event by
+//! event after it refuses one), `value` per FINAL or ADJUSTMENT — each call within the job's CPU budget
 //! and its memory limit. A call that fails leaves the instance to be made
 //! anew (and configured again) for the next one.
 
@@ -158,18 +158,20 @@ impl PeriodInstance {
         Ok(described)
     }
 
-    /// A period's state after `event` (event time `time`) is added to
-    /// `state`, or the plugin's refusal.
+    /// The plugin's fold of `additions` (each naming one of `states` and
+    /// one of `events`): the periods' states after it, or the addition it
+    /// refuses. A call of one addition may use the event's share of the
+    /// batch's CPU budget, a call of several the batch's.
     pub fn add(
         &mut self,
-        state: Option<&[u8]>,
-        time: jiff::Timestamp,
-        event: &wit::Event,
-    ) -> Result<Result<Vec<u8>, String>, ProcessError> {
-        let time = instant(time);
-        let limits = self.share.clone();
+        states: &[Option<Vec<u8>>],
+        events: &[wit::Event],
+        additions: &[wit::Addition],
+    ) -> Result<Result<Vec<Vec<u8>>, wit::Refusal>, ProcessError> {
+        let limits =
+            if additions.len() > 1 { CallLimits::batch(&self.limits) } else { self.share.clone() };
         self.call(limits, |store, plugin| {
-            plugin.tally_plugin_periods().call_add(store, state, time, event)
+            plugin.tally_plugin_periods().call_add(store, states, events, additions)
         })
     }
 
@@ -241,7 +243,7 @@ impl PeriodInstance {
 
 /// `time` as seconds and nanoseconds within 0..1e9 (jiff counts an
 /// instant before 1970 with negative nanoseconds).
-fn instant(time: jiff::Timestamp) -> wit::Instant {
+pub fn instant(time: jiff::Timestamp) -> wit::Instant {
     let (seconds, nanoseconds) = (time.as_second(), time.subsec_nanosecond());
     if nanoseconds < 0 {
         wit::Instant { seconds: seconds - 1, nanoseconds: (nanoseconds + 1_000_000_000) as u32 }

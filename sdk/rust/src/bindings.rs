@@ -108,7 +108,9 @@ pub mod periods_generated {
 
 pub use periods_generated::export_periods_plugin;
 pub use periods_generated::exports::tally::plugin::config::Guest as ConfigGuest;
-pub use periods_generated::exports::tally::plugin::periods::Guest as PeriodsGuest;
+pub use periods_generated::exports::tally::plugin::periods::{
+    Addition as WitAddition, Guest as PeriodsGuest, Refusal as WitRefusal,
+};
 pub use periods_generated::tally::plugin::types::{
     Event as WitPeriodEvent, EventFacts as WitFacts, EventTime as WitEventTime,
     Instant as WitInstant,
@@ -136,16 +138,33 @@ pub fn describe_all<P: crate::Periods>(
         .collect()
 }
 
-/// Runs `add` for one event.
-pub fn add_one<P: crate::Periods>(
+/// Runs `add`: folds a batch's additions into their periods' states.
+pub fn add_all<P: crate::Periods>(
     plugin: &P,
-    state: Option<Vec<u8>>,
-    time: WitInstant,
-    event: WitPeriodEvent,
-) -> Result<Vec<u8>, String> {
+    states: Vec<Option<Vec<u8>>>,
+    events: Vec<WitPeriodEvent>,
+    additions: Vec<WitAddition>,
+) -> Result<Vec<Vec<u8>>, WitRefusal> {
     install_periods_panic_hook();
-    let time = crate::Instant { seconds: time.seconds, nanoseconds: time.nanoseconds };
-    crate::periods::add(plugin, state.as_deref(), time, &event.value)
+    let refusal = |index: usize, reason: String| WitRefusal { addition: index as u32, reason };
+    let mut folded = Vec::with_capacity(additions.len());
+    for (index, addition) in additions.iter().enumerate() {
+        let Some(event) = events.get(addition.event as usize) else {
+            let reason =
+                format!("the addition names event {}, of {}", addition.event, events.len());
+            return Err(refusal(index, reason));
+        };
+        folded.push(crate::periods::Addition {
+            period: addition.period as usize,
+            time: crate::Instant {
+                seconds: addition.time.seconds,
+                nanoseconds: addition.time.nanoseconds,
+            },
+            value: &event.value,
+        });
+    }
+    crate::periods::add_all(plugin, &states, &folded)
+        .map_err(|(index, reason)| refusal(index, reason))
 }
 
 /// Sends panic messages to the host log before the trap (period plugins):

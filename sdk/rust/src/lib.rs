@@ -126,11 +126,11 @@ macro_rules! export_periods {
                 }
 
                 fn add(
-                    state: ::std::option::Option<::std::vec::Vec<u8>>,
-                    time: $crate::bindings::WitInstant,
-                    event: $crate::bindings::WitPeriodEvent,
-                ) -> ::std::result::Result<::std::vec::Vec<u8>, ::std::string::String> {
-                    $crate::bindings::add_one(plugin(), state, time, event)
+                    states: ::std::vec::Vec<::std::option::Option<::std::vec::Vec<u8>>>,
+                    events: ::std::vec::Vec<$crate::bindings::WitPeriodEvent>,
+                    additions: ::std::vec::Vec<$crate::bindings::WitAddition>,
+                ) -> ::std::result::Result<::std::vec::Vec<::std::vec::Vec<u8>>, $crate::bindings::WitRefusal> {
+                    $crate::bindings::add_all(plugin(), states, events, additions)
                 }
 
                 fn value(state: ::std::vec::Vec<u8>) -> u64 {

@@ -6,8 +6,9 @@
 //! duplicates event ids and writes the FINAL and ADJUSTMENT records (see
 //! `docs/periods.md`). A period plugin says only what the host cannot
 //! know: what an event says about itself ([`Periods::describe`]), how it
-//! changes a period's state ([`Periods::add`]) and a period's value
-//! ([`Periods::value`]). Each is a pure function: the plugin has no state
+//! changes a period's state ([`Periods::add`]; the host hands a batch's
+//! events over in one call, and the SDK folds them, [`add_all`]) and a
+//! period's value ([`Periods::value`]). Each is a pure function: the plugin has no state
 //! of its own, and the host may call it again with the same arguments.
 //!
 //! ```
@@ -136,24 +137,74 @@ pub fn describe<P: Periods>(plugin: &P, value: &[u8]) -> Result<Facts, String> {
     plugin.describe(&event).map_err(|reject| reject.0)
 }
 
-/// The state after the event `value` is added to `state`.
+/// One event to fold into a period: the index of the period's state in
+/// the call, the event's time as the host read it, and its bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Addition<'a> {
+    /// Index of the period's state.
+    pub period: usize,
+    /// The event's time.
+    pub time: Instant,
+    /// The event's bytes (its JSON).
+    pub value: &'a [u8],
+}
+
+/// Folds `additions`, in order, into `states` (`None`: a period without an
+/// event yet): each period's state after the fold, in order; or the first
+/// addition refused (its index) and why. Each state is decoded once and
+/// encoded once, however many events it takes.
+pub fn add_all<P: Periods>(
+    plugin: &P,
+    states: &[Option<Vec<u8>>],
+    additions: &[Addition<'_>],
+) -> Result<Vec<Vec<u8>>, (usize, String)> {
+    let mut decoded: Vec<Option<P::State>> = Vec::with_capacity(states.len());
+    for state in states {
+        decoded.push(match state {
+            Some(bytes) => Some(
+                serde_json::from_slice(bytes)
+                    .map_err(|err| (0, format!("a period's state does not decode: {err}")))?,
+            ),
+            None => None,
+        });
+    }
+    for (index, addition) in additions.iter().enumerate() {
+        let count = decoded.len();
+        let Some(slot) = decoded.get_mut(addition.period) else {
+            return Err((
+                index,
+                format!("the addition names period {}, of {count}", addition.period),
+            ));
+        };
+        let event: P::Event<'_> = serde_json::from_slice(addition.value).map_err(|err| {
+            (index, format!("the event is not the JSON this plugin reads: {err}"))
+        })?;
+        let next =
+            plugin.add(slot.take(), addition.time, event).map_err(|reject| (index, reject.0))?;
+        *slot = Some(next);
+    }
+    decoded
+        .into_iter()
+        .enumerate()
+        .map(|(period, state)| match state {
+            Some(state) => Ok(serde_json::to_vec(&state).expect("a period's state serializes")),
+            None => Err((0, format!("period {period} has neither a state nor an addition"))),
+        })
+        .collect()
+}
+
+/// The state after the event `value` (at `time`) is added to `state`: a
+/// fold of one addition.
 pub fn add<P: Periods>(
     plugin: &P,
     state: Option<&[u8]>,
     time: Instant,
     value: &[u8],
 ) -> Result<Vec<u8>, String> {
-    let state = match state {
-        Some(bytes) => Some(
-            serde_json::from_slice(bytes)
-                .map_err(|err| format!("a period's state does not decode: {err}"))?,
-        ),
-        None => None,
-    };
-    let event: P::Event<'_> = serde_json::from_slice(value)
-        .map_err(|err| format!("the event is not the JSON this plugin reads: {err}"))?;
-    let next = plugin.add(state, time, event).map_err(|reject| reject.0)?;
-    Ok(serde_json::to_vec(&next).expect("a period's state serializes"))
+    let states = [state.map(<[u8]>::to_vec)];
+    let addition = Addition { period: 0, time, value };
+    let mut folded = add_all(plugin, &states, &[addition]).map_err(|(_, reason)| reason)?;
+    Ok(folded.pop().unwrap_or_default())
 }
 
 /// The value of the period whose state is `state`.

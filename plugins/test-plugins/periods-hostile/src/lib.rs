@@ -18,8 +18,8 @@
 wit_bindgen::generate!({ path: "../../../wit/tally-plugin@0.2.0", world: "periods-plugin" });
 
 use exports::tally::plugin::config::Guest as Config;
-use exports::tally::plugin::periods::Guest as Periods;
-use tally::plugin::types::{Event, EventFacts, EventTime, Instant, Level};
+use exports::tally::plugin::periods::{Addition, Guest as Periods, Refusal};
+use tally::plugin::types::{Event, EventFacts, EventTime, Level};
 
 /// Logs panic messages at error level before the trap, as the SDKs do: the
 /// host names them in the dead letter's reason.
@@ -64,6 +64,26 @@ impl Config for Hostile {
     }
 }
 
+/// A period's state after `event`.
+fn add_one(state: Option<Vec<u8>>, event: &Event) -> Vec<u8> {
+    let value = text(event);
+    let total = state
+        .as_deref()
+        .and_then(|s| std::str::from_utf8(s).ok())
+        .and_then(|s| s.trim_start_matches('!').parse::<u64>().ok())
+        .unwrap_or(0);
+    let poisoned = state.as_deref().is_some_and(|s| s.starts_with(b"!"));
+    match field(value, "do") {
+        "trap-add" => panic!("add trapped as asked"),
+        "loop-add" => spin(),
+        "huge-state" => return vec![b'7'; 8 << 20],
+        _ => {}
+    }
+    let quantity: u64 = field(value, "quantity").parse().unwrap_or(0);
+    let marked = poisoned || field(value, "do") == "trap-value";
+    format!("{}{}", if marked { "!" } else { "" }, total + quantity).into_bytes()
+}
+
 impl Periods for Hostile {
     fn describe(events: Vec<Event>) -> Vec<Result<EventFacts, String>> {
         hook();
@@ -94,24 +114,19 @@ impl Periods for Hostile {
         described
     }
 
-    fn add(state: Option<Vec<u8>>, _time: Instant, event: Event) -> Result<Vec<u8>, String> {
+    fn add(
+        states: Vec<Option<Vec<u8>>>,
+        events: Vec<Event>,
+        additions: Vec<Addition>,
+    ) -> Result<Vec<Vec<u8>>, Refusal> {
         hook();
-        let value = text(&event);
-        let total = state
-            .as_deref()
-            .and_then(|s| std::str::from_utf8(s).ok())
-            .and_then(|s| s.trim_start_matches('!').parse::<u64>().ok())
-            .unwrap_or(0);
-        let poisoned = state.as_deref().is_some_and(|s| s.starts_with(b"!"));
-        match field(value, "do") {
-            "trap-add" => panic!("add trapped as asked"),
-            "loop-add" => spin(),
-            "huge-state" => return Ok(vec![b'7'; 8 << 20]),
-            _ => {}
+        let mut states = states;
+        for addition in &additions {
+            let event = &events[addition.event as usize];
+            let state = &mut states[addition.period as usize];
+            *state = Some(add_one(state.take(), event));
         }
-        let quantity: u64 = field(value, "quantity").parse().unwrap_or(0);
-        let marked = poisoned || field(value, "do") == "trap-value";
-        Ok(format!("{}{}", if marked { "!" } else { "" }, total + quantity).into_bytes())
+        Ok(states.into_iter().map(Option::unwrap_or_default).collect())
     }
 
     fn value(state: Vec<u8>) -> u64 {
