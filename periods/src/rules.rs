@@ -248,9 +248,15 @@ pub struct PartitionPeriods {
     dirty: BTreeSet<PeriodId>,
     /// Whether the watermark moved since the last `take_changes`.
     watermark_moved: bool,
-    /// Other entries changed since the last `take_changes` (seen ids,
-    /// deletions, the idle watermark).
+    /// Other entries changed since the last `take_changes` (deleted
+    /// periods, the idle watermark).
     changed: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Seen ids remembered and forgotten since the last `take_changes`, in
+    /// order (an id is written once, so a list does, and costs no search).
+    seen_changes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Each zone's period of the last event in it: the next event of the
+    /// zone most often falls in it too.
+    calendar_cache: hashbrown::HashMap<String, Period>,
     counts: PeriodCounts,
     /// While a batch is tried whole: how to undo it.
     journal: Option<Journal>,
@@ -270,8 +276,9 @@ struct Journal {
     counts: PeriodCounts,
     dirty: BTreeSet<PeriodId>,
     changed: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    seen_changes: usize,
     /// Each touched period as it was: (open, closed).
-    periods: HashMap<PeriodId, (Option<PeriodState>, Option<PeriodState>)>,
+    periods: hashbrown::HashMap<PeriodId, (Option<PeriodState>, Option<PeriodState>)>,
     log: Vec<Undo>,
 }
 
@@ -292,9 +299,20 @@ enum Undo {
 /// before the first of them) and the additions, in order.
 #[derive(Debug, Clone, Default)]
 struct Window {
-    slots: HashMap<PeriodId, usize>,
+    slots: hashbrown::HashMap<PeriodId, usize>,
     periods: Vec<(PeriodId, Option<Vec<u8>>)>,
     additions: Vec<Addition>,
+}
+
+/// A period named by borrowed parts, to look it up among [`PeriodId`]s
+/// without copying an event's key: it hashes as the tuple does.
+#[derive(Hash)]
+struct PeriodRef<'a>(Timestamp, &'a [(String, String)], &'a str);
+
+impl hashbrown::Equivalent<PeriodId> for PeriodRef<'_> {
+    fn equivalent(&self, id: &PeriodId) -> bool {
+        self.0 == id.0 && self.1 == id.1.as_slice() && self.2 == id.2
+    }
 }
 
 /// Why the rules stopped short: the aggregation failed, or a batch tried
@@ -325,6 +343,8 @@ impl PartitionPeriods {
             dirty: BTreeSet::new(),
             watermark_moved: false,
             changed: BTreeMap::new(),
+            seen_changes: Vec::new(),
+            calendar_cache: hashbrown::HashMap::new(),
             counts: PeriodCounts::default(),
             journal: None,
             window: Window::default(),
@@ -479,15 +499,26 @@ impl PartitionPeriods {
             )));
         }
         let zone = settings.zone_of(&event.customer);
-        let period = match settings.calendar.period_of(event.time, zone) {
-            Ok(period) => period,
-            Err(OutOfRange { .. }) => {
-                return Ok(Verdict::DeadLetter(format!(
-                    "out_of_range: event time {} has no period in {}: it lies at the edge of the calendar (years -9999 to 9999)",
-                    event.time,
-                    zone.name()
-                )));
-            }
+        let cached = self
+            .calendar_cache
+            .get(zone.name())
+            .filter(|period| period.start <= event.time && event.time < period.end)
+            .cloned();
+        let period = match cached {
+            Some(period) => period,
+            None => match settings.calendar.period_of(event.time, zone) {
+                Ok(period) => {
+                    self.calendar_cache.insert(zone.name().to_string(), period.clone());
+                    period
+                }
+                Err(OutOfRange { .. }) => {
+                    return Ok(Verdict::DeadLetter(format!(
+                        "out_of_range: event time {} has no period in {}: it lies at the edge of the calendar (years -9999 to 9999)",
+                        event.time,
+                        zone.name()
+                    )));
+                }
+            },
         };
         let purge_at = after(period.end, settings.horizon);
         if let Some(effective) = self.effective_watermark()
@@ -521,6 +552,17 @@ impl PartitionPeriods {
                 self.seen.len(),
                 friendly(settings.horizon)
             )));
+        }
+        // While a batch is tried whole, a period it added to since the last
+        // fold is touched, dirty and marked already: its next addition only
+        // joins the fold.
+        if self.journal.is_some()
+            && let Some(&slot) =
+                self.window.slots.get(&PeriodRef(period.end, &event.key, &period.label))
+        {
+            self.window.additions.push(Addition { period: slot, time: event.time, event: index });
+            self.remember(event, purge_at, digest);
+            return self.applied(event.time, aggregation, out);
         }
         let id: PeriodId = (period.end, event.key.clone(), period.label.clone());
         let is_final = !self.open.contains_key(&id) && self.closed.contains_key(&id);
@@ -575,17 +617,31 @@ impl PartitionPeriods {
             entry.state = state;
         }
         self.dirty.insert(id);
-        let seen = SeenId { expires: purge_at, digest };
-        let stored = codec::seen(&event.id, &seen);
-        self.changed.insert(stored.0, Some(stored.1));
-        self.seen.insert(event.id.clone(), seen);
-        self.expiring.entry(purge_at).or_default().push(event.id.clone());
-        if let Some(journal) = &mut self.journal {
-            journal.log.push(Undo::Seen(purge_at));
-        }
+        self.remember(event, purge_at, digest);
+        self.applied(event.time, aggregation, out)
+    }
 
-        if self.watermark.is_none_or(|watermark| event.time > watermark) {
-            self.watermark = Some(event.time);
+    /// Remembers an applied event's id until `expires`.
+    fn remember(&mut self, event: &EventFacts, expires: Timestamp, digest: [u8; 8]) {
+        let seen = SeenId { expires, digest };
+        let (key, value) = codec::seen(&event.id, &seen);
+        self.seen_changes.push((key, Some(value)));
+        self.seen.insert(event.id.clone(), seen);
+        self.expiring.entry(expires).or_default().push(event.id.clone());
+        if let Some(journal) = &mut self.journal {
+            journal.log.push(Undo::Seen(expires));
+        }
+    }
+
+    /// Rule 5 after an event at `time` is applied.
+    fn applied<A: Aggregation>(
+        &mut self,
+        time: Timestamp,
+        aggregation: &mut A,
+        out: &mut Vec<PeriodRecord>,
+    ) -> Result<Verdict, Stop<A::Error>> {
+        if self.watermark.is_none_or(|watermark| time > watermark) {
+            self.watermark = Some(time);
             self.watermark_moved = true;
         }
         self.close_and_purge(aggregation, out)?;
@@ -602,7 +658,8 @@ impl PartitionPeriods {
             counts: self.counts,
             dirty: self.dirty.clone(),
             changed: self.changed.clone(),
-            periods: HashMap::new(),
+            seen_changes: self.seen_changes.len(),
+            periods: hashbrown::HashMap::new(),
             log: Vec::new(),
         });
     }
@@ -677,6 +734,7 @@ impl PartitionPeriods {
         self.counts = journal.counts;
         self.dirty = journal.dirty;
         self.changed = journal.changed;
+        self.seen_changes.truncate(journal.seen_changes);
     }
 
     /// Folds the additions not folded yet into their periods, in one call;
@@ -755,7 +813,9 @@ impl PartitionPeriods {
             let (key, value) = codec::watermark(watermark);
             self.changed.insert(key, Some(value));
         }
-        std::mem::take(&mut self.changed).into_iter().collect()
+        let mut changes: Vec<_> = std::mem::take(&mut self.changed).into_iter().collect();
+        changes.append(&mut self.seen_changes);
+        changes
     }
 
     /// Whether anything changed since the last
@@ -764,6 +824,7 @@ impl PartitionPeriods {
     /// its committed entries instead.)
     pub fn is_dirty(&self) -> bool {
         !self.changed.is_empty()
+            || !self.seen_changes.is_empty()
             || !self.dirty.is_empty()
             || self.watermark_moved
             || !self.marked.is_empty()
@@ -834,7 +895,7 @@ impl PartitionPeriods {
             let mut forgotten = Vec::new();
             for id in ids {
                 let seen = self.seen.remove(&id);
-                self.changed.insert(codec::seen_key(&id), None);
+                self.seen_changes.push((codec::seen_key(&id), None));
                 if self.journal.is_some() {
                     forgotten.push((id, seen));
                 }
