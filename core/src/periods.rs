@@ -273,6 +273,7 @@ mod tests {
             &mut self,
             states: &[Option<&[u8]>],
             additions: &[Addition],
+            _tentative: bool,
         ) -> Result<Folded, String> {
             let mut counts: Vec<u8> =
                 states.iter().map(|state| state.map_or(0, |state| state[0])).collect();

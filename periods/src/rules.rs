@@ -117,13 +117,16 @@ pub trait Aggregation {
     /// Folds `additions`, in order, into the periods whose states are
     /// `states` (`None`: the period has no event yet): each addition's
     /// event changes the state of its period. The states after the fold,
-    /// or the first addition refused. A call with several additions may
-    /// refuse for any reason of the caller's (a state over a limit): the
-    /// rules then offer the events one at a time.
+    /// or the first addition refused. A `tentative` call (a batch tried
+    /// whole) may refuse for any reason of the caller's (a failure, a
+    /// state over a limit) and should count nothing against the plugin:
+    /// the rules then offer the events one at a time, each in a call that
+    /// is not tentative.
     fn add(
         &mut self,
         states: &[Option<&[u8]>],
         additions: &[Addition],
+        tentative: bool,
     ) -> Result<Folded, Self::Error>;
 
     /// The value of a period whose state is `state`.
@@ -254,9 +257,6 @@ pub struct PartitionPeriods {
     /// Seen ids remembered and forgotten since the last `take_changes`, in
     /// order (an id is written once, so a list does, and costs no search).
     seen_changes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    /// Each zone's period of the last event in it: the next event of the
-    /// zone most often falls in it too.
-    calendar_cache: hashbrown::HashMap<String, Period>,
     counts: PeriodCounts,
     /// While a batch is tried whole: how to undo it.
     journal: Option<Journal>,
@@ -344,7 +344,6 @@ impl PartitionPeriods {
             watermark_moved: false,
             changed: BTreeMap::new(),
             seen_changes: Vec::new(),
-            calendar_cache: hashbrown::HashMap::new(),
             counts: PeriodCounts::default(),
             journal: None,
             window: Window::default(),
@@ -499,26 +498,19 @@ impl PartitionPeriods {
             )));
         }
         let zone = settings.zone_of(&event.customer);
-        let cached = self
-            .calendar_cache
-            .get(zone.name())
-            .filter(|period| period.start <= event.time && event.time < period.end)
-            .cloned();
-        let period = match cached {
-            Some(period) => period,
-            None => match settings.calendar.period_of(event.time, zone) {
-                Ok(period) => {
-                    self.calendar_cache.insert(zone.name().to_string(), period.clone());
-                    period
-                }
-                Err(OutOfRange { .. }) => {
-                    return Ok(Verdict::DeadLetter(format!(
-                        "out_of_range: event time {} has no period in {}: it lies at the edge of the calendar (years -9999 to 9999)",
-                        event.time,
-                        zone.name()
-                    )));
-                }
-            },
+        // Computed for each event: where a zone's clocks went back across
+        // midnight, an instant inside one period's range can belong to the
+        // period before it (its local date says so), so a period found for
+        // one event is no answer for the next.
+        let period = match settings.calendar.period_of(event.time, zone) {
+            Ok(period) => period,
+            Err(OutOfRange { .. }) => {
+                return Ok(Verdict::DeadLetter(format!(
+                    "out_of_range: event time {} has no period in {}: it lies at the edge of the calendar (years -9999 to 9999)",
+                    event.time,
+                    zone.name()
+                )));
+            }
         };
         let purge_at = after(period.end, settings.horizon);
         if let Some(effective) = self.effective_watermark()
@@ -588,7 +580,7 @@ impl PartitionPeriods {
         } else {
             let held = self.open.get(&id).or_else(|| self.closed.get(&id));
             let held = held.map(|period| period.state.as_slice());
-            match aggregation.add(&[held], &[addition])? {
+            match aggregation.add(&[held], &[addition], false)? {
                 Folded::States(mut states) if states.len() == 1 => states.pop(),
                 Folded::States(states) => {
                     return Ok(Verdict::DeadLetter(format!(
@@ -747,7 +739,7 @@ impl PartitionPeriods {
         }
         let states: Vec<Option<&[u8]>> =
             window.periods.iter().map(|(_, held)| held.as_deref()).collect();
-        let Folded::States(folded) = aggregation.add(&states, &window.additions)? else {
+        let Folded::States(folded) = aggregation.add(&states, &window.additions, true)? else {
             return Err(Stop::OneByOne);
         };
         if folded.len() != window.periods.len() {

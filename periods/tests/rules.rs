@@ -38,7 +38,12 @@ fn number(bytes: &[u8]) -> Option<u64> {
 impl Aggregation for Sum {
     type Error = String;
 
-    fn add(&mut self, states: &[Option<&[u8]>], additions: &[Addition]) -> Result<Folded, String> {
+    fn add(
+        &mut self,
+        states: &[Option<&[u8]>],
+        additions: &[Addition],
+        _tentative: bool,
+    ) -> Result<Folded, String> {
         self.calls += 1;
         self.additions += additions.len();
         let mut totals: Vec<u64> =

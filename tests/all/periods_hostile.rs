@@ -26,6 +26,41 @@ fn event(id: &str, what: &str, quantity: u64) -> String {
     format!(r#"{{"id":"{id}","do":"{what}","quantity":{quantity}}}"#)
 }
 
+/// A failure in a batch's fold counts once, against its own event: the
+/// fold of a batch tried whole is only tentative (here the batch's one
+/// addition, beside a duplicate), and the event's own call after it is the
+/// one that counts. Counted twice, two failures in a row would stop the job.
+#[test]
+fn a_plugin_failure_in_a_batch_counts_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = [
+        event("a1", "ok", 1),
+        event("a2", "ok", 2),
+        // One batch: a duplicate, and one event the plugin fails on.
+        event("a1", "ok", 1),
+        event("b1", "trap-add", 0),
+        event("a3", "ok", 4),
+        r#"{"id":"a4","do":"ok","quantity":8,"ts":"2026-11-12T12:00:00Z"}"#.to_string(),
+    ];
+    let output = run(
+        dir.path(),
+        PERIODS_HOSTILE,
+        &lines,
+        "batch_size = 2\n[limits]\nmax_failures_in_a_row = 2",
+        "[periods]\ncalendar = \"day\"",
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let dead: Vec<String> = read_dead_letters(&dir.path().join("out/dead-letters.ndjson"))
+        .into_iter()
+        .map(|(_, _, reason)| reason)
+        .collect();
+    assert_eq!(dead.len(), 2, "{dead:#?}");
+    assert!(dead[0].starts_with("duplicate:"), "{dead:#?}");
+    assert!(dead[1].contains("add trapped as asked"), "{dead:#?}");
+    let finals = std::fs::read_to_string(dir.path().join("out/periods.ndjson")).unwrap();
+    assert!(finals.contains(r#""value":7"#), "{finals}");
+}
+
 #[test]
 fn a_hostile_period_plugin_costs_only_its_own_events() {
     let dir = tempfile::tempdir().unwrap();

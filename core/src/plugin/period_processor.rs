@@ -367,6 +367,7 @@ impl Aggregation for Calls<'_> {
         &mut self,
         states: &[Option<&[u8]>],
         additions: &[Addition],
+        tentative: bool,
     ) -> Result<Folded, ProcessError> {
         let states: Vec<Option<Vec<u8>>> =
             states.iter().map(|state| state.map(<[u8]>::to_vec)).collect();
@@ -376,7 +377,8 @@ impl Aggregation for Calls<'_> {
                     states.into_iter().map(Option::unwrap_or_default).collect(),
                 ));
             }
-            [addition] => return self.add_one(states, addition),
+            // One event's own call: its refusals and failures are its own.
+            [addition] if !tentative => return self.add_one(states, addition),
             _ => {}
         }
         // Only the stretch of the run the additions name goes over (the
@@ -397,9 +399,9 @@ impl Aggregation for Calls<'_> {
                 event: (position - first) as u32,
             })
             .collect();
-        // Anything but every state, each within the limit, sends the
-        // rules back to the events one by one, where each refusal or
-        // failure is its own event's (and counted once, there).
+        // A fold (tentative): anything but every state, each within the
+        // limit, sends the rules back to the events one by one, where each
+        // refusal or failure is its own event's (and counted once, there).
         let limit = self.processor.instance.limits().max_value_bytes as usize;
         let one_by_one = Folded::Refused { addition: 0, reason: String::new() };
         match self.processor.instance.add(&states, &self.events[first..=last], &folding) {

@@ -160,16 +160,19 @@ impl PeriodInstance {
 
     /// The plugin's fold of `additions` (each naming one of `states` and
     /// one of `events`): the periods' states after it, or the addition it
-    /// refuses. A call of one addition may use the event's share of the
-    /// batch's CPU budget, a call of several the batch's.
+    /// refuses. A fold of `k` additions may use `k` events' shares of the
+    /// batch's CPU budget (at most the budget), so the folds of a batch
+    /// together use about one budget however often it folds.
     pub fn add(
         &mut self,
         states: &[Option<Vec<u8>>],
         events: &[wit::Event],
         additions: &[wit::Addition],
     ) -> Result<Result<Vec<Vec<u8>>, wit::Refusal>, ProcessError> {
-        let limits =
-            if additions.len() > 1 { CallLimits::batch(&self.limits) } else { self.share.clone() };
+        let mut limits = self.share.clone();
+        let shares = u32::try_from(additions.len()).unwrap_or(u32::MAX).max(1);
+        let budget = Duration::from_millis(self.limits.cpu_budget_ms);
+        limits.cpu = limits.cpu.saturating_mul(shares).min(budget.max(limits.cpu));
         self.call(limits, |store, plugin| {
             plugin.tally_plugin_periods().call_add(store, states, events, additions)
         })
