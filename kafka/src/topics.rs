@@ -143,12 +143,7 @@ pub const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
 /// restores apart from the job's reading of its input.
 pub fn restore_config(job: &JobSettings, kafka: &KafkaConfig) -> ClientConfig {
     let mut config = side_consumer_config(job, kafka, "restore");
-    config
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest");
+    read_committed_from_start(&mut config);
     for (key, value) in RESTORE_DEFAULTS {
         if !sets(kafka, ClientRole::Consumer, key) {
             config.set(*key, *value);
@@ -166,6 +161,18 @@ pub fn watermark_config(job: &JobSettings, kafka: &KafkaConfig) -> ClientConfig 
 /// A consumer beside the group's (it never joins it): the job's consumer
 /// settings, its `client.id` (or `tally-<job>`) with `-<suffix>` added so a
 /// broker quota can tell it apart, and the group's id for its requests.
+/// A consumer that reads what was committed, from the start, to the end
+/// it is told of, and never commits offsets itself (a restore, the shared
+/// watermarks).
+pub(crate) fn read_committed_from_start(config: &mut ClientConfig) {
+    config
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest");
+}
+
 fn side_consumer_config(job: &JobSettings, kafka: &KafkaConfig, suffix: &str) -> ClientConfig {
     let mut config = base_config(kafka, ClientRole::Consumer);
     let client_id =

@@ -62,12 +62,7 @@ impl SharedWatermarks {
         topic: &str,
         partitions: u32,
     ) -> Result<SharedWatermarks, rdkafka::error::KafkaError> {
-        config
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .set("auto.offset.reset", "earliest");
+        super::topics::read_committed_from_start(&mut config);
         let consumer: BaseConsumer<QuietEof> = config.create_with_context(QuietEof)?;
         let mut assignment = TopicPartitionList::new();
         assignment.add_partition_offset(topic, 0, Offset::Beginning)?;
