@@ -8,16 +8,23 @@
 //! | `w` | the watermark: seconds (i64), nanoseconds (i32) |
 //! | `i` | the effective watermark idleness closed through, the same way |
 //! | `p` end key-fields label | start, version (u32), value (u64), zone, the aggregation's state |
-//! | `s` event id | expiry in whole seconds, rounded up (i64); the payload's digest (8 bytes) |
+//! | `e` expiry chunk | event ids that expire then, each with its payload's digest (8 bytes) |
 //!
-//! Integers are big-endian; an end's seconds have their sign bit flipped
-//! so that periods sort by end; strings carry a u16 length (key fields and
-//! labels) and the aggregation's state runs to the value's end.
+//! Integers are big-endian; an instant's seconds have their sign bit
+//! flipped in keys so that periods sort by end and ids by expiry; strings
+//! carry a u16 length (key fields, labels and event ids) and the
+//! aggregation's state runs to the value's end.
+//!
+//! Event ids are stored by the transaction that remembered them, not one
+//! entry each: each transaction appends chunks (numbered from 0, each at
+//! most [`SEEN_CHUNK_BYTES`]) for every expiry it remembered ids under, and
+//! a purge deletes all of an expiry's chunks. An entry per id cost a
+//! memtable insert and a changelog record per event.
 
 use jiff::Timestamp;
 use sha2::{Digest, Sha256};
 
-use crate::rules::{AggregationKey, PeriodState, SeenId};
+use crate::rules::{AggregationKey, PayloadDigest, PeriodState};
 
 /// One stored entry: key and value.
 pub type Entry = (Vec<u8>, Vec<u8>);
@@ -39,16 +46,25 @@ pub(crate) enum Stored {
     Watermark(Timestamp),
     IdleThrough(Timestamp),
     Period((Timestamp, AggregationKey, String), PeriodState),
-    Seen(String, SeenId),
+    /// Chunk `chunk` of the ids that expire at `expires`.
+    SeenIds {
+        expires: Timestamp,
+        chunk: u64,
+        ids: Vec<(String, PayloadDigest)>,
+    },
 }
+
+/// A chunk of seen ids is cut once it holds this many bytes (well under a
+/// Kafka record's limit).
+pub const SEEN_CHUNK_BYTES: usize = 32 * 1024;
 
 const WATERMARK: u8 = b'w';
 const IDLE_THROUGH: u8 = b'i';
 const PERIOD: u8 = b'p';
-const SEEN: u8 = b's';
+const SEEN_IDS: u8 = b'e';
 
 /// The first 8 bytes of `payload`'s SHA-256.
-pub(crate) fn payload_digest(payload: &[u8]) -> [u8; 8] {
+pub(crate) fn payload_digest(payload: &[u8]) -> PayloadDigest {
     let hash = Sha256::digest(payload);
     let mut digest = [0; 8];
     digest.copy_from_slice(&hash[..8]);
@@ -85,18 +101,37 @@ pub(crate) fn period(id: &(Timestamp, AggregationKey, String), period: &PeriodSt
     (period_key(id), value)
 }
 
-pub(crate) fn seen_key(id: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(1 + id.len());
-    key.push(SEEN);
-    key.extend_from_slice(id.as_bytes());
+/// The key of chunk `chunk` of the ids expiring at `expires`.
+pub(crate) fn seen_ids_key(expires: Timestamp, chunk: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + 12 + 8);
+    key.push(SEEN_IDS);
+    key.extend_from_slice(&ordered_instant(expires));
+    key.extend_from_slice(&chunk.to_be_bytes());
     key
 }
 
-pub(crate) fn seen(id: &str, seen: &SeenId) -> Entry {
-    let seconds = seen.expires.as_second() + i64::from(seen.expires.subsec_nanosecond() > 0);
-    let mut value = seconds.to_be_bytes().to_vec();
-    value.extend_from_slice(&seen.digest);
-    (seen_key(id), value)
+/// `ids` (each with its payload's digest), all expiring at `expires`, as
+/// chunks numbered from `first_chunk`.
+pub(crate) fn seen_ids<'a>(
+    expires: Timestamp,
+    first_chunk: u64,
+    ids: impl IntoIterator<Item = (&'a str, PayloadDigest)>,
+) -> Vec<Entry> {
+    let mut entries = Vec::new();
+    let mut value = Vec::new();
+    for (id, digest) in ids {
+        text(&mut value, id);
+        value.extend_from_slice(&digest);
+        if value.len() >= SEEN_CHUNK_BYTES {
+            let chunk = first_chunk + entries.len() as u64;
+            entries.push((seen_ids_key(expires, chunk), std::mem::take(&mut value)));
+        }
+    }
+    if !value.is_empty() {
+        let chunk = first_chunk + entries.len() as u64;
+        entries.push((seen_ids_key(expires, chunk), value));
+    }
+    entries
 }
 
 /// Decodes one entry.
@@ -119,10 +154,15 @@ pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Stored, Damaged> {
             let period = value_reader.period().ok_or_else(|| damaged("a period"))?;
             Ok(Stored::Period(id, period))
         }
-        Some(&SEEN) => {
-            let id = std::str::from_utf8(&key[1..]).map_err(|_| damaged("an event id"))?;
-            let seen = value_reader.seen().ok_or_else(|| damaged("a seen event id"))?;
-            Ok(Stored::Seen(id.to_string(), seen))
+        Some(&SEEN_IDS) => {
+            let mut key_reader = Reader { bytes: &key[1..] };
+            let expires = key_reader.ordered_instant().ok_or_else(|| damaged("an expiry"))?;
+            let chunk = u64::from_be_bytes(key_reader.array().ok_or_else(|| damaged("a chunk"))?);
+            if !key_reader.bytes.is_empty() {
+                return Err(damaged("a chunk of seen ids' key"));
+            }
+            let ids = value_reader.seen_ids().ok_or_else(|| damaged("a chunk of seen ids"))?;
+            Ok(Stored::SeenIds { expires, chunk, ids })
         }
         _ => Err(damaged("an unknown kind of entry")),
     }
@@ -208,13 +248,13 @@ impl<'b> Reader<'b> {
         Some(PeriodState { start, time_zone, state, version, value })
     }
 
-    fn seen(&mut self) -> Option<SeenId> {
-        let seconds = i64::from_be_bytes(self.array()?);
-        let digest = self.array()?;
-        if !self.bytes.is_empty() {
-            return None;
+    fn seen_ids(&mut self) -> Option<Vec<(String, PayloadDigest)>> {
+        let mut ids = Vec::new();
+        while !self.bytes.is_empty() {
+            let id = self.text()?;
+            ids.push((id, self.array()?));
         }
-        Some(SeenId { expires: Timestamp::from_second(seconds).ok()?, digest })
+        (!ids.is_empty()).then_some(ids)
     }
 }
 
@@ -244,13 +284,37 @@ mod tests {
         let (key, value) = idle_through(at);
         assert!(matches!(decode(&key, &value), Ok(Stored::IdleThrough(read)) if read == at));
 
-        // Expiry rounds up to whole seconds; a seen id is 16 bytes of value.
-        let (key, value) = seen("evt-1", &SeenId { expires: at, digest: [7; 8] });
-        assert_eq!(value.len(), 16);
-        let Ok(Stored::Seen(read_id, read)) = decode(&key, &value) else { panic!("a seen id") };
-        assert_eq!(read_id, "evt-1");
-        assert_eq!(read.expires, "2026-11-01T04:00:01Z".parse().unwrap());
-        assert_eq!(read.digest, [7; 8]);
+        // A seen id costs its length, its bytes and its digest.
+        let chunks = seen_ids(at, 3, [("evt-1", [7; 8]), ("é", [1; 8])]);
+        let [(key, value)] = chunks.as_slice() else { panic!("one chunk: {chunks:?}") };
+        assert_eq!(value.len(), (2 + 5 + 8) + (2 + 2 + 8));
+        let Ok(Stored::SeenIds { expires, chunk, ids }) = decode(key, value) else {
+            panic!("a chunk of seen ids")
+        };
+        assert_eq!((expires, chunk), (at, 3));
+        assert_eq!(ids, vec![("evt-1".to_string(), [7; 8]), ("é".to_string(), [1; 8])]);
+    }
+
+    #[test]
+    fn seen_ids_are_cut_into_chunks_numbered_in_order() {
+        let at: Timestamp = "2027-01-05T05:00:00Z".parse().unwrap();
+        let names: Vec<String> = (0..5_000).map(|n| format!("event-{n:06}")).collect();
+        let chunks = seen_ids(at, 7, names.iter().map(|id| (id.as_str(), [0; 8])));
+        // 5,000 ids of 2 + 12 + 8 bytes: 110,000 bytes, four chunks.
+        assert_eq!(chunks.len(), 110_000_usize.div_ceil(SEEN_CHUNK_BYTES));
+        let mut read = Vec::new();
+        for (number, (key, value)) in chunks.iter().enumerate() {
+            assert!(value.len() < SEEN_CHUNK_BYTES + 2 + 256 + 8, "a chunk is cut near the limit");
+            let Ok(Stored::SeenIds { expires, chunk, ids }) = decode(key, value) else {
+                panic!("chunk {number}")
+            };
+            assert_eq!((expires, chunk), (at, 7 + number as u64));
+            read.extend(ids.into_iter().map(|(id, _)| id));
+        }
+        assert_eq!(read, names, "every id, in order");
+        assert!(chunks.windows(2).all(|pair| pair[0].0 < pair[1].0), "keys sort by chunk");
+        let before: Timestamp = "1969-01-05T05:00:00Z".parse().unwrap();
+        assert!(seen_ids_key(before, u64::MAX) < seen_ids_key(at, 0), "and by expiry first");
     }
 
     #[test]
@@ -266,7 +330,7 @@ mod tests {
         fn damaged_entries_are_errors_never_panics(
             key in prop::collection::vec(any::<u8>(), 0..64),
             value in prop::collection::vec(any::<u8>(), 0..64),
-            kind in prop::sample::select(vec![b'w', b'i', b'p', b's', b'x']),
+            kind in prop::sample::select(vec![b'w', b'i', b'p', b'e', b'x']),
         ) {
             let mut key = key;
             key.insert(0, kind);

@@ -201,14 +201,16 @@ pub(crate) struct PeriodState {
     pub(crate) value: u64,
 }
 
-/// An event id the partition has seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SeenId {
-    /// When it may be forgotten: its period's end plus the horizon.
-    pub(crate) expires: Timestamp,
-    /// The first 8 bytes of its payload's SHA-256: a retry with another
-    /// payload is told apart (either way it is not applied).
-    pub(crate) digest: [u8; 8],
+/// The first 8 bytes of a seen event's payload's SHA-256: a retry with
+/// another payload is told apart (either way it is not applied).
+pub(crate) type PayloadDigest = [u8; 8];
+
+/// What the committed entries hold of the ids expiring at one instant: how
+/// many chunks, holding the first how many of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct StoredIds {
+    chunks: u64,
+    ids: usize,
 }
 
 /// Counts of what the partition did, for status and metrics.
@@ -243,9 +245,13 @@ pub struct PartitionPeriods {
     /// Final periods changed in this transaction.
     marked: BTreeSet<PeriodId>,
     /// Seen ids; a randomly seeded hash keeps crafted ids from colliding.
-    seen: HashMap<String, SeenId, foldhash::fast::RandomState>,
-    /// Seen ids by expiry, for the purge.
+    seen: HashMap<String, PayloadDigest, foldhash::fast::RandomState>,
+    /// Seen ids by expiry (their period's end plus the horizon), in the
+    /// order they were remembered, for the purge.
     expiring: BTreeMap<Timestamp, Vec<String>>,
+    /// How much of each expiry's ids the committed entries hold: the ids
+    /// after those are stored by the next `take_changes`.
+    stored_ids: BTreeMap<Timestamp, StoredIds>,
     /// Periods changed since the last [`PartitionPeriods::take_changes`],
     /// encoded there: once per transaction, not once per event.
     dirty: BTreeSet<PeriodId>,
@@ -254,9 +260,6 @@ pub struct PartitionPeriods {
     /// Other entries changed since the last `take_changes` (deleted
     /// periods, the idle watermark).
     changed: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    /// Seen ids remembered and forgotten since the last `take_changes`, in
-    /// order (an id is written once, so a list does, and costs no search).
-    seen_changes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     counts: PeriodCounts,
     /// While a batch is tried whole: how to undo it.
     journal: Option<Journal>,
@@ -276,7 +279,6 @@ struct Journal {
     counts: PeriodCounts,
     dirty: BTreeSet<PeriodId>,
     changed: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    seen_changes: usize,
     /// Each touched period as it was: (open, closed).
     periods: hashbrown::HashMap<PeriodId, (Option<PeriodState>, Option<PeriodState>)>,
     log: Vec<Undo>,
@@ -287,8 +289,8 @@ struct Journal {
 enum Undo {
     /// An id was remembered, last under this expiry.
     Seen(Timestamp),
-    /// The ids expiring then were forgotten.
-    Purged(Timestamp, Vec<(String, Option<SeenId>)>),
+    /// The ids expiring then were forgotten, and their stored chunks.
+    Purged(Timestamp, Vec<(String, Option<PayloadDigest>)>, Option<StoredIds>),
     /// A period was marked for an adjustment.
     Marked(PeriodId),
     /// A period's mark was taken away.
@@ -340,10 +342,10 @@ impl PartitionPeriods {
             marked: BTreeSet::new(),
             seen: HashMap::default(),
             expiring: BTreeMap::new(),
+            stored_ids: BTreeMap::new(),
             dirty: BTreeSet::new(),
             watermark_moved: false,
             changed: BTreeMap::new(),
-            seen_changes: Vec::new(),
             counts: PeriodCounts::default(),
             journal: None,
             window: Window::default(),
@@ -369,9 +371,15 @@ impl PartitionPeriods {
                     };
                     into.insert(id, period);
                 }
-                Stored::Seen(id, seen) => {
-                    partition.expiring.entry(seen.expires).or_default().push(id.clone());
-                    partition.seen.insert(id, seen);
+                Stored::SeenIds { expires, chunk, ids } => {
+                    let stored = partition.stored_ids.entry(expires).or_default();
+                    stored.chunks = stored.chunks.max(chunk + 1);
+                    stored.ids += ids.len();
+                    let expiring = partition.expiring.entry(expires).or_default();
+                    for (id, digest) in ids {
+                        expiring.push(id.clone());
+                        partition.seen.insert(id, digest);
+                    }
                 }
             }
         }
@@ -527,7 +535,7 @@ impl PartitionPeriods {
         }
         let digest = codec::payload_digest(offer.payload);
         if let Some(seen) = self.seen.get(&event.id) {
-            return Ok(Verdict::DeadLetter(if seen.digest == digest {
+            return Ok(Verdict::DeadLetter(if *seen == digest {
                 self.counts.duplicates += 1;
                 format!("duplicate: event id {:?} was counted already", event.id)
             } else {
@@ -614,11 +622,8 @@ impl PartitionPeriods {
     }
 
     /// Remembers an applied event's id until `expires`.
-    fn remember(&mut self, event: &EventFacts, expires: Timestamp, digest: [u8; 8]) {
-        let seen = SeenId { expires, digest };
-        let (key, value) = codec::seen(&event.id, &seen);
-        self.seen_changes.push((key, Some(value)));
-        self.seen.insert(event.id.clone(), seen);
+    fn remember(&mut self, event: &EventFacts, expires: Timestamp, digest: PayloadDigest) {
+        self.seen.insert(event.id.clone(), digest);
         self.expiring.entry(expires).or_default().push(event.id.clone());
         if let Some(journal) = &mut self.journal {
             journal.log.push(Undo::Seen(expires));
@@ -650,7 +655,6 @@ impl PartitionPeriods {
             counts: self.counts,
             dirty: self.dirty.clone(),
             changed: self.changed.clone(),
-            seen_changes: self.seen_changes.len(),
             periods: hashbrown::HashMap::new(),
             log: Vec::new(),
         });
@@ -692,15 +696,18 @@ impl PartitionPeriods {
                         }
                     }
                 }
-                Undo::Purged(expires, forgotten) => {
+                Undo::Purged(expires, forgotten, stored) => {
                     let mut ids = Vec::with_capacity(forgotten.len());
-                    for (id, seen) in forgotten {
-                        if let Some(seen) = seen {
-                            self.seen.insert(id.clone(), seen);
+                    for (id, digest) in forgotten {
+                        if let Some(digest) = digest {
+                            self.seen.insert(id.clone(), digest);
                         }
                         ids.push(id);
                     }
                     self.expiring.insert(expires, ids);
+                    if let Some(stored) = stored {
+                        self.stored_ids.insert(expires, stored);
+                    }
                 }
                 Undo::Marked(id) => {
                     self.marked.remove(&id);
@@ -726,7 +733,6 @@ impl PartitionPeriods {
         self.counts = journal.counts;
         self.dirty = journal.dirty;
         self.changed = journal.changed;
-        self.seen_changes.truncate(journal.seen_changes);
     }
 
     /// Folds the additions not folded yet into their periods, in one call;
@@ -805,9 +811,26 @@ impl PartitionPeriods {
             let (key, value) = codec::watermark(watermark);
             self.changed.insert(key, Some(value));
         }
-        let mut changes: Vec<_> = std::mem::take(&mut self.changed).into_iter().collect();
-        changes.append(&mut self.seen_changes);
-        changes
+        for (expires, ids) in &self.expiring {
+            let stored = self.stored_ids.get(expires).copied().unwrap_or_default();
+            if ids.len() <= stored.ids {
+                continue;
+            }
+            let fresh =
+                ids[stored.ids..].iter().filter_map(|id| Some((id.as_str(), *self.seen.get(id)?)));
+            let chunks = codec::seen_ids(*expires, stored.chunks, fresh);
+            let stored = StoredIds { chunks: stored.chunks + chunks.len() as u64, ids: ids.len() };
+            self.stored_ids.insert(*expires, stored);
+            self.changed.extend(chunks.into_iter().map(|(key, value)| (key, Some(value))));
+        }
+        std::mem::take(&mut self.changed).into_iter().collect()
+    }
+
+    /// Whether ids were remembered that the committed entries do not hold.
+    fn has_unstored_ids(&self) -> bool {
+        self.expiring.iter().any(|(expires, ids)| {
+            ids.len() > self.stored_ids.get(expires).map_or(0, |stored| stored.ids)
+        })
     }
 
     /// Whether anything changed since the last
@@ -816,7 +839,7 @@ impl PartitionPeriods {
     /// its committed entries instead.)
     pub fn is_dirty(&self) -> bool {
         !self.changed.is_empty()
-            || !self.seen_changes.is_empty()
+            || self.has_unstored_ids()
             || !self.dirty.is_empty()
             || self.watermark_moved
             || !self.marked.is_empty()
@@ -886,14 +909,18 @@ impl PartitionPeriods {
             let (expires, ids) = entry.remove_entry();
             let mut forgotten = Vec::new();
             for id in ids {
-                let seen = self.seen.remove(&id);
-                self.seen_changes.push((codec::seen_key(&id), None));
+                let digest = self.seen.remove(&id);
                 if self.journal.is_some() {
-                    forgotten.push((id, seen));
+                    forgotten.push((id, digest));
                 }
             }
+            // Ids remembered since the last commit were never stored.
+            let stored = self.stored_ids.remove(&expires);
+            for chunk in 0..stored.map_or(0, |stored| stored.chunks) {
+                self.changed.insert(codec::seen_ids_key(expires, chunk), None);
+            }
             if let Some(journal) = &mut self.journal {
-                journal.log.push(Undo::Purged(expires, forgotten));
+                journal.log.push(Undo::Purged(expires, forgotten, stored));
             }
         }
         Ok(())
