@@ -19,8 +19,10 @@
 //!   (of events with the same time, the one read first);
 //! - `unique_count`: how many distinct values the named string field took.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde::de::{Error as _, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tally_sdk::{EventTime, Facts, Instant, Periods, Reject};
@@ -86,19 +88,88 @@ pub enum State {
     Unique(BTreeSet<String>),
 }
 
-/// The fields every event has.
-#[derive(Deserialize)]
-struct Usage<'a> {
-    #[serde(borrow)]
-    id: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    customer: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    metric: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    ts: std::borrow::Cow<'a, str>,
-    #[serde(default, borrow)]
+/// A usage event, read in one pass: the fields every event has (borrowed
+/// where the JSON has no escapes), its quantity as written, and its other
+/// fields as written (a `unique_count` meter reads one).
+pub struct Usage<'a> {
+    id: Cow<'a, str>,
+    customer: Cow<'a, str>,
+    metric: Cow<'a, str>,
+    ts: Cow<'a, str>,
     quantity: Option<&'a RawValue>,
+    others: Vec<(Cow<'a, str>, &'a RawValue)>,
+}
+
+/// A field name, borrowed where it has no escapes.
+#[derive(Deserialize)]
+struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// A string field's value, borrowed where it has no escapes.
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+const USAGE_FIELDS: &str = r#"{"id", "customer", "metric", "quantity", "ts"}"#;
+
+impl<'de: 'a, 'a> Deserialize<'de> for Usage<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Usage<'a>, D::Error> {
+        deserializer.deserialize_map(UsageVisitor(std::marker::PhantomData))
+    }
+}
+
+struct UsageVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for UsageVisitor<'a> {
+    type Value = Usage<'a>;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(formatter, "a usage event {USAGE_FIELDS}")
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Usage<'a>, M::Error> {
+        let (mut id, mut customer, mut metric, mut ts, mut quantity) =
+            (None, None, None, None, None);
+        let mut others = Vec::new();
+        while let Some(Name(name)) = map.next_key()? {
+            let slot = match &*name {
+                "id" => &mut id,
+                "customer" => &mut customer,
+                "metric" => &mut metric,
+                "ts" => &mut ts,
+                "quantity" => {
+                    if quantity.is_some() {
+                        return Err(M::Error::duplicate_field("quantity"));
+                    }
+                    quantity = Some(map.next_value()?);
+                    continue;
+                }
+                _ => {
+                    others.push((name, map.next_value()?));
+                    continue;
+                }
+            };
+            if slot.is_some() {
+                return Err(M::Error::duplicate_field(field_name(&name)));
+            }
+            let Text(text) = map.next_value()?;
+            *slot = Some(text);
+        }
+        let missing = |field: &'static str| {
+            M::Error::custom(format!("a usage event is {USAGE_FIELDS}: missing field `{field}`"))
+        };
+        Ok(Usage {
+            id: id.ok_or_else(|| missing("id"))?,
+            customer: customer.ok_or_else(|| missing("customer"))?,
+            metric: metric.ok_or_else(|| missing("metric"))?,
+            ts: ts.ok_or_else(|| missing("ts"))?,
+            quantity,
+            others,
+        })
+    }
+}
+
+/// `name` as one of the fields every event has.
+fn field_name(name: &str) -> &'static str {
+    ["id", "customer", "metric", "ts"].into_iter().find(|known| *known == name).unwrap_or("?")
 }
 
 /// The billing plugin, configured.
@@ -129,30 +200,32 @@ fn quantity(raw: Option<&RawValue>) -> Result<u64, Reject> {
     })
 }
 
-/// The named string field of the event, for `unique_count`.
-fn field(event: &RawValue, name: &str) -> Result<String, Reject> {
-    let fields: BTreeMap<String, serde_json::Value> = serde_json::from_str(event.get())
-        .map_err(|err| Reject::new(format!("the event is not a JSON object: {err}")))?;
-    match fields.get(name) {
-        Some(serde_json::Value::String(value)) => Ok(value.clone()),
-        Some(other) => Err(Reject::new(format!(
+/// The named string field of the event, for `unique_count` (of a field
+/// written twice, the last).
+fn field(usage: &Usage<'_>, name: &str) -> Result<String, Reject> {
+    let raw = match name {
+        "id" => return Ok(usage.id.to_string()),
+        "customer" => return Ok(usage.customer.to_string()),
+        "metric" => return Ok(usage.metric.to_string()),
+        "ts" => return Ok(usage.ts.to_string()),
+        "quantity" => usage.quantity,
+        _ => usage.others.iter().rev().find(|(other, _)| other == name).map(|(_, raw)| *raw),
+    };
+    let raw = raw.ok_or_else(|| {
+        Reject::new(format!("field {name:?} (counted by unique_count) is missing"))
+    })?;
+    match serde_json::from_str(raw.get()) {
+        Ok(serde_json::Value::String(value)) => Ok(value),
+        Ok(other) => Err(Reject::new(format!(
             "field {name:?} must be a string for its unique_count meter, got {other}"
         ))),
-        None => Err(Reject::new(format!("field {name:?} (counted by unique_count) is missing"))),
+        Err(err) => Err(Reject::new(format!("field {name:?} does not read: {err}"))),
     }
-}
-
-fn usage(event: &RawValue) -> Result<Usage<'_>, Reject> {
-    serde_json::from_str(event.get()).map_err(|err| {
-        Reject::new(format!(
-            "a usage event is {{\"id\", \"customer\", \"metric\", \"quantity\", \"ts\"}}: {err}"
-        ))
-    })
 }
 
 impl Periods for BillingPeriods {
     type Config = serde_json::Value;
-    type Event<'a> = &'a RawValue;
+    type Event<'a> = Usage<'a>;
     type State = State;
 
     fn new(config: serde_json::Value) -> Result<BillingPeriods, String> {
@@ -196,26 +269,24 @@ impl Periods for BillingPeriods {
         Ok(BillingPeriods { meters })
     }
 
-    fn describe(&self, event: &&RawValue) -> Result<Facts, Reject> {
-        let usage = usage(event)?;
+    fn describe(&self, usage: &Usage<'_>) -> Result<Facts, Reject> {
         match self.meter(&usage.metric)? {
             Meter::Count => {}
-            Meter::UniqueCount(name) => drop(field(event, name)?),
+            Meter::UniqueCount(name) => drop(field(usage, name)?),
             _ => drop(quantity(usage.quantity)?),
         }
         Ok(Facts {
-            id: usage.id.into_owned(),
-            time: EventTime::Rfc3339(usage.ts.into_owned()),
+            id: usage.id.to_string(),
+            time: EventTime::Rfc3339(usage.ts.to_string()),
             key: vec![
                 ("customer".into(), usage.customer.to_string()),
-                ("metric".into(), usage.metric.into_owned()),
+                ("metric".into(), usage.metric.to_string()),
             ],
-            customer: usage.customer.into_owned(),
+            customer: usage.customer.to_string(),
         })
     }
 
-    fn add(&self, state: Option<State>, time: Instant, event: &RawValue) -> Result<State, Reject> {
-        let usage = usage(event)?;
+    fn add(&self, state: Option<State>, time: Instant, usage: Usage<'_>) -> Result<State, Reject> {
         let meter = self.meter(&usage.metric)?;
         let next = match (meter, state) {
             (Meter::Sum, None) => State::Sum(quantity(usage.quantity)?),
@@ -246,10 +317,10 @@ impl Periods for BillingPeriods {
                 }
             }
             (Meter::UniqueCount(name), None) => {
-                State::Unique(BTreeSet::from([field(event, name)?]))
+                State::Unique(BTreeSet::from([field(&usage, name)?]))
             }
             (Meter::UniqueCount(name), Some(State::Unique(mut seen))) => {
-                seen.insert(field(event, name)?);
+                seen.insert(field(&usage, name)?);
                 State::Unique(seen)
             }
             (meter, Some(_)) => {
@@ -285,8 +356,8 @@ mod tests {
         .unwrap()
     }
 
-    fn raw(text: &str) -> Box<RawValue> {
-        RawValue::from_string(text.to_string()).unwrap()
+    fn usage(text: &str) -> Usage<'_> {
+        serde_json::from_str(text).unwrap()
     }
 
     fn at(seconds: i64) -> Instant {
@@ -296,7 +367,7 @@ mod tests {
     fn fold(plugin: &BillingPeriods, events: &[(&str, i64)]) -> u64 {
         let mut state = None;
         for (event, seconds) in events {
-            state = Some(plugin.add(state, at(*seconds), &raw(event)).unwrap());
+            state = Some(plugin.add(state, at(*seconds), usage(event)).unwrap());
         }
         plugin.value(&state.unwrap())
     }
@@ -324,17 +395,21 @@ mod tests {
         ];
         let seats: Vec<(&str, i64)> = seats.iter().map(|(e, t)| (e.as_str(), *t)).collect();
         assert_eq!(fold(&plugin, &seats), 2, "an escaped string is the same string");
+        let twice =
+            r#"{"id":"x","customer":"acme","metric":"seats","user":"a","ts":"t","user":"b"}"#;
+        let state = plugin.add(None, at(1), usage(twice)).unwrap();
+        assert_eq!(state, State::Unique(BTreeSet::from(["b".to_string()])), "the last one written");
         let max = e("calls", "18446744073709551615");
         assert_eq!(fold(&plugin, &[(&max, 1)]), u64::MAX);
         let err =
-            plugin.add(Some(State::Sum(u64::MAX)), at(1), &raw(&e("calls", "1"))).unwrap_err();
+            plugin.add(Some(State::Sum(u64::MAX)), at(1), usage(&e("calls", "1"))).unwrap_err();
         assert!(err.0.contains("2^64 - 1"), "{err}");
     }
 
     #[test]
     fn malformed_events_and_configs_say_what_is_wrong() {
         let plugin = plugin();
-        let bad = |text: &str| plugin.describe(&&*raw(text)).unwrap_err().0;
+        let bad = |text: &str| tally_sdk::periods::describe(&plugin, text.as_bytes()).unwrap_err();
         assert!(
             bad(r#"{"id":"x","customer":"a","metric":"calls","quantity":-3,"ts":"t"}"#)
                 .contains("non-negative integer, got -3")
@@ -355,8 +430,21 @@ mod tests {
             bad(r#"{"id":"x","customer":"a","metric":"seats","ts":"t","user":3}"#)
                 .contains("must be a string")
         );
+        assert!(
+            bad(r#"{"id":"x","customer":"a","id":"y","metric":"calls","quantity":1,"ts":"t"}"#)
+                .contains("duplicate field `id`")
+        );
+        assert!(
+            bad(r#"{"id":7,"customer":"a","metric":"calls","quantity":1,"ts":"t"}"#)
+                .contains("invalid type: integer `7`")
+        );
+        assert!(bad("[1]").contains(r#"expected a usage event {"id", "#));
+        assert!(
+            bad(r#"{"id":"x","customer":"a","metric":"seats","ts":"t"}"#)
+                .contains(r#"field "user" (counted by unique_count) is missing"#)
+        );
         let facts =
-            plugin.describe(&&*raw(r#"{"id":"x","customer":"a","metric":"requests","ts":"t"}"#));
+            plugin.describe(&usage(r#"{"id":"x","customer":"a","metric":"requests","ts":"t"}"#));
         assert_eq!(facts.unwrap().key[1], ("metric".to_string(), "requests".to_string()));
         let err = BillingPeriods::new(serde_json::json!({"meters": {"calls": "avg"}})).err();
         assert!(err.unwrap().contains("the meters are"));
