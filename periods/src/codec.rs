@@ -19,7 +19,9 @@
 //! entry each: each transaction appends chunks (numbered from 0, each at
 //! most [`SEEN_CHUNK_BYTES`]) for every expiry it remembered ids under, and
 //! a purge deletes all of an expiry's chunks. An entry per id cost a
-//! memtable insert and a changelog record per event.
+//! memtable insert and a changelog record per event; such entries (key
+//! `s` and the id; value the expiry in whole seconds, rounded up, and the
+//! digest) are still read, and rewritten as chunks by the next commit.
 
 use jiff::Timestamp;
 use sha2::{Digest, Sha256};
@@ -52,6 +54,12 @@ pub(crate) enum Stored {
         chunk: u64,
         ids: Vec<(String, PayloadDigest)>,
     },
+    /// One id in the first format: an entry of its own.
+    SeenId {
+        id: String,
+        expires: Timestamp,
+        digest: PayloadDigest,
+    },
 }
 
 /// A chunk of seen ids is cut once it holds this many bytes (well under a
@@ -62,6 +70,7 @@ const WATERMARK: u8 = b'w';
 const IDLE_THROUGH: u8 = b'i';
 const PERIOD: u8 = b'p';
 const SEEN_IDS: u8 = b'e';
+const SEEN_ID: u8 = b's';
 
 /// The first 8 bytes of `payload`'s SHA-256.
 pub(crate) fn payload_digest(payload: &[u8]) -> PayloadDigest {
@@ -158,11 +167,26 @@ pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Stored, Damaged> {
             let mut key_reader = Reader { bytes: &key[1..] };
             let expires = key_reader.ordered_instant().ok_or_else(|| damaged("an expiry"))?;
             let chunk = u64::from_be_bytes(key_reader.array().ok_or_else(|| damaged("a chunk"))?);
-            if !key_reader.bytes.is_empty() {
+            // One chunk has one key: another spelling of it (an instant's
+            // seconds and nanoseconds of opposite signs) would never be
+            // deleted.
+            if seen_ids_key(expires, chunk) != key {
                 return Err(damaged("a chunk of seen ids' key"));
             }
             let ids = value_reader.seen_ids().ok_or_else(|| damaged("a chunk of seen ids"))?;
             Ok(Stored::SeenIds { expires, chunk, ids })
+        }
+        Some(&SEEN_ID) => {
+            let id = std::str::from_utf8(&key[1..]).map_err(|_| damaged("an event id"))?;
+            let seconds = value_reader.array().map(i64::from_be_bytes);
+            let expires = seconds.and_then(|seconds| Timestamp::from_second(seconds).ok());
+            let digest = value_reader.array();
+            match (expires, digest, value_reader.bytes.is_empty()) {
+                (Some(expires), Some(digest), true) => {
+                    Ok(Stored::SeenId { id: id.to_string(), expires, digest })
+                }
+                _ => Err(damaged("a seen event id")),
+            }
         }
         _ => Err(damaged("an unknown kind of entry")),
     }
@@ -296,6 +320,29 @@ mod tests {
     }
 
     #[test]
+    fn a_seen_id_in_the_first_format_still_reads() {
+        let mut value = 1_796_965_200_i64.to_be_bytes().to_vec();
+        value.extend_from_slice(&[7; 8]);
+        let Ok(Stored::SeenId { id, expires, digest }) = decode(b"sevt-1", &value) else {
+            panic!("a seen id")
+        };
+        assert_eq!((id.as_str(), expires.as_second(), digest), ("evt-1", 1_796_965_200, [7; 8]));
+        assert!(decode(b"sevt-1", &value[..15]).is_err());
+    }
+
+    #[test]
+    fn a_chunk_key_spelt_another_way_is_damaged() {
+        // 5 s and -1 ns is 4.999999999 s, whose own key differs.
+        let mut key = vec![SEEN_IDS];
+        key.extend_from_slice(&(5_i64.to_be_bytes()));
+        key[1] ^= 0x80;
+        key.extend_from_slice(&(-1_i32).to_be_bytes());
+        key.extend_from_slice(&0_u64.to_be_bytes());
+        let (_, value) = &seen_ids(Timestamp::UNIX_EPOCH, 0, [("a", [0; 8])])[0];
+        assert!(decode(&key, value).is_err());
+    }
+
+    #[test]
     fn seen_ids_are_cut_into_chunks_numbered_in_order() {
         let at: Timestamp = "2027-01-05T05:00:00Z".parse().unwrap();
         let names: Vec<String> = (0..5_000).map(|n| format!("event-{n:06}")).collect();
@@ -330,7 +377,7 @@ mod tests {
         fn damaged_entries_are_errors_never_panics(
             key in prop::collection::vec(any::<u8>(), 0..64),
             value in prop::collection::vec(any::<u8>(), 0..64),
-            kind in prop::sample::select(vec![b'w', b'i', b'p', b'e', b'x']),
+            kind in prop::sample::select(vec![b'w', b'i', b'p', b'e', b's', b'x']),
         ) {
             let mut key = key;
             key.insert(0, kind);

@@ -359,6 +359,10 @@ impl PartitionPeriods {
         entries: impl IntoIterator<Item = Entry>,
     ) -> Result<PartitionPeriods, codec::Damaged> {
         let mut partition = PartitionPeriods::new(settings);
+        // Each expiry's chunks and the highest one's number: they must be
+        // numbered 0 to n, or a purge would leave some behind.
+        let mut highest_chunk: BTreeMap<Timestamp, u64> = BTreeMap::new();
+        let mut first_format = Vec::new();
         for (key, value) in entries {
             match codec::decode(&key, &value)? {
                 Stored::Watermark(at) => partition.watermark = Some(at),
@@ -373,14 +377,36 @@ impl PartitionPeriods {
                 }
                 Stored::SeenIds { expires, chunk, ids } => {
                     let stored = partition.stored_ids.entry(expires).or_default();
-                    stored.chunks = stored.chunks.max(chunk + 1);
+                    stored.chunks += 1;
                     stored.ids += ids.len();
+                    let highest = highest_chunk.entry(expires).or_default();
+                    *highest = (*highest).max(chunk);
                     let expiring = partition.expiring.entry(expires).or_default();
                     for (id, digest) in ids {
                         expiring.push(id.clone());
                         partition.seen.insert(id, digest);
                     }
                 }
+                Stored::SeenId { id, expires, digest } => {
+                    first_format.push((key, id, expires, digest));
+                }
+            }
+        }
+        // Ids in the first format, an entry each, follow their expiry's
+        // chunks as ids not stored yet: the next commit writes them into a
+        // chunk and deletes their entries.
+        for (key, id, expires, digest) in first_format {
+            partition.changed.insert(key, None);
+            partition.expiring.entry(expires).or_default().push(id.clone());
+            partition.seen.insert(id, digest);
+        }
+        for (expires, stored) in &partition.stored_ids {
+            let highest = highest_chunk.get(expires).copied().unwrap_or_default();
+            if highest.checked_add(1) != Some(stored.chunks) {
+                return Err(codec::Damaged {
+                    key: codec::seen_ids_key(*expires, highest),
+                    what: "the chunks of seen ids of one expiry, which are numbered from 0 without a gap",
+                });
             }
         }
         Ok(partition)

@@ -311,6 +311,58 @@ fn past_max_seen_ids_a_new_id_is_refused_and_a_retry_is_still_known() {
     assert_eq!(partition.offer(&event("e", "2027-01-11T00:00:00Z", "acme"), "1"), Verdict::Applied);
 }
 
+/// A seen id stored in the first format (an entry of its own: key `s` and
+/// the id, value its expiry in whole seconds and a digest) is still a
+/// duplicate after a restore, and the next commit moves it into a chunk.
+#[test]
+fn a_seen_id_stored_the_first_way_is_kept_and_rewritten_as_a_chunk() {
+    let settings = settings("{}");
+    // November in UTC ends 2026-12-01; plus the 35-day horizon.
+    let expires = at("2027-01-05T00:00:00Z").as_second();
+    let mut value = expires.to_be_bytes().to_vec();
+    value.extend_from_slice(&[0; 8]);
+    let legacy = (b"sevt-1".to_vec(), value);
+    let mut partition = Partition::new(settings.clone());
+    partition.periods = PartitionPeriods::restore(settings.clone(), [legacy.clone()]).unwrap();
+    assert_eq!(partition.periods.seen_ids(), 1);
+    assert!(partition.periods.is_dirty(), "the first format is rewritten");
+    let retry = partition.offer(&event("evt-1", "2026-11-10T00:00:00Z", "utc"), "1");
+    assert!(reason(retry).starts_with("duplicate"), "still remembered");
+    let changes = partition.periods.take_changes();
+    assert!(changes.contains(&(legacy.0.clone(), None)), "its entry is deleted: {changes:?}");
+    let committed: Vec<(Vec<u8>, Vec<u8>)> =
+        changes.into_iter().filter_map(|(key, value)| Some((key, value?))).collect();
+    assert!(committed.iter().any(|(key, _)| key[0] == b'e'), "and written into a chunk");
+    let restored = PartitionPeriods::restore(settings, committed).unwrap();
+    assert_eq!(restored.seen_ids(), 1);
+    assert!(!restored.is_dirty());
+}
+
+/// An expiry's chunks are numbered from 0 without a gap; a store whose
+/// numbers skip is damaged (a purge would leave the others behind).
+#[test]
+fn chunks_of_seen_ids_with_a_gap_are_damaged() {
+    let settings = settings("{}");
+    let mut partition = Partition::new(settings.clone());
+    partition.offer(&event("a", "2026-11-10T00:00:00Z", "acme"), "1");
+    let entries: Vec<(Vec<u8>, Vec<u8>)> = partition
+        .periods
+        .take_changes()
+        .into_iter()
+        .filter_map(|(key, value)| Some((key, value?)))
+        .collect();
+    assert!(PartitionPeriods::restore(settings.clone(), entries.clone()).is_ok());
+    let renumbered = entries.into_iter().map(|(mut key, value)| {
+        if key[0] == b'e' {
+            let last = key.len() - 1;
+            key[last] = 1;
+        }
+        (key, value)
+    });
+    let damaged = PartitionPeriods::restore(settings, renumbered).unwrap_err();
+    assert!(damaged.to_string().contains("numbered from 0 without a gap"), "{damaged}");
+}
+
 /// One step of a generated run.
 #[derive(Debug, Clone)]
 enum Step {
