@@ -74,6 +74,7 @@ fn a_hostile_period_plugin_costs_only_its_own_events() {
         event("b5", "trap-add", 0),
         event("b6", "loop-add", 0),
         event("b7", "huge-state", 0),
+        event("b8", "huge-addend", 0),
         event("a3", "ok", 4),
         // Two days later: the day closes.
         r#"{"id":"a4","do":"ok","quantity":8,"ts":"2026-11-12T12:00:00Z"}"#.to_string(),
@@ -96,7 +97,7 @@ fn a_hostile_period_plugin_costs_only_its_own_events() {
         .into_iter()
         .map(|(_, offset, reason)| (offset, reason))
         .collect();
-    let expected: [(u64, &[&str]); 7] = [
+    let expected: [(u64, &[&str]); 8] = [
         (1, &["malformed: plugin failed describing it", "describe trapped as asked"]),
         (3, &["malformed: plugin failed describing it", "limits.cpu_budget_ms"]),
         (4, &["malformed: plugin failed describing it", "described 2 events"]),
@@ -104,6 +105,7 @@ fn a_hostile_period_plugin_costs_only_its_own_events() {
         (6, &["refused: plugin failed adding it", "add trapped as asked"]),
         (7, &["refused: plugin failed adding it", "limits.cpu_budget_ms"]),
         (8, &["refused: ", "limits.max_value_bytes"]),
+        (9, &["malformed: the plugin's addend for it is 8388608 bytes", "limits.max_value_bytes"]),
     ];
     assert_eq!(dead.len(), expected.len(), "{dead:#?}");
     for ((offset, reason), (expected_offset, parts)) in dead.iter().zip(expected) {

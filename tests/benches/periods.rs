@@ -8,7 +8,9 @@
 //! disk: the periods run's RocksDB, compacted, per event id it remembers.
 //!
 //! `cargo bench -p tally-tests --bench periods` (TALLY_BENCH_EVENTS and
-//! TALLY_BENCH_ROUNDS change the size; scripts/bench runs it pinned).
+//! TALLY_BENCH_ROUNDS change the size; scripts/bench runs it pinned;
+//! TALLY_BENCH_ONLY=periods or =totals runs one side alone, for a
+//! profiler).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -141,8 +143,12 @@ fn main() {
     let (mut totals, mut periods) = (Vec::new(), Vec::new());
     let (mut totals_cpu, mut periods_cpu) = (Vec::new(), Vec::new());
     let mut store_size = None;
+    let only = std::env::var("TALLY_BENCH_ONLY").ok();
     for round in 0..rounds {
         for kind in ["totals", "periods"] {
+            if only.as_deref().is_some_and(|only| only != kind) {
+                continue;
+            }
             let run = format!("{kind}-{round}");
             let (config, local) = job(dir.path(), inputs.clone(), &run);
             let plugin = if kind == "periods" { &periods_plugin } else { &totals_plugin };
@@ -190,6 +196,9 @@ fn main() {
             per_cpu.push(cpu_rate);
             std::fs::remove_dir_all(dir.path().join(&run)).ok();
         }
+    }
+    if periods.is_empty() || totals.is_empty() {
+        return;
     }
     let median = |rates: &mut Vec<f64>| {
         rates.sort_by(|a, b| a.partial_cmp(b).unwrap());

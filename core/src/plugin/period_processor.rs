@@ -150,14 +150,18 @@ impl PeriodProcessor {
                     .take_while(|&&index| events[index].partition == partition)
                     .count();
             let run = &order[start..end];
-            // The events it offers to the rules, and where each lies in the run.
+            // The events it offers to the rules, and what each adds.
             let mut facts = Vec::with_capacity(run.len());
-            let mut positions = Vec::with_capacity(run.len());
-            for (position, (&index, described)) in run.iter().zip(described.by_ref()).enumerate() {
-                match described.map_err(|why| format!("malformed: {why}")).and_then(facts_of) {
-                    Ok(read) => {
+            let mut addends = Vec::with_capacity(run.len());
+            let max_addend = self.instance.limits().max_value_bytes;
+            for (&index, described) in run.iter().zip(described.by_ref()) {
+                let read = described
+                    .map_err(|why| format!("malformed: {why}"))
+                    .and_then(|facts| facts_of(facts, max_addend));
+                match read {
+                    Ok((read, addend)) => {
                         facts.push((index, read));
-                        positions.push(position);
+                        addends.push(addend);
                     }
                     Err(reason) => outcomes[index] = Outcome::Malformed(reason),
                 }
@@ -178,8 +182,7 @@ impl PeriodProcessor {
                 continue;
             }
             let last_offset = events[order[end - 1]].offset;
-            let mut calls =
-                Calls { processor: self, events: &carried[start..end], positions: &positions };
+            let mut calls = Calls { processor: self, addends: &addends };
             let mut records = Vec::new();
             let offered = book.partition(partition, last_offset).offer_all(
                 &offers,
@@ -263,7 +266,7 @@ impl Processor for PeriodProcessor {
             let mut records = Vec::new();
             for partition in book.partitions() {
                 let offset = book.last_offset(partition);
-                let mut calls = Calls { processor: &mut *processor, events: &[], positions: &[] };
+                let mut calls = Calls { processor: &mut *processor, addends: &[] };
                 book.partition(partition, offset).end_transaction(&mut calls, &mut records)?;
                 let source = SourcePosition { partition, offset };
                 emit(txn, book.output(), &mut records, source);
@@ -283,7 +286,7 @@ impl Processor for PeriodProcessor {
                 let Some((periods, Some(adopted))) = book.idle_partition(partition) else {
                     continue;
                 };
-                let mut calls = Calls { processor: &mut *processor, events: &[], positions: &[] };
+                let mut calls = Calls { processor: &mut *processor, addends: &[] };
                 periods.close_idle(adopted, &mut calls, &mut records)?;
                 emit(txn, book.output(), &mut records, SourcePosition { partition, offset });
             }
@@ -298,22 +301,19 @@ impl Processor for PeriodProcessor {
 /// events).
 struct Calls<'p> {
     processor: &'p mut PeriodProcessor,
-    /// The run's events, as the plugin sees them.
-    events: &'p [wit::Event],
-    /// Where each event offered to the rules lies among `events`.
-    positions: &'p [usize],
+    /// What each event offered to the rules adds to its period (as
+    /// `describe` said), in the order of the offers.
+    addends: &'p [Vec<u8>],
 }
 
 impl Calls<'_> {
-    /// The event the rules' addition names.
-    fn event(&self, addition: &Addition) -> Result<usize, ProcessError> {
-        self.positions
-            .get(addition.event)
-            .copied()
-            .filter(|&position| position < self.events.len())
-            .ok_or_else(|| {
-                ProcessError::Misconfigured("an addition names no event of the batch".into())
-            })
+    /// The index of the addend of the event the rules' addition names.
+    fn addend(&self, addition: &Addition) -> Result<usize, ProcessError> {
+        if addition.event < self.addends.len() {
+            Ok(addition.event)
+        } else {
+            Err(ProcessError::Misconfigured("an addition names no event of the batch".into()))
+        }
     }
 
     /// One event added alone: the plugin's refusals, failures and an
@@ -323,11 +323,11 @@ impl Calls<'_> {
         states: Vec<Option<Vec<u8>>>,
         addition: &Addition,
     ) -> Result<Folded, ProcessError> {
-        let event = &self.events[self.event(addition)?];
-        let one = wit::Addition { period: 0, time: instant(addition.time), event: 0 };
+        let addend = &self.addends[self.addend(addition)?];
+        let one = wit::Addition { period: 0, time: instant(addition.time), addend: 0 };
         let limit = self.processor.instance.limits().max_value_bytes;
         let refused = |reason| Ok(Folded::Refused { addition: 0, reason });
-        match self.processor.instance.add(&states, std::slice::from_ref(event), &[one]) {
+        match self.processor.instance.add(&states, std::slice::from_ref(addend), &[one]) {
             Ok(Ok(mut folded)) if folded.len() == 1 => {
                 let state = folded.pop().unwrap_or_default();
                 if state.len() > limit as usize {
@@ -386,7 +386,7 @@ impl Aggregation for Calls<'_> {
         // closes is not copied whole each time.
         let mut named = Vec::with_capacity(additions.len());
         for addition in additions {
-            named.push(self.event(addition)?);
+            named.push(self.addend(addition)?);
         }
         let first = named.iter().copied().min().unwrap_or(0);
         let last = named.iter().copied().max().unwrap_or(0);
@@ -396,7 +396,7 @@ impl Aggregation for Calls<'_> {
             .map(|(addition, position)| wit::Addition {
                 period: addition.period as u32,
                 time: instant(addition.time),
-                event: (position - first) as u32,
+                addend: (position - first) as u32,
             })
             .collect();
         // A fold (tentative): anything but every state, each within the
@@ -404,7 +404,7 @@ impl Aggregation for Calls<'_> {
         // refusal or failure is its own event's (and counted once, there).
         let limit = self.processor.instance.limits().max_value_bytes as usize;
         let one_by_one = Folded::Refused { addition: 0, reason: String::new() };
-        match self.processor.instance.add(&states, &self.events[first..=last], &folding) {
+        match self.processor.instance.add(&states, &self.addends[first..=last], &folding) {
             Ok(Ok(folded))
                 if folded.len() == states.len()
                     && folded.iter().all(|state| state.len() <= limit) =>
@@ -429,8 +429,15 @@ impl Aggregation for Calls<'_> {
     }
 }
 
-/// The rules' form of what `describe` said, or why it is malformed.
-fn facts_of(facts: WitFacts) -> Result<EventFacts, String> {
+/// The rules' form of what `describe` said and the event's addend (at
+/// most `max_addend` bytes), or why it is malformed.
+fn facts_of(facts: WitFacts, max_addend: u32) -> Result<(EventFacts, Vec<u8>), String> {
+    if facts.addend.len() > max_addend as usize {
+        return Err(format!(
+            "malformed: the plugin's addend for it is {} bytes, over the job's limit of {max_addend} bytes (limits.max_value_bytes); raise the limit",
+            facts.addend.len()
+        ));
+    }
     let time = match facts.time {
         EventTime::Rfc3339(text) => {
             if text.len() > MAX_TIME_TEXT_BYTES {
@@ -450,7 +457,8 @@ fn facts_of(facts: WitFacts) -> Result<EventFacts, String> {
             format!("malformed: event time {millis} ms since 1970 is outside years -9999 to 9999")
         })?,
     };
-    Ok(EventFacts { id: facts.id, time, key: facts.key, customer: facts.customer })
+    let read = EventFacts { id: facts.id, time, key: facts.key, customer: facts.customer };
+    Ok((read, facts.addend))
 }
 
 fn dead_letter(txn: &mut Transaction, source: SourcePosition, event: &Event, reason: String) {
@@ -613,14 +621,35 @@ mod tests {
             time,
             key: vec![("customer".into(), "acme".into())],
             customer: "acme".into(),
+            addend: b"7".to_vec(),
         };
-        let read = facts_of(facts(EventTime::Rfc3339("2026-11-01T00:30:00-04:00".into()))).unwrap();
-        assert_eq!(read.time, "2026-11-01T04:30:00Z".parse::<Timestamp>().unwrap());
-        let read = facts_of(facts(EventTime::UnixMillis(1_000))).unwrap();
-        assert_eq!(read.time, Timestamp::from_second(1).unwrap());
-        let err = facts_of(facts(EventTime::Rfc3339("2026-11-01 00:30".into()))).unwrap_err();
+        let read = |time| facts_of(facts(time), 1024);
+        let (read_facts, addend) =
+            read(EventTime::Rfc3339("2026-11-01T00:30:00-04:00".into())).unwrap();
+        assert_eq!(read_facts.time, "2026-11-01T04:30:00Z".parse::<Timestamp>().unwrap());
+        assert_eq!(addend, b"7");
+        let (read_facts, _) = read(EventTime::UnixMillis(1_000)).unwrap();
+        assert_eq!(read_facts.time, Timestamp::from_second(1).unwrap());
+        let err = read(EventTime::Rfc3339("2026-11-01 00:30".into())).unwrap_err();
         assert!(err.starts_with("malformed: event time \"2026-11-01 00:30\""), "{err}");
-        let err = facts_of(facts(EventTime::UnixMillis(i64::MAX))).unwrap_err();
+        let err = read(EventTime::UnixMillis(i64::MAX)).unwrap_err();
         assert!(err.contains("outside years"), "{err}");
+    }
+
+    #[test]
+    fn an_addend_over_the_state_limit_is_refused_naming_the_limit() {
+        let facts = WitFacts {
+            id: "e1".into(),
+            time: EventTime::UnixMillis(1_000),
+            key: vec![("customer".into(), "acme".into())],
+            customer: "acme".into(),
+            addend: vec![b'7'; 1025],
+        };
+        let err = facts_of(facts.clone(), 1024).unwrap_err();
+        assert_eq!(
+            err,
+            "malformed: the plugin's addend for it is 1025 bytes, over the job's limit of 1024 bytes (limits.max_value_bytes); raise the limit"
+        );
+        assert!(facts_of(facts, 1025).is_ok(), "the limit itself is allowed");
     }
 }

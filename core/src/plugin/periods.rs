@@ -159,14 +159,14 @@ impl PeriodInstance {
     }
 
     /// The plugin's fold of `additions` (each naming one of `states` and
-    /// one of `events`): the periods' states after it, or the addition it
+    /// one of `addends`): the periods' states after it, or the addition it
     /// refuses. A fold of `k` additions may use `k` events' shares of the
     /// batch's CPU budget (at most the budget), so the folds of a batch
     /// together use about one budget however often it folds.
     pub fn add(
         &mut self,
         states: &[Option<Vec<u8>>],
-        events: &[wit::Event],
+        addends: &[Vec<u8>],
         additions: &[wit::Addition],
     ) -> Result<Result<Vec<Vec<u8>>, wit::Refusal>, ProcessError> {
         let mut limits = self.share.clone();
@@ -174,7 +174,7 @@ impl PeriodInstance {
         let budget = Duration::from_millis(self.limits.cpu_budget_ms);
         limits.cpu = limits.cpu.saturating_mul(shares).min(budget.max(limits.cpu));
         self.call(limits, |store, plugin| {
-            plugin.tally_plugin_periods().call_add(store, states, events, additions)
+            plugin.tally_plugin_periods().call_add(store, states, addends, additions)
         })
     }
 

@@ -88,6 +88,49 @@ pub enum State {
     Unique(BTreeSet<String>),
 }
 
+/// What an event adds to its period, as its metric's meter reads it: all
+/// `add` needs of the event (the host keeps it between the calls).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Addend {
+    /// A quantity to add up.
+    Sum(u64),
+    /// One more event.
+    Count,
+    /// A quantity that may be the largest.
+    Max(u64),
+    /// A quantity that may be the latest (by the event's time).
+    Latest(u64),
+    /// A value of the counted field.
+    Unique(String),
+}
+
+impl Addend {
+    /// The meter that made it, as `[plugin_config]` names it.
+    fn meter(&self) -> &'static str {
+        match self {
+            Addend::Sum(_) => "sum",
+            Addend::Count => "count",
+            Addend::Max(_) => "max",
+            Addend::Latest(_) => "latest",
+            Addend::Unique(_) => "unique_count",
+        }
+    }
+}
+
+impl State {
+    /// The meter that built it, as `[plugin_config]` names it.
+    fn meter(&self) -> &'static str {
+        match self {
+            State::Sum(_) => "sum",
+            State::Count(_) => "count",
+            State::Max(_) => "max",
+            State::Latest { .. } => "latest",
+            State::Unique(_) => "unique_count",
+        }
+    }
+}
+
 /// A usage event, read in one pass: the fields every event has (borrowed
 /// where the JSON has no escapes), its quantity as written, and its other
 /// fields as written (a `unique_count` meter reads one).
@@ -226,6 +269,7 @@ fn field(usage: &Usage<'_>, name: &str) -> Result<String, Reject> {
 impl Periods for BillingPeriods {
     type Config = serde_json::Value;
     type Event<'a> = Usage<'a>;
+    type Addend = Addend;
     type State = State;
 
     fn new(config: serde_json::Value) -> Result<BillingPeriods, String> {
@@ -269,64 +313,64 @@ impl Periods for BillingPeriods {
         Ok(BillingPeriods { meters })
     }
 
-    fn describe(&self, usage: &Usage<'_>) -> Result<Facts, Reject> {
-        match self.meter(&usage.metric)? {
-            Meter::Count => {}
-            Meter::UniqueCount(name) => drop(field(usage, name)?),
-            _ => drop(quantity(usage.quantity)?),
-        }
+    fn describe(&self, usage: Usage<'_>) -> Result<Facts<Addend>, Reject> {
+        let addend = match self.meter(&usage.metric)? {
+            Meter::Sum => Addend::Sum(quantity(usage.quantity)?),
+            Meter::Count => Addend::Count,
+            Meter::Max => Addend::Max(quantity(usage.quantity)?),
+            Meter::Latest => Addend::Latest(quantity(usage.quantity)?),
+            Meter::UniqueCount(name) => Addend::Unique(field(&usage, name)?),
+        };
+        let customer = usage.customer.into_owned();
         Ok(Facts {
-            id: usage.id.to_string(),
-            time: EventTime::Rfc3339(usage.ts.to_string()),
+            id: usage.id.into_owned(),
+            time: EventTime::Rfc3339(usage.ts.into_owned()),
             key: vec![
-                ("customer".into(), usage.customer.to_string()),
-                ("metric".into(), usage.metric.to_string()),
+                ("customer".into(), customer.clone()),
+                ("metric".into(), usage.metric.into_owned()),
             ],
-            customer: usage.customer.to_string(),
+            customer,
+            addend,
         })
     }
 
-    fn add(&self, state: Option<State>, time: Instant, usage: Usage<'_>) -> Result<State, Reject> {
-        let meter = self.meter(&usage.metric)?;
-        let next = match (meter, state) {
-            (Meter::Sum, None) => State::Sum(quantity(usage.quantity)?),
-            (Meter::Sum, Some(State::Sum(sum))) => {
-                State::Sum(sum.checked_add(quantity(usage.quantity)?).ok_or_else(|| {
+    fn add(&self, state: Option<State>, time: Instant, addend: Addend) -> Result<State, Reject> {
+        let next = match (addend, state) {
+            (Addend::Sum(quantity), None) => State::Sum(quantity),
+            (Addend::Sum(quantity), Some(State::Sum(sum))) => {
+                State::Sum(sum.checked_add(quantity).ok_or_else(|| {
                     Reject::new("the period's sum would pass 2^64 - 1, the largest meterable")
                 })?)
             }
-            (Meter::Count, None) => State::Count(1),
-            (Meter::Count, Some(State::Count(count))) => State::Count(count.saturating_add(1)),
-            (Meter::Max, None) => State::Max(quantity(usage.quantity)?),
-            (Meter::Max, Some(State::Max(max))) => State::Max(max.max(quantity(usage.quantity)?)),
-            (Meter::Latest, None) => State::Latest {
-                seconds: time.seconds,
-                nanoseconds: time.nanoseconds,
-                value: quantity(usage.quantity)?,
-            },
-            (Meter::Latest, Some(State::Latest { seconds, nanoseconds, value })) => {
+            (Addend::Count, None) => State::Count(1),
+            (Addend::Count, Some(State::Count(count))) => State::Count(count.saturating_add(1)),
+            (Addend::Max(quantity), None) => State::Max(quantity),
+            (Addend::Max(quantity), Some(State::Max(max))) => State::Max(max.max(quantity)),
+            (Addend::Latest(value), None) => {
+                State::Latest { seconds: time.seconds, nanoseconds: time.nanoseconds, value }
+            }
+            (Addend::Latest(quantity), Some(State::Latest { seconds, nanoseconds, value })) => {
                 // Ties go to the event read first.
                 if (time.seconds, time.nanoseconds) > (seconds, nanoseconds) {
                     State::Latest {
                         seconds: time.seconds,
                         nanoseconds: time.nanoseconds,
-                        value: quantity(usage.quantity)?,
+                        value: quantity,
                     }
                 } else {
                     State::Latest { seconds, nanoseconds, value }
                 }
             }
-            (Meter::UniqueCount(name), None) => {
-                State::Unique(BTreeSet::from([field(&usage, name)?]))
-            }
-            (Meter::UniqueCount(name), Some(State::Unique(mut seen))) => {
-                seen.insert(field(&usage, name)?);
+            (Addend::Unique(value), None) => State::Unique(BTreeSet::from([value])),
+            (Addend::Unique(value), Some(State::Unique(mut seen))) => {
+                seen.insert(value);
                 State::Unique(seen)
             }
-            (meter, Some(_)) => {
+            (addend, Some(state)) => {
                 return Err(Reject::new(format!(
-                    "metric {:?}'s meter changed to {meter:?} while its period was open; keep a metric's meter for its periods",
-                    usage.metric
+                    "the event's metric is metered by {} but its period was opened by {}: a metric's meter changed while its period was open; keep a metric's meter for its periods",
+                    addend.meter(),
+                    state.meter()
                 )));
             }
         };
@@ -364,10 +408,14 @@ mod tests {
         Instant { seconds, nanoseconds: 0 }
     }
 
+    fn addend(plugin: &BillingPeriods, text: &str) -> Addend {
+        plugin.describe(usage(text)).unwrap().addend
+    }
+
     fn fold(plugin: &BillingPeriods, events: &[(&str, i64)]) -> u64 {
         let mut state = None;
         for (event, seconds) in events {
-            state = Some(plugin.add(state, at(*seconds), usage(event)).unwrap());
+            state = Some(plugin.add(state, at(*seconds), addend(plugin, event)).unwrap());
         }
         plugin.value(&state.unwrap())
     }
@@ -397,13 +445,21 @@ mod tests {
         assert_eq!(fold(&plugin, &seats), 2, "an escaped string is the same string");
         let twice =
             r#"{"id":"x","customer":"acme","metric":"seats","user":"a","ts":"t","user":"b"}"#;
-        let state = plugin.add(None, at(1), usage(twice)).unwrap();
+        let state = plugin.add(None, at(1), addend(&plugin, twice)).unwrap();
         assert_eq!(state, State::Unique(BTreeSet::from(["b".to_string()])), "the last one written");
         let max = e("calls", "18446744073709551615");
         assert_eq!(fold(&plugin, &[(&max, 1)]), u64::MAX);
-        let err =
-            plugin.add(Some(State::Sum(u64::MAX)), at(1), usage(&e("calls", "1"))).unwrap_err();
+        let err = plugin
+            .add(Some(State::Sum(u64::MAX)), at(1), addend(&plugin, &e("calls", "1")))
+            .unwrap_err();
         assert!(err.0.contains("2^64 - 1"), "{err}");
+        let err = plugin.add(Some(State::Count(3)), at(1), Addend::Sum(1)).unwrap_err();
+        assert!(
+            err.0.starts_with(
+                "the event's metric is metered by sum but its period was opened by count"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -444,7 +500,7 @@ mod tests {
                 .contains(r#"field "user" (counted by unique_count) is missing"#)
         );
         let facts =
-            plugin.describe(&usage(r#"{"id":"x","customer":"a","metric":"requests","ts":"t"}"#));
+            plugin.describe(usage(r#"{"id":"x","customer":"a","metric":"requests","ts":"t"}"#));
         assert_eq!(facts.unwrap().key[1], ("metric".to_string(), "requests".to_string()));
         let err = BillingPeriods::new(serde_json::json!({"meters": {"calls": "avg"}})).err();
         assert!(err.unwrap().contains("the meters are"));
@@ -460,5 +516,23 @@ mod tests {
         assert_eq!(plugin.meters["b"], Meter::UniqueCount("user".into()));
         assert_eq!(plugin.meters["c"], Meter::Sum);
         assert!(BillingPeriods::new(serde_json::json!({"meters": {}})).is_err());
+    }
+
+    #[test]
+    fn an_event_goes_from_describe_to_add_as_its_addend_only() {
+        let plugin = plugin();
+        let event = r#"{"id":"x","customer":"acme","metric":"seats","ts":"2026-11-01T00:00:00Z","user":"Zo\u00eb \"the\" one"}"#;
+        let facts = tally_sdk::periods::describe(&plugin, event.as_bytes()).unwrap();
+        assert_eq!(
+            String::from_utf8(facts.addend.clone()).unwrap(),
+            r#"{"unique":"Zoë \"the\" one"}"#
+        );
+        let state = tally_sdk::periods::add(&plugin, None, at(1), &facts.addend).unwrap();
+        assert_eq!(tally_sdk::periods::value(&plugin, &state), 1);
+        let calls = r#"{"id":"y","customer":"acme","metric":"calls","quantity":18446744073709551615,"ts":"t"}"#;
+        let facts = tally_sdk::periods::describe(&plugin, calls.as_bytes()).unwrap();
+        assert_eq!(facts.addend, br#"{"sum":18446744073709551615}"#.to_vec());
+        let err = tally_sdk::periods::add(&plugin, None, at(1), b"{\"sum\":-1}").unwrap_err();
+        assert!(err.starts_with("the event's addend is not the JSON this plugin makes"), "{err}");
     }
 }

@@ -133,6 +133,7 @@ pub fn describe_all<P: crate::Periods>(
                 },
                 key: facts.key,
                 customer: facts.customer,
+                addend: facts.addend,
             })
         })
         .collect()
@@ -142,16 +143,16 @@ pub fn describe_all<P: crate::Periods>(
 pub fn add_all<P: crate::Periods>(
     plugin: &P,
     states: Vec<Option<Vec<u8>>>,
-    events: Vec<WitPeriodEvent>,
+    addends: Vec<Vec<u8>>,
     additions: Vec<WitAddition>,
 ) -> Result<Vec<Vec<u8>>, WitRefusal> {
     install_periods_panic_hook();
     let refusal = |index: usize, reason: String| WitRefusal { addition: index as u32, reason };
     let mut folded = Vec::with_capacity(additions.len());
     for (index, addition) in additions.iter().enumerate() {
-        let Some(event) = events.get(addition.event as usize) else {
+        let Some(addend) = addends.get(addition.addend as usize) else {
             let reason =
-                format!("the addition names event {}, of {}", addition.event, events.len());
+                format!("the addition names addend {}, of {}", addition.addend, addends.len());
             return Err(refusal(index, reason));
         };
         folded.push(crate::periods::Addition {
@@ -160,7 +161,7 @@ pub fn add_all<P: crate::Periods>(
                 seconds: addition.time.seconds,
                 nanoseconds: addition.time.nanoseconds,
             },
-            value: &event.value,
+            addend,
         });
     }
     crate::periods::add_all(plugin, &states, &folded)

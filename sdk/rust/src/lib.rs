@@ -127,10 +127,10 @@ macro_rules! export_periods {
 
                 fn add(
                     states: ::std::vec::Vec<::std::option::Option<::std::vec::Vec<u8>>>,
-                    events: ::std::vec::Vec<$crate::bindings::WitPeriodEvent>,
+                    addends: ::std::vec::Vec<::std::vec::Vec<u8>>,
                     additions: ::std::vec::Vec<$crate::bindings::WitAddition>,
                 ) -> ::std::result::Result<::std::vec::Vec<::std::vec::Vec<u8>>, $crate::bindings::WitRefusal> {
-                    $crate::bindings::add_all(plugin(), states, events, additions)
+                    $crate::bindings::add_all(plugin(), states, addends, additions)
                 }
 
                 fn value(state: ::std::vec::Vec<u8>) -> u64 {

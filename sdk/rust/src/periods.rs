@@ -5,11 +5,14 @@
 //! customer's calendar period, keeps watermarks, closes periods, de-
 //! duplicates event ids and writes the FINAL and ADJUSTMENT records (see
 //! `docs/periods.md`). A period plugin says only what the host cannot
-//! know: what an event says about itself ([`Periods::describe`]), how it
+//! know: what an event says about itself and what it adds to its period
+//! ([`Periods::describe`]: its [`Facts`] and their addend), how an addend
 //! changes a period's state ([`Periods::add`]; the host hands a batch's
-//! events over in one call, and the SDK folds them, [`add_all`]) and a
-//! period's value ([`Periods::value`]). Each is a pure function: the plugin has no state
-//! of its own, and the host may call it again with the same arguments.
+//! addends over in one call, and the SDK folds them, [`add_all`]) and a
+//! period's value ([`Periods::value`]). An event is read once, by
+//! `describe`: the host keeps its addend and hands that to `add`. Each is
+//! a pure function: the plugin has no state of its own, and the host may
+//! call it again with the same arguments.
 //!
 //! ```
 //! use serde::Deserialize;
@@ -24,20 +27,22 @@
 //! impl Periods for CallsPerPeriod {
 //!     type Config = serde_json::Value;
 //!     type Event<'a> = Call<'a>;
+//!     type Addend = ();
 //!     type State = u64;
 //!
 //!     fn new(_config: serde_json::Value) -> Result<Self, String> {
 //!         Ok(CallsPerPeriod)
 //!     }
-//!     fn describe(&self, call: &Call<'_>) -> Result<Facts, Reject> {
+//!     fn describe(&self, call: Call<'_>) -> Result<Facts<()>, Reject> {
 //!         Ok(Facts {
 //!             id: call.id.to_string(),
 //!             time: EventTime::Rfc3339(call.ts.to_string()),
 //!             key: vec![("customer".into(), call.customer.to_string())],
 //!             customer: call.customer.to_string(),
+//!             addend: (),
 //!         })
 //!     }
-//!     fn add(&self, calls: Option<u64>, _time: Instant, _call: Call<'_>) -> Result<u64, Reject> {
+//!     fn add(&self, calls: Option<u64>, _time: Instant, _call: ()) -> Result<u64, Reject> {
 //!         Ok(calls.unwrap_or(0) + 1)
 //!     }
 //!     fn value(&self, calls: &u64) -> u64 {
@@ -63,9 +68,10 @@ pub enum EventTime {
 }
 
 /// What an event says about itself: its id, time, aggregation key and the
-/// customer whose time zone decides its period.
+/// customer whose time zone decides its period; and what it adds to its
+/// period (`A`: the plugin's [`Periods::Addend`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Facts {
+pub struct Facts<A> {
     /// The producer's id of the event; a retry carries the same one (at
     /// most 256 bytes).
     pub id: String,
@@ -76,6 +82,10 @@ pub struct Facts {
     pub key: Vec<(String, String)>,
     /// The customer whose time zone decides the event's period.
     pub customer: String,
+    /// What the event adds to its period: the host keeps it (as JSON, at
+    /// most the job's `limits.max_value_bytes`) and hands it to
+    /// [`Periods::add`] in place of the event.
+    pub addend: A,
 }
 
 /// An instant as the host read an event's time: seconds since the Unix
@@ -90,14 +100,20 @@ pub struct Instant {
 
 /// The aggregation of a period job.
 ///
-/// Events, the configuration and each period's state travel as JSON: an
-/// event that does not decode is dead-lettered with the decoder's reason.
+/// Events, the configuration, addends and each period's state travel as
+/// JSON: an event that does not decode is dead-lettered with the
+/// decoder's reason.
 pub trait Periods: Sized + Send + Sync + 'static {
     /// The job file's `[plugin_config]`, decoded from JSON.
     type Config: DeserializeOwned;
     /// An input event, decoded from each record's JSON value (it may
     /// borrow from the record).
     type Event<'a>: Deserialize<'a>;
+    /// What an event adds to its period (its quantity, say): made by
+    /// [`Periods::describe`], kept by the host as JSON, and folded into
+    /// the period's state by [`Periods::add`]. Keep it small: it is all
+    /// `add` gets of the event.
+    type Addend: Serialize + DeserializeOwned;
     /// A period's state (stored by the host as JSON).
     type State: Serialize + DeserializeOwned;
 
@@ -105,17 +121,19 @@ pub trait Periods: Sized + Send + Sync + 'static {
     /// refused (the job does not start, with this message).
     fn new(config: Self::Config) -> Result<Self, String>;
 
-    /// What `event` says about itself, or why it is malformed.
-    fn describe(&self, event: &Self::Event<'_>) -> Result<Facts, Reject>;
+    /// What `event` says about itself and adds to its period, or why it is
+    /// malformed.
+    fn describe(&self, event: Self::Event<'_>) -> Result<Facts<Self::Addend>, Reject>;
 
-    /// A period's state after `event` (whose time the host read as `time`)
-    /// is added to `state` (`None`: the period's first event), or why the
-    /// event is refused (it then counts for nothing).
+    /// A period's state after an event's `addend` (the event's time read
+    /// by the host as `time`) is added to `state` (`None`: the period's
+    /// first event), or why the event is refused (it then counts for
+    /// nothing).
     fn add(
         &self,
         state: Option<Self::State>,
         time: Instant,
-        event: Self::Event<'_>,
+        addend: Self::Addend,
     ) -> Result<Self::State, Reject>;
 
     /// The value of a period whose state is `state`: what its FINAL and
@@ -130,23 +148,29 @@ pub fn configure<P: Periods>(config: &str) -> Result<P, String> {
     P::new(config)
 }
 
-/// What `value` (one record's bytes) says about itself.
-pub fn describe<P: Periods>(plugin: &P, value: &[u8]) -> Result<Facts, String> {
+/// What `value` (one record's bytes) says about itself, with its addend
+/// encoded as the host keeps it.
+pub fn describe<P: Periods>(plugin: &P, value: &[u8]) -> Result<Facts<Vec<u8>>, String> {
     let event: P::Event<'_> = serde_json::from_slice(value)
         .map_err(|err| format!("the event is not the JSON this plugin reads: {err}"))?;
-    plugin.describe(&event).map_err(|reject| reject.0)
+    let facts = plugin.describe(event).map_err(|reject| reject.0)?;
+    let addend = serde_json::to_vec(&facts.addend)
+        .map_err(|err| format!("its addend does not encode: {err}"))?;
+    let Facts { id, time, key, customer, addend: _ } = facts;
+    Ok(Facts { id, time, key, customer, addend })
 }
 
 /// One event to fold into a period: the index of the period's state in
-/// the call, the event's time as the host read it, and its bytes.
+/// the call, the event's time as the host read it, and its addend as
+/// [`describe`] encoded it.
 #[derive(Debug, Clone, Copy)]
 pub struct Addition<'a> {
     /// Index of the period's state.
     pub period: usize,
     /// The event's time.
     pub time: Instant,
-    /// The event's bytes (its JSON).
-    pub value: &'a [u8],
+    /// The event's addend (its JSON).
+    pub addend: &'a [u8],
 }
 
 /// Folds `additions`, in order, into `states` (`None`: a period without an
@@ -176,11 +200,11 @@ pub fn add_all<P: Periods>(
                 format!("the addition names period {}, of {count}", addition.period),
             ));
         };
-        let event: P::Event<'_> = serde_json::from_slice(addition.value).map_err(|err| {
-            (index, format!("the event is not the JSON this plugin reads: {err}"))
+        let addend: P::Addend = serde_json::from_slice(addition.addend).map_err(|err| {
+            (index, format!("the event's addend is not the JSON this plugin makes: {err}"))
         })?;
         let next =
-            plugin.add(slot.take(), addition.time, event).map_err(|reject| (index, reject.0))?;
+            plugin.add(slot.take(), addition.time, addend).map_err(|reject| (index, reject.0))?;
         *slot = Some(next);
     }
     decoded
@@ -193,16 +217,16 @@ pub fn add_all<P: Periods>(
         .collect()
 }
 
-/// The state after the event `value` (at `time`) is added to `state`: a
-/// fold of one addition.
+/// The state after the encoded `addend` (of an event at `time`) is added
+/// to `state`: a fold of one addition.
 pub fn add<P: Periods>(
     plugin: &P,
     state: Option<&[u8]>,
     time: Instant,
-    value: &[u8],
+    addend: &[u8],
 ) -> Result<Vec<u8>, String> {
     let states = [state.map(<[u8]>::to_vec)];
-    let addition = Addition { period: 0, time, value };
+    let addition = Addition { period: 0, time, addend };
     let mut folded = add_all(plugin, &states, &[addition]).map_err(|(_, reason)| reason)?;
     Ok(folded.pop().unwrap_or_default())
 }

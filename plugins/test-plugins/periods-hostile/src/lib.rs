@@ -9,6 +9,7 @@
 //!   is described again event by event);
 //! - `extra-facts`: describes two events for one;
 //! - `huge-id`: an event id of 1 MiB;
+//! - `huge-addend`: an addend of 8 MiB;
 //! - `trap-add`, `loop-add`: fail while adding;
 //! - `huge-state`: a period state of 8 MiB;
 //! - `trap-value`: marks the state, whose value then traps.
@@ -64,9 +65,10 @@ impl Config for Hostile {
     }
 }
 
-/// A period's state after `event`.
-fn add_one(state: Option<Vec<u8>>, event: &Event) -> Vec<u8> {
-    let value = text(event);
+/// A period's state after the event whose text is `addend` (this plugin's
+/// addend is the whole event).
+fn add_one(state: Option<Vec<u8>>, addend: &[u8]) -> Vec<u8> {
+    let value = std::str::from_utf8(addend).unwrap_or("");
     let total = state
         .as_deref()
         .and_then(|s| std::str::from_utf8(s).ok())
@@ -99,6 +101,7 @@ impl Periods for Hostile {
                 time: EventTime::Rfc3339(ts.into()),
                 key: vec![("customer".into(), "acme".into())],
                 customer: "acme".into(),
+                addend: event.value.clone(),
             };
             match field(value, "do") {
                 "trap-describe" => panic!("describe trapped as asked"),
@@ -108,6 +111,10 @@ impl Periods for Hostile {
                     described.push(Ok(facts("extra".into())));
                 }
                 "huge-id" => described.push(Ok(facts("x".repeat(1 << 20)))),
+                "huge-addend" => described.push(Ok(EventFacts {
+                    addend: vec![b'7'; 8 << 20],
+                    ..facts(field(value, "id").into())
+                })),
                 _ => described.push(Ok(facts(field(value, "id").into()))),
             }
         }
@@ -116,15 +123,15 @@ impl Periods for Hostile {
 
     fn add(
         states: Vec<Option<Vec<u8>>>,
-        events: Vec<Event>,
+        addends: Vec<Vec<u8>>,
         additions: Vec<Addition>,
     ) -> Result<Vec<Vec<u8>>, Refusal> {
         hook();
         let mut states = states;
         for addition in &additions {
-            let event = &events[addition.event as usize];
+            let addend = &addends[addition.addend as usize];
             let state = &mut states[addition.period as usize];
-            *state = Some(add_one(state.take(), event));
+            *state = Some(add_one(state.take(), addend));
         }
         Ok(states.into_iter().map(Option::unwrap_or_default).collect())
     }
