@@ -245,10 +245,10 @@ pub struct PartitionPeriods {
     /// Final periods changed in this transaction.
     marked: BTreeSet<PeriodId>,
     /// Seen ids; a randomly seeded hash keeps crafted ids from colliding.
-    seen: HashMap<String, PayloadDigest, foldhash::fast::RandomState>,
+    seen: HashMap<SeenId, PayloadDigest, foldhash::fast::RandomState>,
     /// Seen ids by expiry (their period's end plus the horizon), in the
     /// order they were remembered, for the purge.
-    expiring: BTreeMap<Timestamp, Vec<String>>,
+    expiring: BTreeMap<Timestamp, Vec<SeenId>>,
     /// How much of each expiry's ids the committed entries hold: the ids
     /// after those are stored by the next `take_changes`.
     stored_ids: BTreeMap<Timestamp, StoredIds>,
@@ -284,13 +284,17 @@ struct Journal {
     log: Vec<Undo>,
 }
 
+/// A seen event id: one copy in memory, shared by the map of seen ids and
+/// the expiry index.
+type SeenId = std::sync::Arc<str>;
+
 /// One change to the seen ids or marks, undone in reverse order.
 #[derive(Debug, Clone)]
 enum Undo {
     /// An id was remembered, last under this expiry.
     Seen(Timestamp),
     /// The ids expiring then were forgotten, and their stored chunks.
-    Purged(Timestamp, Vec<(String, Option<PayloadDigest>)>, Option<StoredIds>),
+    Purged(Timestamp, Vec<(SeenId, Option<PayloadDigest>)>, Option<StoredIds>),
     /// A period was marked for an adjustment.
     Marked(PeriodId),
     /// A period's mark was taken away.
@@ -383,6 +387,7 @@ impl PartitionPeriods {
                     *highest = (*highest).max(chunk);
                     let expiring = partition.expiring.entry(expires).or_default();
                     for (id, digest) in ids {
+                        let id = SeenId::from(id);
                         expiring.push(id.clone());
                         partition.seen.insert(id, digest);
                     }
@@ -396,6 +401,7 @@ impl PartitionPeriods {
         // chunks as ids not stored yet: the next commit writes them into a
         // chunk and deletes their entries.
         for (key, id, expires, digest) in first_format {
+            let id = SeenId::from(id);
             partition.changed.insert(key, None);
             partition.expiring.entry(expires).or_default().push(id.clone());
             partition.seen.insert(id, digest);
@@ -560,7 +566,7 @@ impl PartitionPeriods {
             )));
         }
         let digest = codec::payload_digest(offer.payload);
-        if let Some(seen) = self.seen.get(&event.id) {
+        if let Some(seen) = self.seen.get(event.id.as_str()) {
             return Ok(Verdict::DeadLetter(if *seen == digest {
                 self.counts.duplicates += 1;
                 format!("duplicate: event id {:?} was counted already", event.id)
@@ -649,8 +655,9 @@ impl PartitionPeriods {
 
     /// Remembers an applied event's id until `expires`.
     fn remember(&mut self, event: &EventFacts, expires: Timestamp, digest: PayloadDigest) {
-        self.seen.insert(event.id.clone(), digest);
-        self.expiring.entry(expires).or_default().push(event.id.clone());
+        let id = SeenId::from(event.id.as_str());
+        self.seen.insert(id.clone(), digest);
+        self.expiring.entry(expires).or_default().push(id);
         if let Some(journal) = &mut self.journal {
             journal.log.push(Undo::Seen(expires));
         }
@@ -843,7 +850,7 @@ impl PartitionPeriods {
                 continue;
             }
             let fresh =
-                ids[stored.ids..].iter().filter_map(|id| Some((id.as_str(), *self.seen.get(id)?)));
+                ids[stored.ids..].iter().filter_map(|id| Some((&**id, *self.seen.get(id)?)));
             let chunks = codec::seen_ids(*expires, stored.chunks, fresh);
             let stored = StoredIds { chunks: stored.chunks + chunks.len() as u64, ids: ids.len() };
             self.stored_ids.insert(*expires, stored);
