@@ -132,8 +132,10 @@ impl State {
 }
 
 /// A usage event, read in one pass: the fields every event has (borrowed
-/// where the JSON has no escapes), its quantity as written, and its other
-/// fields as written (a `unique_count` meter reads one).
+/// where the JSON has no escapes), its quantity as written (judged
+/// exactly, and echoed as written when refused), and its other fields as
+/// written (a `unique_count` meter reads one). The checks and the reason
+/// each refusal gets are `docs/billing.md`'s, the same in every language.
 pub struct Usage<'a> {
     id: Cow<'a, str>,
     customer: Cow<'a, str>,
@@ -143,76 +145,106 @@ pub struct Usage<'a> {
     others: Vec<(Cow<'a, str>, &'a RawValue)>,
 }
 
+/// The fields every event has, in the order they are checked.
+const FIELDS: [&str; 5] = ["id", "customer", "metric", "quantity", "ts"];
+
+/// `quantity`'s place in [`FIELDS`]: the one field an event may leave out
+/// (only `sum`, `max` and `latest` meters read it).
+const QUANTITY: usize = 3;
+
 /// A field name, borrowed where it has no escapes.
 #[derive(Deserialize)]
 struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
 
-/// A string field's value, borrowed where it has no escapes.
-#[derive(Deserialize)]
-struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
-
-const USAGE_FIELDS: &str = r#"{"id", "customer", "metric", "quantity", "ts"}"#;
-
-impl<'de: 'a, 'a> Deserialize<'de> for Usage<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Usage<'a>, D::Error> {
-        deserializer.deserialize_map(UsageVisitor(std::marker::PhantomData))
+impl<'de> Deserialize<'de> for Usage<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Usage<'de>, D::Error> {
+        deserializer.deserialize_any(UsageVisitor)
     }
 }
 
-struct UsageVisitor<'a>(std::marker::PhantomData<&'a ()>);
+struct UsageVisitor;
 
-impl<'de: 'a, 'a> Visitor<'de> for UsageVisitor<'a> {
-    type Value = Usage<'a>;
+/// A string field's text: the text between its quotes where it has no
+/// escape, else unescaped into a copy (a lone surrogate or a control
+/// character is not JSON).
+fn text<'de, E: serde::de::Error>(raw: &'de RawValue, field: &str) -> Result<Cow<'de, str>, E> {
+    let written = raw.get();
+    match written.strip_prefix('"').and_then(|rest| rest.strip_suffix('"')) {
+        Some(plain) if !plain.bytes().any(|b| b == b'\\' || b < 0x20) => Ok(Cow::Borrowed(plain)),
+        Some(_) => String::deserialize(raw)
+            .map(Cow::Owned)
+            .map_err(|_| E::custom("event is not valid JSON")),
+        None => Err(E::custom(format_args!("field `{field}` must be a string"))),
+    }
+}
+
+impl<'de> Visitor<'de> for UsageVisitor {
+    type Value = Usage<'de>;
 
     fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(formatter, "a usage event {USAGE_FIELDS}")
+        formatter.write_str("a JSON object")
     }
 
-    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Usage<'a>, M::Error> {
-        let (mut id, mut customer, mut metric, mut ts, mut quantity) =
-            (None, None, None, None, None);
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Usage<'de>, M::Error> {
+        // Every field is taken as written and judged after the whole object
+        // is read, in a fixed order, so the reason does not depend on the
+        // order the fields came in.
+        let mut seen: [Option<&'de RawValue>; 5] = [None; 5];
+        let mut twice = [false; 5];
         let mut others = Vec::new();
         while let Some(Name(name)) = map.next_key()? {
-            let slot = match &*name {
-                "id" => &mut id,
-                "customer" => &mut customer,
-                "metric" => &mut metric,
-                "ts" => &mut ts,
-                "quantity" => {
-                    if quantity.is_some() {
-                        return Err(M::Error::duplicate_field("quantity"));
-                    }
-                    quantity = Some(map.next_value()?);
-                    continue;
-                }
-                _ => {
-                    others.push((name, map.next_value()?));
-                    continue;
-                }
-            };
-            if slot.is_some() {
-                return Err(M::Error::duplicate_field(field_name(&name)));
+            let value: &'de RawValue = map.next_value()?;
+            match FIELDS.iter().position(|field| *field == name) {
+                Some(index) => twice[index] |= seen[index].replace(value).is_some(),
+                None => others.push((name, value)),
             }
-            let Text(text) = map.next_value()?;
-            *slot = Some(text);
         }
-        let missing = |field: &'static str| {
-            M::Error::custom(format!("a usage event is {USAGE_FIELDS}: missing field `{field}`"))
-        };
+        for (index, field) in FIELDS.iter().enumerate() {
+            if twice[index] {
+                return Err(M::Error::custom(format_args!("field `{field}` is given twice")));
+            }
+            if seen[index].is_none() && index != QUANTITY {
+                return Err(M::Error::custom(format_args!("field `{field}` is missing")));
+            }
+        }
+        let field = |index: usize| text(seen[index].expect("checked above"), FIELDS[index]);
         Ok(Usage {
-            id: id.ok_or_else(|| missing("id"))?,
-            customer: customer.ok_or_else(|| missing("customer"))?,
-            metric: metric.ok_or_else(|| missing("metric"))?,
-            ts: ts.ok_or_else(|| missing("ts"))?,
-            quantity,
+            id: field(0)?,
+            customer: field(1)?,
+            metric: field(2)?,
+            ts: field(4)?,
+            quantity: seen[QUANTITY],
             others,
         })
     }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Usage<'de>, E> {
+        Err(E::custom("event must be a JSON object"))
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Usage<'de>, E> {
+        Err(E::custom("event must be a JSON object"))
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Usage<'de>, E> {
+        Err(E::custom("event must be a JSON object"))
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Usage<'de>, E> {
+        Err(E::custom("event must be a JSON object"))
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Usage<'de>, E> {
+        Err(E::custom("event must be a JSON object"))
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Usage<'de>, E> {
+        Err(E::custom("event must be a JSON object"))
+    }
+    fn visit_seq<S: serde::de::SeqAccess<'de>>(self, mut seq: S) -> Result<Usage<'de>, S::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Err(serde::de::Error::custom("event must be a JSON object"))
+    }
 }
 
-/// `name` as one of the fields every event has.
-fn field_name(name: &str) -> &'static str {
-    ["id", "customer", "metric", "ts"].into_iter().find(|known| *known == name).unwrap_or("?")
+/// `text` as a JSON string, as a refusal quotes it.
+fn quoted(text: &str) -> String {
+    serde_json::to_string(text).expect("a string serializes")
 }
 
 /// The billing plugin, configured.
@@ -224,7 +256,8 @@ impl BillingPeriods {
     fn meter(&self, metric: &str) -> Result<&Meter, Reject> {
         self.meters.get(metric).ok_or_else(|| {
             Reject::new(format!(
-                "metric {metric:?} has no meter; name it in the job's [plugin_config] meters (it has: {})",
+                "metric {} has no meter; name it in the job's [plugin_config] meters (it has: {})",
+                quoted(metric),
                 self.meters.keys().cloned().collect::<Vec<_>>().join(", ")
             ))
         })
@@ -233,7 +266,7 @@ impl BillingPeriods {
 
 /// A quantity exactly as written: a non-negative integer up to 2^64 − 1.
 fn quantity(raw: Option<&RawValue>) -> Result<u64, Reject> {
-    let raw = raw.ok_or_else(|| Reject::new("quantity is missing"))?;
+    let raw = raw.ok_or_else(|| Reject::new("field `quantity` is missing"))?;
     let text = raw.get();
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Reject::new(format!("quantity must be a non-negative integer, got {text}")));
@@ -244,7 +277,7 @@ fn quantity(raw: Option<&RawValue>) -> Result<u64, Reject> {
 }
 
 /// The named string field of the event, for `unique_count` (of a field
-/// written twice, the last).
+/// other than the five every event has written twice, the last).
 fn field(usage: &Usage<'_>, name: &str) -> Result<String, Reject> {
     let raw = match name {
         "id" => return Ok(usage.id.to_string()),
@@ -255,15 +288,16 @@ fn field(usage: &Usage<'_>, name: &str) -> Result<String, Reject> {
         _ => usage.others.iter().rev().find(|(other, _)| other == name).map(|(_, raw)| *raw),
     };
     let raw = raw.ok_or_else(|| {
-        Reject::new(format!("field {name:?} (counted by unique_count) is missing"))
+        Reject::new(format!("field {} (counted by unique_count) is missing", quoted(name)))
     })?;
-    match serde_json::from_str(raw.get()) {
-        Ok(serde_json::Value::String(value)) => Ok(value),
-        Ok(other) => Err(Reject::new(format!(
-            "field {name:?} must be a string for its unique_count meter, got {other}"
-        ))),
-        Err(err) => Err(Reject::new(format!("field {name:?} does not read: {err}"))),
+    if !raw.get().starts_with('"') {
+        return Err(Reject::new(format!(
+            "field {} must be a string for its unique_count meter, got {}",
+            quoted(name),
+            raw.get()
+        )));
     }
+    String::deserialize(raw).map_err(|_| Reject::new("event is not valid JSON"))
 }
 
 impl Periods for BillingPeriods {
@@ -465,40 +499,39 @@ mod tests {
     #[test]
     fn malformed_events_and_configs_say_what_is_wrong() {
         let plugin = plugin();
-        let bad = |text: &str| tally_sdk::periods::describe(&plugin, text.as_bytes()).unwrap_err();
-        assert!(
-            bad(r#"{"id":"x","customer":"a","metric":"calls","quantity":-3,"ts":"t"}"#)
-                .contains("non-negative integer, got -3")
-        );
-        assert!(
-            bad(r#"{"id":"x","customer":"a","metric":"calls","quantity":1.5,"ts":"t"}"#)
-                .contains("got 1.5")
-        );
-        assert!(
-            bad(r#"{"id":"x","customer":"a","metric":"disk","quantity":1,"ts":"t"}"#)
-                .contains("metric \"disk\" has no meter")
-        );
-        assert!(
-            bad(r#"{"customer":"a","metric":"calls","quantity":1,"ts":"t"}"#)
-                .contains("missing field `id`")
-        );
-        assert!(
-            bad(r#"{"id":"x","customer":"a","metric":"seats","ts":"t","user":3}"#)
-                .contains("must be a string")
-        );
-        assert!(
-            bad(r#"{"id":"x","customer":"a","id":"y","metric":"calls","quantity":1,"ts":"t"}"#)
-                .contains("duplicate field `id`")
-        );
-        assert!(
-            bad(r#"{"id":7,"customer":"a","metric":"calls","quantity":1,"ts":"t"}"#)
-                .contains("invalid type: integer `7`")
-        );
-        assert!(bad("[1]").contains(r#"expected a usage event {"id", "#));
-        assert!(
-            bad(r#"{"id":"x","customer":"a","metric":"seats","ts":"t"}"#)
-                .contains(r#"field "user" (counted by unique_count) is missing"#)
-        );
+        // Each reason exactly as docs/billing.md writes it (every SDK's
+        // build gives these words).
+        let cases: [(&[u8], &str); 21] = [
+            (b"{\"id\":\"x\xff\"}", "event is not UTF-8"),
+            (b"{\"id\":\"x\",}", "event is not valid JSON"),
+            (b"{\"id\":\"x\"} {}", "event is not valid JSON"),
+            (b"[1]", "event must be a JSON object"),
+            (b"\"text\"", "event must be a JSON object"),
+            (br#"{"id":"x","customer":"a","id":"y","metric":"calls","quantity":1,"ts":"t"}"#, "field `id` is given twice"),
+            (br#"{"customer":"a","metric":"calls","quantity":1,"ts":"t","customer":"b"}"#, "field `id` is missing"),
+            (br#"{"id":"x","customer":"a","metric":"calls","quantity":1,"quantity":2,"ts":"t"}"#, "field `quantity` is given twice"),
+            (br#"{"id":"x","customer":"a","metric":"calls","quantity":1}"#, "field `ts` is missing"),
+            (br#"{"id":7,"customer":"a","metric":"calls","quantity":1,"ts":"t"}"#, "field `id` must be a string"),
+            (br#"{"id":"x","customer":"a","metric":"calls","quantity":1,"ts":5}"#, "field `ts` must be a string"),
+            (br#"{"id":"x","customer":"\ud800","metric":"calls","quantity":1,"ts":"t"}"#, "event is not valid JSON"),
+            (br#"{"id":"x","customer":"a","metric":"disk\n","quantity":1,"ts":"t"}"#, "metric \"disk\\n\" has no meter; name it in the job's [plugin_config] meters (it has: calls, gb, peak, requests, seats)"),
+            (br#"{"id":"x","customer":"a","metric":"calls","ts":"t"}"#, "field `quantity` is missing"),
+            (br#"{"id":"x","customer":"a","metric":"calls","quantity":-3,"ts":"t"}"#, "quantity must be a non-negative integer, got -3"),
+            (br#"{"id":"x","customer":"a","metric":"peak","quantity":1.5e0,"ts":"t"}"#, "quantity must be a non-negative integer, got 1.5e0"),
+            (br#"{"id":"x","customer":"a","metric":"gb","quantity":"5","ts":"t"}"#, "quantity must be a non-negative integer, got \"5\""),
+            (br#"{"id":"x","customer":"a","metric":"calls","quantity":18446744073709551616,"ts":"t"}"#, "quantity 18446744073709551616 is over the largest meterable, 2^64 - 1"),
+            (br#"{"id":"x","customer":"a","metric":"seats","ts":"t"}"#, "field \"user\" (counted by unique_count) is missing"),
+            (br#"{"id":"x","customer":"a","metric":"seats","ts":"t","user":[ 3 ]}"#, "field \"user\" must be a string for its unique_count meter, got [ 3 ]"),
+            (br#"{"id":"x","customer":"a","metric":"seats","ts":"t","user":"\udc00"}"#, "event is not valid JSON"),
+        ];
+        for (event, reason) in cases {
+            let got = tally_sdk::periods::describe(&plugin, event).unwrap_err();
+            assert_eq!(got, reason, "{}", String::from_utf8_lossy(event));
+        }
+        // A count meter reads no quantity; other fields may hold what they like.
+        let fine =
+            br#"{"id":"x","customer":"a","metric":"requests","ts":"t","note":"\ud800","q":{}}"#;
+        assert!(tally_sdk::periods::describe(&plugin, fine).is_ok());
         let facts =
             plugin.describe(usage(r#"{"id":"x","customer":"a","metric":"requests","ts":"t"}"#));
         assert_eq!(facts.unwrap().key[1], ("metric".to_string(), "requests".to_string()));

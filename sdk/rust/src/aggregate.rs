@@ -98,15 +98,7 @@ pub fn run_aggregate<A: Aggregate + ?Sized>(
 
     for (index, event) in events.iter().enumerate() {
         let index = index as u32;
-        // UTF-8 is checked once for the whole record, not string by string.
-        let decoded = match std::str::from_utf8(&event.value) {
-            Ok(text) if too_deep(text) => Err("event is not valid JSON".to_string()),
-            Ok(text) => {
-                serde_json::from_str::<A::Event<'_>>(text).map_err(|err| undecodable_reason(&err))
-            }
-            Err(_) => Err("event is not UTF-8".to_string()),
-        };
-        let decoded = match decoded {
+        let decoded = match decode_event::<A::Event<'_>>(&event.value) {
             Ok(decoded) => decoded,
             Err(reason) => {
                 rejections.push(Rejection { index, reason });
@@ -242,6 +234,25 @@ fn too_deep(text: &str) -> bool {
         }
     }
     false
+}
+
+/// A record decoded as an event, or why not in words every SDK uses (see
+/// `docs/billing.md`). UTF-8 is checked once for the whole record, not
+/// string by string.
+pub(crate) fn decode_event<'a, T: Deserialize<'a>>(value: &'a [u8]) -> Result<T, String> {
+    match std::str::from_utf8(value) {
+        Ok(text) if too_deep(text) => Err("event is not valid JSON".to_string()),
+        Ok(text) => serde_json::from_str::<T>(text).map_err(|err| {
+            // The event type may refuse a record before the decoder has
+            // read it all: a record that is not JSON says so first, as in
+            // every other SDK. Only refused records are read again.
+            match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+                Ok(_) => undecodable_reason(&err),
+                Err(_) => "event is not valid JSON".to_string(),
+            }
+        }),
+        Err(_) => Err("event is not UTF-8".to_string()),
+    }
 }
 
 /// Why a record does not decode, in words every SDK uses (see

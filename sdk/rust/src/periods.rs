@@ -149,10 +149,12 @@ pub fn configure<P: Periods>(config: &str) -> Result<P, String> {
 }
 
 /// What `value` (one record's bytes) says about itself, with its addend
-/// encoded as the host keeps it.
+/// encoded as the host keeps it. A record that does not decode is refused
+/// in the words every SDK uses (`event is not UTF-8`, `event is not valid
+/// JSON`, or the event type's own message without serde_json's position;
+/// see `docs/billing.md`).
 pub fn describe<P: Periods>(plugin: &P, value: &[u8]) -> Result<Facts<Vec<u8>>, String> {
-    let event: P::Event<'_> = serde_json::from_slice(value)
-        .map_err(|err| format!("the event is not the JSON this plugin reads: {err}"))?;
+    let event: P::Event<'_> = crate::aggregate::decode_event(value)?;
     let facts = plugin.describe(event).map_err(|reject| reject.0)?;
     let addend = serde_json::to_vec(&facts.addend)
         .map_err(|err| format!("its addend does not encode: {err}"))?;
