@@ -14,6 +14,6 @@ pub mod settings;
 pub use calendar::{Calendar, OutOfRange, Period, UnknownZone, Zone, time_zone_database};
 pub use rules::{
     Addition, Aggregation, AggregationKey, EventFacts, Folded, Offer, Offered, PartitionPeriods,
-    PeriodCounts, PeriodRecord, Verdict, refused_by_rule,
+    PeriodCounts, PeriodRecord, Verdict, refusal_of_facts, refused_by_rule,
 };
 pub use settings::{InvalidPeriods, PeriodSettings, PeriodsTable};

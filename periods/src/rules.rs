@@ -76,6 +76,8 @@ pub const MAX_EVENT_ID_BYTES: usize = 256;
 pub const MAX_KEY_FIELDS: usize = 16;
 /// Most bytes of an aggregation key's names and values together.
 pub const MAX_KEY_BYTES: usize = 1024;
+/// Longest customer (whose time zone decides an event's period), in bytes.
+pub const MAX_CUSTOMER_BYTES: usize = 1024;
 
 /// The fields of an aggregation key, in the plugin's order: they lead a
 /// period record and name it, with the period's label.
@@ -524,7 +526,7 @@ impl PartitionPeriods {
         out: &mut Vec<PeriodRecord>,
     ) -> Result<Verdict, Stop<A::Error>> {
         let (event, arrival) = (offer.facts, offer.arrival);
-        if let Some(refusal) = malformed(event) {
+        if let Some(refusal) = refusal_of_facts(event) {
             return Ok(Verdict::DeadLetter(refusal));
         }
         let settings = self.settings.clone();
@@ -980,7 +982,9 @@ fn exact<T, E>(result: Result<T, Stop<E>>) -> Result<T, E> {
 }
 
 /// Why `event`'s facts cannot be kept, if they cannot.
-fn malformed(event: &EventFacts) -> Option<String> {
+/// Why a plugin's description of an event is refused before any rule
+/// reads it (an id, key or customer past its bound), if it is.
+pub fn refusal_of_facts(event: &EventFacts) -> Option<String> {
     if event.id.is_empty() || event.id.len() > MAX_EVENT_ID_BYTES {
         return Some(format!(
             "refused: an event id must be 1 to {MAX_EVENT_ID_BYTES} bytes, this one is {}",
@@ -992,6 +996,12 @@ fn malformed(event: &EventFacts) -> Option<String> {
         return Some(format!(
             "refused: an aggregation key may have {MAX_KEY_FIELDS} fields of {MAX_KEY_BYTES} bytes in all, this one has {} of {key_bytes}",
             event.key.len()
+        ));
+    }
+    if event.customer.len() > MAX_CUSTOMER_BYTES {
+        return Some(format!(
+            "refused: a customer may have at most {MAX_CUSTOMER_BYTES} bytes, this one has {}",
+            event.customer.len()
         ));
     }
     None

@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use proptest::prelude::*;
 use tally_periods::{
     Addition, Aggregation, EventFacts, Folded, Offer, PartitionPeriods, PeriodCounts, PeriodRecord,
-    PeriodSettings, PeriodsTable, Verdict,
+    PeriodSettings, PeriodsTable, Verdict, refusal_of_facts,
 };
 
 /// A `sum` meter: the state is the total as decimal text; a payload is a
@@ -686,4 +686,42 @@ fn a_batch_is_folded_in_one_call_unless_an_event_is_refused() {
         one_by_one.offer(facts, payload);
     }
     assert_eq!(changes, one_by_one.periods.take_changes());
+}
+
+#[test]
+fn facts_past_their_bounds_are_refused_naming_the_bound_and_the_size() {
+    let base = event("e1", "2026-11-01T00:00:00Z", "acme");
+    let with = |change: &dyn Fn(&mut EventFacts)| {
+        let mut facts = base.clone();
+        change(&mut facts);
+        refusal_of_facts(&facts)
+    };
+    assert_eq!(refusal_of_facts(&base), None);
+    assert_eq!(with(&|f| f.id = "x".repeat(256)), None, "256 bytes is allowed");
+    assert_eq!(
+        with(&|f| f.id = String::new()).as_deref(),
+        Some("refused: an event id must be 1 to 256 bytes, this one is 0")
+    );
+    assert_eq!(
+        with(&|f| f.id = "x".repeat(257)).as_deref(),
+        Some("refused: an event id must be 1 to 256 bytes, this one is 257")
+    );
+    assert_eq!(
+        with(&|f| f.key = (0..17).map(|n| (n.to_string(), String::new())).collect()).as_deref(),
+        Some(
+            "refused: an aggregation key may have 16 fields of 1024 bytes in all, this one has 17 of 24"
+        )
+    );
+    assert_eq!(with(&|f| f.key = vec![("k".into(), "v".repeat(1023))]), None);
+    assert_eq!(
+        with(&|f| f.key = vec![("k".into(), "v".repeat(1024))]).as_deref(),
+        Some(
+            "refused: an aggregation key may have 16 fields of 1024 bytes in all, this one has 1 of 1025"
+        )
+    );
+    assert_eq!(with(&|f| f.customer = "c".repeat(1024)), None);
+    assert_eq!(
+        with(&|f| f.customer = "c".repeat(1025)).as_deref(),
+        Some("refused: a customer may have at most 1024 bytes, this one has 1025")
+    );
 }

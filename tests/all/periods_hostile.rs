@@ -116,6 +116,44 @@ fn a_hostile_period_plugin_costs_only_its_own_events() {
     }
 }
 
+/// A batch the plugin fails on whole is described event by event, and
+/// what those descriptions keep in all is bounded by the plugin's memory
+/// (as one call's are): past it, events are refused naming the limit,
+/// not held. 40 addends of 512 KiB (each within limits.max_value_bytes)
+/// pass a memory limit of 16 MiB.
+#[test]
+fn descriptions_of_a_batch_described_event_by_event_are_bounded_by_the_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = vec![event("b0", "trap-describe", 0)];
+    lines.extend((1..=40).map(|n| event(&format!("a{n}"), "big-addend", 1)));
+    lines.push(r#"{"id":"z","do":"ok","quantity":0,"ts":"2026-11-12T12:00:00Z"}"#.to_string());
+    let output = run(
+        dir.path(),
+        PERIODS_HOSTILE,
+        &lines,
+        "batch_size = 100\n[limits]\nmemory_bytes = 16777216\nmax_value_bytes = 600000\nmax_failures_in_a_row = 3",
+        "[periods]\ncalendar = \"day\"",
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let dead: Vec<(u64, String)> = read_dead_letters(&dir.path().join("out/dead-letters.ndjson"))
+        .into_iter()
+        .map(|(_, offset, reason)| (offset, reason))
+        .collect();
+    assert!(dead[0].1.contains("describe trapped as asked"), "{:?}", dead[0]);
+    let over: Vec<u64> = dead[1..]
+        .iter()
+        .map(|(offset, reason)| {
+            assert!(reason.contains("(limits.memory_bytes)"), "line {offset}: {reason}");
+            *offset
+        })
+        .collect();
+    // 16 MiB hold 31 descriptions of 512 KiB and a few bytes: the rest
+    // are refused, in order, and the first 31 count.
+    assert_eq!(over, (32..=40).collect::<Vec<u64>>(), "{dead:#?}");
+    let finals = std::fs::read_to_string(dir.path().join("out/periods.ndjson")).unwrap();
+    assert!(finals.contains(r#""value":31"#), "{finals}");
+}
+
 #[test]
 fn a_period_the_plugin_cannot_value_stops_the_job_before_it_commits() {
     let dir = tempfile::tempdir().unwrap();

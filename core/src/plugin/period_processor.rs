@@ -11,7 +11,8 @@ use std::fmt::Write as _;
 
 use jiff::Timestamp;
 use tally_periods::{
-    Addition, Aggregation, EventFacts, Folded, Offer, PeriodRecord, Verdict, time_zone_database,
+    Addition, Aggregation, EventFacts, Folded, Offer, PeriodRecord, Verdict, refusal_of_facts,
+    time_zone_database,
 };
 
 use super::bindings::periods as wit;
@@ -95,33 +96,56 @@ impl PeriodProcessor {
         Ok(())
     }
 
-    /// What each event says about itself; a batch the plugin fails on is
-    /// described event by event, so that only the culprit is refused.
-    fn describe(
-        &mut self,
-        events: &[wit::Event],
-    ) -> Result<Vec<Result<WitFacts, String>>, ProcessError> {
+    /// What each event says about itself and adds, read and bounded (or
+    /// why it is malformed); a batch the plugin fails on is described
+    /// event by event, so that only the culprit is refused. Each
+    /// description is bounded as it comes: what a batch's one-by-one
+    /// descriptions keep in all is bounded by the plugin's memory, as the
+    /// batch's one call is.
+    fn describe(&mut self, events: &[wit::Event]) -> Result<Vec<Read>, ProcessError> {
+        let limits = *self.instance.limits();
         match self.instance.describe(events) {
-            Ok(described) => return Ok(described),
+            Ok(described) => {
+                return Ok(described
+                    .into_iter()
+                    .map(|facts| read(facts, limits.max_value_bytes))
+                    .collect());
+            }
             // Counted once for the batch, then each event described alone.
             Err(ProcessError::Plugin(reason)) if events.len() > 1 => self.failed(&reason)?,
             Err(ProcessError::Plugin(reason)) => {
                 self.failed(&reason)?;
-                return Ok(vec![Err(format!("plugin failed describing it: {reason}"))]);
+                return Ok(vec![Err(format!("malformed: plugin failed describing it: {reason}"))]);
             }
             Err(other) => return Err(other),
         }
         let mut described = Vec::with_capacity(events.len());
+        let mut held: u64 = 0;
         for event in events {
-            match self.instance.describe(std::slice::from_ref(event)) {
-                Ok(mut one) => described
-                    .push(one.pop().unwrap_or_else(|| Err("plugin described nothing".into()))),
+            let one = match self.instance.describe(std::slice::from_ref(event)) {
+                Ok(mut one) => read(
+                    one.pop().unwrap_or_else(|| Err("plugin described nothing".into())),
+                    limits.max_value_bytes,
+                ),
                 Err(ProcessError::Plugin(reason)) => {
                     self.failed(&reason)?;
-                    described.push(Err(format!("plugin failed describing it: {reason}")));
+                    Err(format!("malformed: plugin failed describing it: {reason}"))
                 }
                 Err(other) => return Err(other),
-            }
+            };
+            let one = one.and_then(|(facts, addend)| {
+                let key: usize = facts.key.iter().map(|(name, value)| name.len() + value.len()).sum();
+                let size = (facts.id.len() + facts.customer.len() + key + addend.len()) as u64;
+                if held + size > limits.memory_bytes {
+                    return Err(format!(
+                        "malformed: its batch, described event by event after the plugin failed on it whole, was described in more than {} bytes (limits.memory_bytes); describe events in fewer bytes or raise the limit",
+                        limits.memory_bytes
+                    ));
+                }
+                held += size;
+                Ok((facts, addend))
+            });
+            described.push(one);
         }
         Ok(described)
     }
@@ -153,11 +177,7 @@ impl PeriodProcessor {
             // The events it offers to the rules, and what each adds.
             let mut facts = Vec::with_capacity(run.len());
             let mut addends = Vec::with_capacity(run.len());
-            let max_addend = self.instance.limits().max_value_bytes;
-            for (&index, described) in run.iter().zip(described.by_ref()) {
-                let read = described
-                    .map_err(|why| format!("malformed: {why}"))
-                    .and_then(|facts| facts_of(facts, max_addend));
+            for (&index, read) in run.iter().zip(described.by_ref()) {
                 match read {
                     Ok((read, addend)) => {
                         facts.push((index, read));
@@ -220,6 +240,23 @@ impl PeriodProcessor {
         }
         txn.put_host_state(book.take_changes());
         Ok(())
+    }
+}
+
+/// What `describe` said of one event, read and bounded: its facts and
+/// addend, or why it is malformed (the dead letter's reason).
+type Read = Result<(EventFacts, Vec<u8>), String>;
+
+/// `described` read ([`facts_of`]) and bounded as the rules bound facts
+/// ([`refusal_of_facts`]): an oversized description is dropped here, not
+/// held until the rules refuse it.
+fn read(described: Result<WitFacts, String>, max_addend: u32) -> Read {
+    let (facts, addend) = described
+        .map_err(|why| format!("malformed: {why}"))
+        .and_then(|facts| facts_of(facts, max_addend))?;
+    match refusal_of_facts(&facts) {
+        Some(reason) => Err(reason),
+        None => Ok((facts, addend)),
     }
 }
 

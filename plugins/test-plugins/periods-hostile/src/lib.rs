@@ -10,6 +10,8 @@
 //! - `extra-facts`: describes two events for one;
 //! - `huge-id`: an event id of 1 MiB;
 //! - `huge-addend`: an addend of 8 MiB;
+//! - `big-addend`: counts `quantity`, with an addend of 512 KiB (the event
+//!   and spaces);
 //! - `trap-add`, `loop-add`: fail while adding;
 //! - `huge-state`: a period state of 8 MiB;
 //! - `trap-value`: marks the state, whose value then traps.
@@ -111,6 +113,11 @@ impl Periods for Hostile {
                     described.push(Ok(facts("extra".into())));
                 }
                 "huge-id" => described.push(Ok(facts("x".repeat(1 << 20)))),
+                "big-addend" => {
+                    let mut addend = event.value.clone();
+                    addend.resize(512 << 10, b' ');
+                    described.push(Ok(EventFacts { addend, ..facts(field(value, "id").into()) }))
+                }
                 "huge-addend" => described.push(Ok(EventFacts {
                     addend: vec![b'7'; 8 << 20],
                     ..facts(field(value, "id").into())
