@@ -24,6 +24,11 @@ const OTHER_PLUGINS: &[(&str, &str)] = &[
     ("USAGE_BILLING_GO", "plugins/usage-billing-go"),
     ("USAGE_BILLING_C", "plugins/usage-billing-c"),
     ("GO_SANDBOX", "plugins/test-plugins/go-sandbox"),
+    ("BILLING_PERIODS_PYTHON", "plugins/billing-periods-python"),
+    ("BILLING_PERIODS_JS", "plugins/billing-periods-js"),
+    ("BILLING_PERIODS_TS", "plugins/billing-periods-ts"),
+    ("BILLING_PERIODS_GO", "plugins/billing-periods-go"),
+    ("BILLING_PERIODS_C", "plugins/billing-periods-c"),
 ];
 
 fn main() {
@@ -37,8 +42,8 @@ fn main() {
     let watched_sources = [
         "../wit",
         "../sdk/rust",
-        "../sdk/js/tally.js",
-        "../sdk/python/tally/__init__.py",
+        "../sdk/js",
+        "../sdk/python/tally",
         "../sdk/c",
         "../sdk/go",
         "../plugins/usage-billing-js/billing.js",

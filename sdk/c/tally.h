@@ -39,101 +39,14 @@
 #include <stdint.h>
 
 #include "plugin.h"
+#include "tally_json.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- Text being written: keys, states, outputs, reasons ---------------- */
-
-/** A growing byte buffer. */
-typedef struct tally_text {
-    uint8_t *bytes;
-    size_t len;
-    size_t cap;
-} tally_text;
-
-/** Appends `len` bytes. */
-void tally_text_bytes(tally_text *text, const void *bytes, size_t len);
-/** Appends a NUL-terminated string. */
-void tally_text_str(tally_text *text, const char *str);
-/** Appends an unsigned integer in decimal. */
-void tally_text_u64(tally_text *text, uint64_t value);
-/** Appends a signed integer in decimal. */
-void tally_text_i64(tally_text *text, int64_t value);
-/** Appends UTF-8 `utf8` as a JSON string, quoted and escaped as serde_json
- * writes it (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, other controls as
- * `\u00XX`; everything else as is). */
-void tally_text_json_string(tally_text *text, const uint8_t *utf8, size_t len);
-
-/** Frees a text's bytes (the SDK frees the texts it hands callbacks). */
-void tally_text_free(tally_text *text);
-
-/** Sets `why` to `reason` and returns false: `return tally_reject(why, "…");`. */
-bool tally_reject(tally_text *why, const char *reason);
-
-/* ---- JSON values, decoded strictly ------------------------------------- */
-
-/** What a JSON value is. */
-typedef enum tally_json_kind {
-    TALLY_JSON_NULL,
-    TALLY_JSON_FALSE,
-    TALLY_JSON_TRUE,
-    TALLY_JSON_NUMBER,
-    TALLY_JSON_STRING,
-    TALLY_JSON_ARRAY,
-    TALLY_JSON_OBJECT,
-} tally_json_kind;
-
-/** One decoded JSON value (it lives until the batch ends). */
-typedef struct tally_json {
-    tally_json_kind kind;
-    /** A string's UTF-8 (escapes resolved), or a number's source text. */
-    const uint8_t *text;
-    size_t len;
-    /** A string holding a lone surrogate escape (`"\ud800"`, kept as WTF-8;
-     * only with TALLY_JSON_LONE_SURROGATES). */
-    bool lone_surrogate;
-    /** Items of an array, members of an object. */
-    size_t count;
-    /** An array's items, an object's values. */
-    struct tally_json *items;
-    /** An object's names (strings), one per value. */
-    struct tally_json *names;
-} tally_json;
-
-/** Most nesting a decoded value may have (as serde_json's limit). */
-#define TALLY_JSON_MAX_DEPTH 128
-/** Keep strings with lone surrogate escapes instead of refusing them. */
-#define TALLY_JSON_LONE_SURROGATES 1
-
-/** Decodes one JSON value from `bytes` as strictly as serde_json: UTF-8
- * only, RFC 8259 (no comments, trailing commas, leading zeros, NaN), at
- * most TALLY_JSON_MAX_DEPTH levels. Numbers keep their source text (see
- * `tally_json_u64`). On failure returns false with `why` set to "event is
- * not UTF-8" or "event is not valid JSON" (the other SDKs' reasons). */
-bool tally_json_decode(const uint8_t *bytes, size_t len, int flags, tally_json *out, tally_text *why);
-/** The last value of member `name` of `object`; NULL when it has none or
- * `object` is NULL or not an object. */
-const tally_json *tally_json_get(const tally_json *object, const char *name);
-/** How many times `object` gives member `name`. */
-size_t tally_json_count(const tally_json *object, const char *name);
-/** Whether `value` is a string (NULL is not). */
-bool tally_json_is_string(const tally_json *value);
-/** Whether `value` is a number (NULL is not). */
-bool tally_json_is_number(const tally_json *value);
-/** `number` as a u64 when it is written as an integer without sign,
- * fraction or exponent, at most 2^64 - 1. */
-bool tally_json_u64(const tally_json *number, uint64_t *out);
-/** Whether `number` reads as a finite double (`1e400` does not). */
-bool tally_json_finite(const tally_json *number);
-/** Whether two strings hold the same text. */
-bool tally_json_string_is(const tally_json *string, const char *text);
-
-/* ---- Memory for the batch ---------------------------------------------- */
-
-/** `size` bytes (8-aligned, zeroed) freed when the batch ends. */
-void *tally_alloc(size_t size);
+/* Text, JSON and the arena (tally_json.h, shared with tally_periods.h):
+ * decoded JSON and `tally_alloc` blocks live until the batch ends. */
 
 /* ---- Logging ----------------------------------------------------------- */
 

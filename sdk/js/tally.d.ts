@@ -1,6 +1,10 @@
 // Types of Tally's JavaScript SDK (tally.js). TypeScript plugins compile
 // to JavaScript first; `tally plugin build` builds the .js.
 
+import type { Json } from "./json.js";
+export { Reject, JsonNumber, DUPLICATES, MAX_DEPTH, decodeJson, parseJson, encodeJson, encodeJsonText, utf8Encode, utf8Decode } from "./json.js";
+export type { Json, JsonOptions } from "./json.js";
+
 /** One record handed to the plugin by the host. */
 export interface HostEvent {
   /** Index of the source partition within the job. */
@@ -20,14 +24,6 @@ export interface Rejection {
   index: number;
   reason: string;
 }
-
-/** Why an event is refused: throw it; its message is the dead letter's reason. */
-export class Reject extends Error {
-  constructor(reason: string);
-}
-
-/** A value `encodeJson` can write (BigInt as an integer). */
-export type Json = null | boolean | number | bigint | string | JsonNumber | Json[] | { [field: string]: Json | undefined };
 
 /** A keyed aggregation, folded per key; see `aggregate`. */
 export interface AggregateSpec<Event, Key extends Json, State extends Json, Output extends Json = State> {
@@ -56,25 +52,6 @@ export function aggregate<Event, Key extends Json, State extends Json, Output ex
 
 /** The raw batch interface: bytes in, rejections out, effects through the host calls. */
 export function raw(process: (events: HostEvent[]) => Rejection[]): Aggregator;
-
-/** A JSON number kept as it was written (`decodeJson(bytes, { numbers: "raw" })`). */
-export class JsonNumber {
-  readonly text: string;
-  isInteger(): boolean;
-  /** Whether it reads as a finite double (`1e400` does not). */
-  isFinite(): boolean;
-}
-
-/** Fields an object decoded by `decodeJson` was given more than once. */
-export const DUPLICATES: unique symbol;
-export const MAX_DEPTH: number;
-
-/** Strict JSON from UTF-8 bytes; throws `Reject` ("event is not UTF-8", "event is not valid JSON"). */
-export function decodeJson(bytes: Uint8Array, options?: { numbers?: "bigint" | "raw" | "number"; loneSurrogates?: boolean }): any;
-export function encodeJson(value: Json): Uint8Array;
-export function encodeJsonText(value: Json): string;
-export function utf8Encode(text: string): Uint8Array;
-export function utf8Decode(bytes: Uint8Array): string;
 
 export const log: Record<"trace" | "debug" | "info" | "warn" | "error", (message: string) => void>;
 

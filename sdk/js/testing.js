@@ -69,3 +69,97 @@ export class PluginTest {
     return [...host.state].map(([key, value]) => [decoder.decode(Uint8Array.from(key, (c) => c.charCodeAt(0))), decoder.decode(value)]).sort();
   }
 }
+
+// ---- Period plugins (tally:plugin@0.2.0) ----------------------------------
+
+/**
+ * A period plugin loaded for testing: its module's `config` and `periods`
+ * exports, called as the host calls them (bytes in, bytes out), with the
+ * results as text. `fold` plays the host's part for one period per key.
+ *
+ *   const plugin = await PeriodsTest.load(new URL("./billing.js", import.meta.url), { meters: { calls: "sum" } });
+ *   const [facts] = plugin.describe(['{"id":"1","customer":"acme","metric":"calls","quantity":3,"ts":"2026-11-03T10:00:00Z"}']);
+ *   assert.equal(facts.addend, '{"sum":3}');
+ */
+export class PeriodsTest {
+  /** Loads the plugin module at `url` (it exports `config` and `periods`)
+   * and configures it with `config` (a value, encoded as JSON; default
+   * `{}`). Throws the plugin's message when it refuses the configuration. */
+  static async load(url, config = {}) {
+    const module = await import(url);
+    if (typeof module.config?.configure !== "function" || typeof module.periods?.describe !== "function") {
+      throw new Error(`${url} exports no period plugin (\`config\` and \`periods\`; see exportPeriods)`);
+    }
+    module.config.configure(typeof config === "string" ? config : encodeJsonText(config));
+    return new PeriodsTest(module);
+  }
+
+  constructor(module) {
+    this.module = module;
+    this.offset = 0;
+  }
+
+  /** Describes a batch of records (strings or bytes) on partition 0: per
+   * record, its facts (`{ id, time, key, customer, addend }`, the time as
+   * `{ rfc3339 }` or `{ unixMillis }` and the addend as text) or
+   * `{ error }`, the reason it is malformed. */
+  describe(records) {
+    const events = records.map((record) => ({
+      partition: 0,
+      offset: this.offset++,
+      timestampMs: null,
+      key: null,
+      value: typeof record === "string" ? encoder.encode(record) : Uint8Array.from(record),
+    }));
+    return this.module.periods.describe(events).map((result) => {
+      if (result.tag === "err") return { error: result.val };
+      const { id, time, key, customer, addend } = result.val;
+      const at = time.tag === "rfc3339" ? { rfc3339: time.val } : { unixMillis: time.val };
+      return { id, time: at, key, customer, addend: decoder.decode(addend) };
+    });
+  }
+
+  /** The WIT `add`, with text: `states` (text or null), `addends` (text),
+   * `additions` (`{ period, time: { seconds, nanoseconds }, addend }`; a
+   * time may be given as seconds alone). Returns `{ states }` (text) or
+   * `{ refusal: { addition, reason } }`. */
+  add(states, addends, additions) {
+    try {
+      const folded = this.module.periods.add(
+        states.map((state) => (state == null ? null : encoder.encode(state))),
+        addends.map((addend) => encoder.encode(addend)),
+        additions.map(({ period = 0, time = 0, addend }) => ({ period, time: typeof time === "object" ? time : { seconds: time, nanoseconds: 0 }, addend })),
+      );
+      return { states: folded.map((state) => decoder.decode(state)) };
+    } catch (refusal) {
+      if (typeof refusal?.reason !== "string") throw refusal;
+      return { refusal: { addition: refusal.addition, reason: refusal.reason } };
+    }
+  }
+
+  /** The value of a period whose state is `state` (text), as the host reads it. */
+  value(state) {
+    return this.module.periods.value(encoder.encode(state));
+  }
+
+  /** Plays the host for events `[record, seconds]`: describes them, folds
+   * each accepted one (alone, as the host does after a refusal) into its
+   * key's one period, and returns `{ states, values, errors }`: per key
+   * (`customer/metric/...` of its key values joined by "/"), the state
+   * text and value, and per refused or malformed event its index and
+   * reason. */
+  fold(events) {
+    const states = new Map();
+    const errors = [];
+    const described = this.describe(events.map(([record]) => record));
+    described.forEach((facts, index) => {
+      if (facts.error !== undefined) return errors.push({ index, reason: `malformed: ${facts.error}` });
+      const key = facts.key.map(([, value]) => value).join("/");
+      const added = this.add([states.get(key) ?? null], [facts.addend], [{ period: 0, time: events[index][1], addend: 0 }]);
+      if (added.refusal) return errors.push({ index, reason: `refused: ${added.refusal.reason}` });
+      states.set(key, added.states[0]);
+    });
+    const values = new Map([...states].map(([key, state]) => [key, this.value(state)]));
+    return { states, values, errors };
+  }
+}

@@ -1,21 +1,28 @@
 //! The closed `wasi_snapshot_preview1` Go plugins are built with: the
-//! checked-in module is its WAT source assembled, with the world it imports
-//! embedded (TALLY_REGENERATE=1 writes it again), and a Go plugin that
-//! reads clocks, randomness, its environment and files sees only what the
-//! input hands it, the same on every run.
+//! checked-in modules are its WAT source assembled, with the world it
+//! imports embedded (TALLY_REGENERATE=1 writes them again) — one for each
+//! contract, whose logs differ only in their package version — and a Go
+//! plugin that reads clocks, randomness, its environment and files sees
+//! only what the input hands it, the same on every run.
 
 use std::path::Path;
 
-/// The world the closed WASI imports: the plugin log, for stdout and stderr.
-const ADAPTER_WORLD: &str =
-    "package tally:closed-wasi;\nworld adapter { import tally:plugin/log@0.1.0; }\n";
-
-fn assembled() -> Vec<u8> {
+/// The adapter for the contract `version` of `tally:plugin`: the WAT source,
+/// its log import that version's, assembled with the world it imports
+/// embedded (the plugin log, for stdout and stderr).
+fn assembled(version: &str) -> Vec<u8> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let mut adapter = wat::parse_file(workspace.join("sdk/go/closed-wasi.wat")).unwrap();
+    let source = std::fs::read_to_string(workspace.join("sdk/go/closed-wasi.wat")).unwrap();
+    let import = "\"tally:plugin/log@0.1.0\"";
+    assert_eq!(source.matches(import).count(), 1, "the WAT imports the log once");
+    let source = source.replace(import, &format!("\"tally:plugin/log@{version}\""));
+    let mut adapter = wat::parse_str(&source).unwrap();
     let mut resolve = wit_parser::Resolve::default();
-    resolve.push_path(workspace.join("wit/tally-plugin@0.1.0")).unwrap();
-    let package = resolve.push_str("closed-wasi.wit", ADAPTER_WORLD).unwrap();
+    resolve.push_path(workspace.join(format!("wit/tally-plugin@{version}"))).unwrap();
+    let world_text = format!(
+        "package tally:closed-wasi;\nworld adapter {{ import tally:plugin/log@{version}; }}\n"
+    );
+    let package = resolve.push_str("closed-wasi.wit", &world_text).unwrap();
     let world = resolve.select_world(&[package], Some("adapter")).unwrap();
     wit_component::embed_component_metadata(
         &mut adapter,
@@ -28,17 +35,19 @@ fn assembled() -> Vec<u8> {
 }
 
 #[test]
-fn the_checked_in_closed_wasi_is_assembled_from_its_source() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("sdk/go/closed-wasi.wasm");
-    let built = assembled();
-    if std::env::var_os("TALLY_REGENERATE").is_some() {
-        std::fs::write(&path, &built).unwrap();
+fn the_checked_in_closed_wasis_are_assembled_from_their_source() {
+    for (file, version) in [("closed-wasi.wasm", "0.1.0"), ("closed-wasi-periods.wasm", "0.2.0")] {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("sdk/go").join(file);
+        let built = assembled(version);
+        if std::env::var_os("TALLY_REGENERATE").is_some() {
+            std::fs::write(&path, &built).unwrap();
+        }
+        assert!(
+            std::fs::read(&path).unwrap() == built,
+            "sdk/go/{file} is stale: run this test with TALLY_REGENERATE=1"
+        );
     }
-    assert!(
-        std::fs::read(&path).unwrap() == built,
-        "sdk/go/closed-wasi.wasm is stale: run this test with TALLY_REGENERATE=1"
-    );
 }
 
 /// Runs the sandbox plugin over `input` with `tally run`; returns the

@@ -22,6 +22,7 @@ mod local_run;
 mod periods;
 mod periods_hostile;
 mod periods_kafka;
+mod periods_languages;
 mod refusals;
 mod sandbox;
 mod scaffold;

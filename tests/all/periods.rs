@@ -21,12 +21,17 @@ use tally_tests::periods::{
 };
 use tally_tests::*;
 
-use crate::plugins::BILLING_PERIODS;
+use crate::plugins::{BILLING_PERIODS, BILLING_PERIODS_PYTHON};
 
-const PARTITIONS: usize = 5;
+pub(crate) const PARTITIONS: usize = 5;
 
 /// Writes the input files (partition 4 empty) and the job file.
 fn write_job(dir: &Path, input: &PeriodInput, settings: &str) -> PathBuf {
+    write_job_of(BILLING_PERIODS, dir, input, settings)
+}
+
+/// [`write_job`] with the period plugin at `plugin`.
+fn write_job_of(plugin: &str, dir: &Path, input: &PeriodInput, settings: &str) -> PathBuf {
     let mut inputs = Vec::new();
     for partition in 0..PARTITIONS {
         let path = dir.join(format!("usage-{partition}.ndjson"));
@@ -39,7 +44,7 @@ fn write_job(dir: &Path, input: &PeriodInput, settings: &str) -> PathBuf {
         inputs.push(format!("{:?}", path.display().to_string()));
     }
     let job = format!(
-        "name = \"billing\"\nplugin = {BILLING_PERIODS:?}\noutputs = [\"periods\"]\n{settings}\n\
+        "name = \"billing\"\nplugin = {plugin:?}\noutputs = [\"periods\"]\n{settings}\n\
          [local]\ninputs = [{}]\noutput_dir = \"out\"\nstate_dir = \"state\"\n\
          [periods]\ntime_zones = {}\n[plugin_config]\n{PLUGIN_CONFIG}\n",
         inputs.join(", "),
@@ -51,7 +56,7 @@ fn write_job(dir: &Path, input: &PeriodInput, settings: &str) -> PathBuf {
 }
 
 /// Partition 4 receives its lines.
-fn append_later(dir: &Path, input: &PeriodInput) {
+pub(crate) fn append_later(dir: &Path, input: &PeriodInput) {
     let mut file = std::fs::OpenOptions::new()
         .append(true)
         .open(dir.join(format!("usage-{}.ndjson", PARTITIONS - 1)))
@@ -62,7 +67,7 @@ fn append_later(dir: &Path, input: &PeriodInput) {
 }
 
 /// The two runs' input, as the model reads it.
-fn runs(input: &PeriodInput) -> Vec<Vec<(usize, u64, &PeriodLine)>> {
+pub(crate) fn runs(input: &PeriodInput) -> Vec<Vec<(usize, u64, &PeriodLine)>> {
     let second =
         input.later.iter().enumerate().map(|(o, l)| (PARTITIONS - 1, o as u64, l)).collect();
     vec![first_run(input), second]
@@ -90,7 +95,7 @@ pub(crate) struct Record {
     pub(crate) idempotency_key: String,
 }
 
-fn read_records_at(path: &Path) -> Vec<Record> {
+pub(crate) fn read_records_at(path: &Path) -> Vec<Record> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines()
         .map(|line| {
@@ -123,7 +128,7 @@ fn check(dir: &Path, expected: &Expected) -> BTreeSet<String> {
 }
 
 /// [`check`] of job `job`'s output files `periods` and `dead_letters`.
-fn check_files(
+pub(crate) fn check_files(
     job: &str,
     periods: &Path,
     dead_letters: &Path,
@@ -269,6 +274,21 @@ fn periods_match_the_model_with_batches_of_one_and_of_ten_thousand() {
 
 #[test]
 fn killed_at_random_moments_a_period_job_emits_every_final_once() {
+    kill_and_check(BILLING_PERIODS, 8000);
+}
+
+/// The same with the Python build of the plugin (another language's SDK,
+/// an interpreter, the slowest build): nothing of exactly-once may rest
+/// on the plugin's language.
+#[test]
+fn killed_at_random_moments_a_python_period_plugin_emits_every_final_once() {
+    kill_and_check(BILLING_PERIODS_PYTHON, 3000);
+}
+
+/// Runs the job with `plugin` over generated input of `per_partition`
+/// lines, killed (SIGKILL) at random moments, then to its end, and checks
+/// it against the model.
+fn kill_and_check(plugin: &str, per_partition: usize) {
     let seed =
         std::env::var("TALLY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
@@ -277,9 +297,9 @@ fn killed_at_random_moments_a_period_job_emits_every_final_once() {
     println!("periods crash test seed: {seed} (set TALLY_CRASH_SEED to replay)");
     let mut rng = Rng::new(seed);
     let dir = tempfile::tempdir().unwrap();
-    let input = generate(seed, 8000);
+    let input = generate(seed, per_partition);
     let expected = expect(&runs(&input));
-    let job = write_job(dir.path(), &input, "batch_size = 16\ncommit_interval_ms = 2");
+    let job = write_job_of(plugin, dir.path(), &input, "batch_size = 16\ncommit_interval_ms = 2");
     let dead_path = dir.path().join("out/dead-letters.ndjson");
     let kills = run_killing(&job, &dir.path().join("compiled"), &dead_path, 10, 30, &mut rng);
     assert!(kills >= 5, "only {kills} kills landed mid-run");

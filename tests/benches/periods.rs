@@ -20,7 +20,10 @@ use tally_core::plugin::PluginRuntime;
 use tally_core::settings::{DEFAULT_BATCH_SIZE, JobSettings};
 use tally_local::{LocalConfig, LocalTask};
 use tally_periods::{PeriodSettings, PeriodsTable};
-use tally_tests::{UsageLine, env_or, expected_totals, process_cpu_seconds, usage_lines};
+use tally_tests::{
+    env_or, expected_totals, process_cpu_seconds, usage_lines, with_event_ids,
+    write_partitions_by_customer,
+};
 
 #[allow(dead_code)] // the benchmark uses two of the plugins
 mod plugins {
@@ -57,41 +60,6 @@ fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> (JobSettings, 
     (settings, local)
 }
 
-/// The lines, each with an event id of its own.
-fn with_ids(lines: Vec<UsageLine>) -> Vec<UsageLine> {
-    lines
-        .into_iter()
-        .enumerate()
-        .map(|(n, mut line)| {
-            line.line = line.line.replacen('{', &format!("{{\"id\":\"evt-{n:09}\","), 1);
-            line
-        })
-        .collect()
-}
-
-/// Writes `lines` into `files` NDJSON files, each customer's into one (a
-/// period job's partitions are keyed by customer, as Kafka producers key
-/// usage); returns the paths.
-fn write_by_customer(dir: &Path, lines: &[UsageLine], files: usize) -> Vec<std::path::PathBuf> {
-    let mut texts = vec![String::new(); files];
-    for line in lines {
-        let customer =
-            line.line.split("\"customer\":\"").nth(1).unwrap().split('"').next().unwrap();
-        let file = customer.bytes().map(usize::from).sum::<usize>() % files;
-        texts[file].push_str(&line.line);
-        texts[file].push('\n');
-    }
-    texts
-        .into_iter()
-        .enumerate()
-        .map(|(index, text)| {
-            let path = dir.join(format!("usage-{index}.ndjson"));
-            std::fs::write(&path, text).unwrap();
-            path
-        })
-        .collect()
-}
-
 /// Bytes of the live SST files of the RocksDB at `path`, after a full
 /// compaction, and its entries.
 fn compacted_size(path: &Path) -> (u64, u64) {
@@ -126,8 +94,8 @@ fn main() {
             .unwrap_or_else(|_| std::env::temp_dir().display().to_string()),
     )
     .expect("bench directory");
-    let lines = with_ids(usage_lines(2026, events, 0));
-    let inputs = write_by_customer(dir.path(), &lines, 4);
+    let lines = with_event_ids(usage_lines(2026, events, 0));
+    let inputs = write_partitions_by_customer(dir.path(), &lines, 4);
     let october: u64 = expected_totals(&lines)
         .iter()
         .filter(|(key, _)| key.2 == "2026-10")

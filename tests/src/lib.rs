@@ -124,6 +124,45 @@ pub fn process_cpu_seconds() -> f64 {
     ticks as f64 / 100.0 // USER_HZ is 100 on Linux
 }
 
+/// The lines, each with an event id of its own.
+pub fn with_event_ids(lines: Vec<UsageLine>) -> Vec<UsageLine> {
+    lines
+        .into_iter()
+        .enumerate()
+        .map(|(n, mut line)| {
+            line.line = line.line.replacen('{', &format!("{{\"id\":\"evt-{n:09}\","), 1);
+            line
+        })
+        .collect()
+}
+
+/// Writes `lines` into `files` NDJSON files, each customer's into one (a
+/// period job's partitions are keyed by customer, as Kafka producers key
+/// usage); returns the paths.
+pub fn write_partitions_by_customer(
+    dir: &Path,
+    lines: &[UsageLine],
+    files: usize,
+) -> Vec<std::path::PathBuf> {
+    let mut texts = vec![String::new(); files];
+    for line in lines {
+        let customer =
+            line.line.split("\"customer\":\"").nth(1).unwrap().split('"').next().unwrap();
+        let file = customer.bytes().map(usize::from).sum::<usize>() % files;
+        texts[file].push_str(&line.line);
+        texts[file].push('\n');
+    }
+    texts
+        .into_iter()
+        .enumerate()
+        .map(|(index, text)| {
+            let path = dir.join(format!("usage-{index}.ndjson"));
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect()
+}
+
 /// Writes `lines` split round-robin into `files` NDJSON files in `dir`;
 /// returns the paths and, per file, its lines.
 pub fn write_partitions(

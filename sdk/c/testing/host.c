@@ -7,6 +7,8 @@
 #include "plugin.h"
 #include "tally_testing.h"
 
+#include "host_common.c"
+
 typedef struct entry {
     uint8_t *key, *value;
     size_t key_len, value_len;
@@ -23,26 +25,6 @@ static tally_test_dead_letter *dead;
 static size_t dead_count;
 static char **logs;
 static size_t log_count;
-static int failures;
-
-static void *grow(void *ptr, size_t size) {
-    void *grown = realloc(ptr, size ? size : 1);
-    if (!grown) abort();
-    return grown;
-}
-
-/* What the canonical ABI hands a plugin for an empty buffer: a pointer
- * that is not malloc's (the alignment), which the plugin must not free;
- * the sanitizers catch one that does. */
-#define EMPTY ((uint8_t *)1)
-
-/* A buffer handed to the plugin, as the component model hands it. */
-static uint8_t *handed(const void *bytes, size_t len) {
-    if (len == 0) return EMPTY;
-    uint8_t *out = grow(NULL, len);
-    memcpy(out, bytes, len);
-    return out;
-}
 
 static uint8_t *copy(const void *bytes, size_t len, int terminate) {
     uint8_t *out = grow(NULL, len + (terminate ? 1 : 0));
@@ -196,16 +178,3 @@ size_t tally_test_state_count(void) { return entry_count; }
 size_t tally_test_log_count(void) { return log_count; }
 
 const char *tally_test_log(size_t index) { return index < log_count ? logs[index] : NULL; }
-
-void tally_test_fail(const char *file, int line, const char *what, const char *actual, const char *expected) {
-    failures++;
-    if (expected || actual)
-        fprintf(stderr, "%s:%d: %s is \"%s\", expected \"%s\"\n", file, line, what, actual ? actual : "(null)", expected ? expected : "(null)");
-    else
-        fprintf(stderr, "%s:%d: check failed: %s\n", file, line, what);
-}
-
-int tally_test_failures(void) {
-    if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
-    return failures;
-}

@@ -21,6 +21,9 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The checks: TALLY_CHECK, TALLY_CHECK_STR, tally_test_failures. */
+#include "tally_check.h"
+
 /** One record a batch emitted, key and value as NUL-terminated text. */
 typedef struct tally_test_record {
     const char *output;
@@ -56,20 +59,5 @@ size_t tally_test_state_count(void);
 /** The lines logged so far, each "level: message". */
 size_t tally_test_log_count(void);
 const char *tally_test_log(size_t index);
-
-/** Records a failed check (used by the macros below). */
-void tally_test_fail(const char *file, int line, const char *what, const char *actual, const char *expected);
-/** How many checks failed so far. */
-int tally_test_failures(void);
-
-#define TALLY_CHECK(condition) \
-    ((condition) ? (void)0 : tally_test_fail(__FILE__, __LINE__, #condition, NULL, NULL))
-#define TALLY_CHECK_STR(actual, expected)                                                              \
-    do {                                                                                               \
-        const char *tally_actual_ = (actual), *tally_expected_ = (expected);                           \
-        if (!tally_actual_ || !tally_expected_ ? tally_actual_ != tally_expected_                      \
-                                               : strcmp(tally_actual_, tally_expected_) != 0)          \
-            tally_test_fail(__FILE__, __LINE__, #actual, tally_actual_, tally_expected_);              \
-    } while (0)
 
 #endif

@@ -1,6 +1,7 @@
 """Tally's Python SDK: write an aggregation plugin as a few functions, build
 it with `tally plugin build <dir>` into a component that imports nothing but
-`tally:plugin` (state, output, log).
+`tally:plugin` (state, output, log). A period plugin (`tally:plugin@0.2.0`,
+`[tool.tally] world = "periods-plugin"`) is a class: see `tally.periods`.
 
     from tally import aggregate, Reject
 
@@ -24,18 +25,22 @@ import re
 import sys
 from pathlib import Path
 
-try:
-    from wit_world.imports import log as _host_log, output as _output, state as _state
-
-    _IN_COMPONENT = True
-except ModuleNotFoundError:
+_IN_COMPONENT = sys.platform == "wasi"
+if not _IN_COMPONENT:
     # Natively (under pytest) there is no component: the bindings checked in
     # beside the SDK stand in, and tally.testing provides their host calls.
     sys.path.append(str(Path(__file__).resolve().parent.parent / "bindings"))
-    from wit_world.imports import log as _host_log, output as _output, state as _state
+from wit_world.imports import log as _host_log
+from wit_world.imports.types import Level
 
-    _IN_COMPONENT = False
-from wit_world.imports.types import Level, OutputRecord, Rejection
+try:
+    from wit_world.imports import output as _output, state as _state
+    from wit_world.imports.types import OutputRecord, Rejection
+except ImportError:
+    # A period plugin's component (tally:plugin@0.2.0) imports only `log`:
+    # it has no state or outputs of its own, and `aggregate` and `raw`,
+    # which need them, are not for it.
+    _output = _state = OutputRecord = Rejection = None
 
 
 class LogStream:
@@ -65,7 +70,7 @@ if _IN_COMPONENT:
 
 __all__ = [
     "Reject", "log", "aggregate", "raw", "state", "output",
-    "decode_json", "encode_json", "JsonNumber", "duplicates", "MAX_DEPTH",
+    "decode_json", "encode_json", "JsonNumber", "duplicates", "MAX_DEPTH", "too_deep",
 ]
 
 state = _state
@@ -260,9 +265,11 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _too_deep(data: bytes) -> bool:
-    """Whether arrays and objects nest past MAX_DEPTH (linear, and only
-    scanned when the record holds that many brackets at all)."""
+def too_deep(data: bytes) -> bool:
+    """Whether arrays and objects nest past MAX_DEPTH, strings skipped
+    (linear, and only scanned when the record holds that many brackets at
+    all): `decode_json` refuses such a record, and so should a plugin's own
+    decoder before it hands a record to the json module."""
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
         return False
     depth = 0
@@ -296,7 +303,7 @@ def decode_json(value: bytes, *, numbers: str = "exact", lone_surrogates: bool =
         text = value.decode("utf-8")
     except UnicodeDecodeError:
         raise Reject("event is not UTF-8") from None
-    if _too_deep(value):
+    if too_deep(value):
         raise Reject("event is not valid JSON")
     try:
         decoded = (_RAW if numbers == "raw" else _STRICT).decode(text)

@@ -13,15 +13,22 @@ answers the same `tally:plugin` calls a component makes, so a test needs no
 build; `tally plugin build` and the host's own tests check the component.
 Like the host, it discards a batch's state changes and outputs when
 `process` raises anything but `Reject` (and re-raises it: that is a bug).
+
+A period plugin (tally.periods) is tested with `PeriodsTest`, below.
 """
 
+import calendar
+import json
+import re
 from dataclasses import dataclass
+from datetime import datetime
 
 import tally  # noqa: F401  (puts the bindings on the path natively)
+from componentize_py_types import Err
 from wit_world.imports import log as host_log, output as host_output, state as host_state
 from wit_world.imports.types import Event
 
-from tally import encode_json
+from tally import encode_json, periods
 
 
 @dataclass
@@ -130,3 +137,169 @@ class PluginTest:
     def logs(self) -> list:
         """Every line logged so far, as (level, message)."""
         return self.host.logs
+
+
+# ---- Period plugins (tally:plugin@0.2.0) ------------------------------------
+
+
+@dataclass
+class Described:
+    """What `describe` said of a record it did not refuse (the addend as the
+    host keeps it, as text)."""
+
+    id: str
+    time: str | int
+    key: list
+    customer: str
+    addend: str
+
+
+@dataclass
+class Folded:
+    """What one `PeriodsTest.send` did: the dead letters (`malformed: ` or
+    `refused: ` and the plugin's reason, as the host writes them) and the
+    value of each period it changed, by key (the tuple of the key's values)."""
+
+    dead_letters: list
+    values: dict
+
+
+_TIME = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?([Zz]|([+-])([0-9]{2}):([0-9]{2}))")
+
+
+def instant(time: str | int) -> periods.Instant:
+    """An event time (RFC 3339 text with an offset, or Unix milliseconds) as
+    the host reads it; `ValueError` when it is not one."""
+    if isinstance(time, int):
+        return periods.Instant(time // 1000, time % 1000 * 1_000_000)
+    parts = _TIME.fullmatch(time)
+    if parts is None:
+        raise ValueError(f"event time {time!r} is not an RFC 3339 instant with an offset")
+    year, month, day, hour, minute, second = (int(part) for part in parts.group(1, 2, 3, 4, 5, 6))
+    try:
+        seconds = calendar.timegm(datetime(year, month, day, hour, minute, min(second, 59)).timetuple())
+    except ValueError:
+        raise ValueError(f"event time {time!r} is not an RFC 3339 instant with an offset") from None
+    if parts.group(9):
+        offset = int(parts.group(10)) * 3600 + int(parts.group(11)) * 60
+        seconds -= offset if parts.group(9) == "+" else -offset
+    fraction = (parts.group(7) or ".")[1:]
+    return periods.Instant(seconds, int(fraction.ljust(9, "0")))
+
+
+class PeriodsTest:
+    """A period plugin (its `PeriodPlugin` class) under test, natively,
+    through the very `Config` and `Periods` exports its component has:
+
+        plugin = PeriodsTest(billing.Billing, {"meters": {"calls": "sum"}})
+        assert plugin.describe([record])[0].addend == '{"sum":3}'
+        sent = plugin.send([record, another])
+        assert sent.values == {("acme", "calls"): 5}
+
+    `describe` and `add` are the exports' calls; `send` plays the host over
+    one batch, simply: every key has one period, held across sends (no
+    calendar, watermark or de-duplication: docs/periods.md's host does
+    those). A configuration the plugin refuses raises `ConfigError`.
+    """
+
+    def __init__(self, plugin: type, config: dict | str | None = None):
+        config_export, periods_export = periods.export(plugin)
+        text = config if isinstance(config, str) else json.dumps({} if config is None else config)
+        try:
+            config_export().configure(text)
+        except Err as err:
+            raise periods.ConfigError(err.value) from None
+        self.exports = periods_export()
+        self.states: dict = {}
+        self.offset = 0
+
+    def _events(self, records) -> list:
+        events = []
+        for record in records:
+            value = record.encode() if isinstance(record, str) else bytes(record)
+            events.append(periods._wit_types.Event(partition=0, offset=self.offset, timestamp_ms=None, key=None, value=value))
+            self.offset += 1
+        return events
+
+    def describe(self, records) -> list:
+        """The export's answer for each record (str or bytes): a `Described`,
+        or the plugin's reason for refusing it (the host dead-letters it
+        with `malformed: ` before the reason)."""
+        results = self.exports.describe(self._events(records))
+        described = []
+        for result in results:
+            if isinstance(result, Err):
+                described.append(result.value)
+            else:
+                facts = result.value
+                described.append(Described(facts.id, facts.time.value, list(facts.key), facts.customer, bytes(facts.addend).decode()))
+        return described
+
+    def add(self, states, addends, additions) -> list:
+        """The export's answer: each state after the fold (text), or
+        `periods.Refused` (its `addition` index). `states` are text or None,
+        `addends` text, `additions` (period, time, addend) with the time as
+        an `Instant`, RFC 3339 text or Unix milliseconds."""
+        wit_additions = []
+        for period, time, addend in additions:
+            at = time if isinstance(time, periods.Instant) else instant(time)
+            wit_additions.append(periods._wit_periods.Addition(period, periods._wit_types.Instant(at.seconds, at.nanoseconds), addend))
+        try:
+            folded = self.exports.add(
+                [None if state is None else _bytes(state) for state in states], [_bytes(addend) for addend in addends], wit_additions
+            )
+        except Err as err:
+            raise periods.Refused(err.value.addition, err.value.reason) from None
+        return [bytes(state).decode() for state in folded]
+
+    def value(self, state) -> int:
+        """The export's value of a state (text or bytes)."""
+        return self.exports.value(_bytes(state))
+
+    def send(self, records) -> Folded:
+        """Describes a batch and adds what it may to each key's period in one
+        `add` call (and, if it refuses one, event by event, as the host
+        does); returns the dead letters and the values it changed."""
+        events = self._events(records)
+        dead_letters, accepted = [], []
+        for event, result in zip(events, self.exports.describe(events)):
+            if isinstance(result, Err):
+                dead_letters.append(DeadLetter(event.offset, f"malformed: {result.value}"))
+                continue
+            facts = result.value
+            try:
+                at = instant(facts.time.value)
+            except ValueError as err:
+                dead_letters.append(DeadLetter(event.offset, f"malformed: {err}"))
+                continue
+            accepted.append((event.offset, tuple(value for _, value in facts.key), at, bytes(facts.addend)))
+        changed = set()
+        try:
+            changed.update(self._fold(accepted))
+        except periods.Refused:
+            for one in accepted:
+                try:
+                    changed.update(self._fold([one]))
+                except periods.Refused as refused:
+                    dead_letters.append(DeadLetter(one[0], f"refused: {refused}"))
+        dead_letters.sort(key=lambda letter: letter.offset)
+        return Folded(dead_letters, {key: self.value(self.states[key]) for key in sorted(changed)})
+
+    def _fold(self, accepted) -> list:
+        keys = list(dict.fromkeys(key for _, key, _, _ in accepted))
+        index = {key: at for at, key in enumerate(keys)}
+        folded = self.add(
+            [self.states.get(key) for key in keys],
+            [addend for _, _, _, addend in accepted],
+            [(index[key], at, number) for number, (_, key, at, _) in enumerate(accepted)],
+        )
+        self.states.update(zip(keys, folded))
+        return keys
+
+    def state(self, *key: str) -> str | None:
+        """The state of the period of `key` (its values, in order), as text."""
+        return self.states.get(key)
+
+
+def _bytes(data) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)

@@ -89,6 +89,12 @@ pub enum BuildError {
          in the plugin's directory (or `npm install -g {COMPONENTIZE_QJS}`), or set TALLY_COMPONENTIZE_QJS to its path"
     )]
     NoJsToolchain,
+    /// No TypeScript compiler to build a TypeScript plugin with.
+    #[error(
+        "building a TypeScript plugin needs the npm package typescript: run `npm install --save-dev typescript` \
+         in the plugin's directory, or set TALLY_TSC to a `tsc`"
+    )]
+    NoTypeScriptCompiler,
     /// No componentize-py to build a Python plugin with.
     #[error(
         "building a Python plugin needs the PyPI package {COMPONENTIZE_PY}: run `python3 -m venv .venv && .venv/bin/pip install {COMPONENTIZE_PY}` \

@@ -1,21 +1,26 @@
 //! Builds Python plugins: a project (`pyproject.toml`; `[tool.tally]
-//! module`, default `app`, names the module that defines `Aggregator`) is
-//! staged with Tally's Python SDK as the package `tally`, then made into a
-//! component by componentize-py (CPython), with every WASI import stubbed:
-//! the component imports only `tally:plugin` (state, output, log).
+//! module`, default `app`, names the plugin's module, and `[tool.tally]
+//! world = "periods-plugin"` makes it a period plugin) is staged with
+//! Tally's Python SDK as the package `tally`, then made into a component
+//! by componentize-py (CPython), with every WASI import stubbed: the
+//! component imports only `tally:plugin` (state, output and log; a period
+//! plugin only log).
 
 use std::path::Path;
 use std::process::Command;
 
 use crate::stage::{
-    PLUGIN_WIT, find_tool, is_plain_name, read_manifest_text, stage_sources, write_files,
+    World, find_tool, is_plain_name, read_manifest_text, stage_sources, write_files,
 };
 use crate::{BuildError, BuiltPlugin};
 
 /// The Python SDK, built into every Python plugin as `tally`: the SDK
 /// always matches the contract this host links. (Its `testing` module is
 /// for native tests and stays out.)
-const PYTHON_SDK: &str = include_str!("../../python/tally/__init__.py");
+const PYTHON_SDK: &[(&str, &str)] = &[
+    ("tally/__init__.py", include_str!("../../python/tally/__init__.py")),
+    ("tally/periods.py", include_str!("../../python/tally/periods.py")),
+];
 /// The PyPI package that builds Python plugins, at the version checked.
 pub const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 /// Where a plugin project's own virtual environment keeps it.
@@ -25,18 +30,19 @@ const DEFAULT_MODULE: &str = "app";
 
 /// Builds the Python plugin project in `dir` into a component under `target_dir`.
 pub fn build_python(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildError> {
-    let (package, module) = read_manifest(dir)?;
+    let Manifest { package, module, world } = read_manifest(dir)?;
     let tool = find_tool("TALLY_COMPONENTIZE_PY", dir, LOCAL_TOOL, "componentize-py")
         .ok_or(BuildError::NoPythonToolchain)?;
     let stage = target_dir.join("python").join(&package);
     stage_sources(dir, &stage, target_dir, &["py"])?;
-    write_files(&stage, &[("tally/__init__.py", PYTHON_SDK), ("wit/plugin.wit", PLUGIN_WIT)])?;
+    write_files(&stage, PYTHON_SDK)?;
+    write_files(&stage, &[("wit/plugin.wit", world.wit())])?;
     let component = target_dir.join(format!("{}.wasm", package.replace('-', "_")));
     let status = Command::new(&tool)
         .arg("--quiet")
         .arg("--wit-path")
         .arg(stage.join("wit"))
-        .args(["--world", "plugin", "componentize", &module, "--stub-wasi", "--python-path"])
+        .args(["--world", world.name(), "componentize", &module, "--stub-wasi", "--python-path"])
         .arg(&stage)
         .arg("--output")
         .arg(&component)
@@ -51,8 +57,18 @@ pub fn build_python(dir: &Path, target_dir: &Path) -> Result<BuiltPlugin, BuildE
     Ok(BuiltPlugin { package, component })
 }
 
-/// The project's name and plugin module, from its `pyproject.toml`.
-fn read_manifest(dir: &Path) -> Result<(String, String), BuildError> {
+/// What a project's `pyproject.toml` says of its plugin.
+struct Manifest {
+    /// The project's name.
+    package: String,
+    /// The module componentize-py builds.
+    module: String,
+    /// The contract it is built against.
+    world: World,
+}
+
+/// The project's name, plugin module and world, from its `pyproject.toml`.
+fn read_manifest(dir: &Path) -> Result<Manifest, BuildError> {
     let not_a_project =
         |reason: String| BuildError::NotAPackage { path: dir.to_path_buf(), reason };
     let text = read_manifest_text(&dir.join("pyproject.toml")).map_err(not_a_project)?;
@@ -69,11 +85,17 @@ fn read_manifest(dir: &Path) -> Result<(String, String), BuildError> {
             "project name {name:?} must use only letters, digits, `-`, `_`, `.`"
         )));
     }
-    let module = match manifest
-        .get("tool")
-        .and_then(|tool| tool.get("tally"))
-        .and_then(|tally| tally.get("module"))
-    {
+    let tally = manifest.get("tool").and_then(|tool| tool.get("tally"));
+    let world = match tally.and_then(|tally| tally.get("world")) {
+        None => World::Plugin,
+        Some(world) => World::named(Some(
+            world
+                .as_str()
+                .ok_or_else(|| not_a_project("[tool.tally] world must be a string".into()))?,
+        ))
+        .map_err(|reason| not_a_project(format!("[tool.tally] {reason}")))?,
+    };
+    let module = match tally.and_then(|tally| tally.get("module")) {
         None => DEFAULT_MODULE,
         Some(module) => module
             .as_str()
@@ -101,5 +123,5 @@ fn read_manifest(dir: &Path) -> Result<(String, String), BuildError> {
             module.replace('.', "/")
         )));
     }
-    Ok((name.to_string(), module.to_string()))
+    Ok(Manifest { package: name.to_string(), module: module.to_string(), world })
 }

@@ -5,8 +5,51 @@ use std::path::{Path, PathBuf};
 
 use crate::BuildError;
 
-/// The contract plugins in other languages are built against.
-pub(crate) const PLUGIN_WIT: &str = include_str!("../../../wit/tally-plugin@0.1.0/plugin.wit");
+/// The `process` contract (`tally:plugin@0.1.0`, world `plugin`).
+const PLUGIN_WIT: &str = include_str!("../../../wit/tally-plugin@0.1.0/plugin.wit");
+/// The period contract (`tally:plugin@0.2.0`, world `periods-plugin`).
+const PERIODS_WIT: &str = include_str!("../../../wit/tally-plugin@0.2.0/plugin.wit");
+
+/// The contract a plugin in another language is built against: its WIT
+/// world. (A Rust plugin's SDK macro picks it.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum World {
+    /// `tally:plugin@0.1.0`: `process`, with state and outputs.
+    Plugin,
+    /// `tally:plugin@0.2.0`: a period plugin (`describe`, `add`, `value`).
+    Periods,
+}
+
+impl World {
+    /// The world's name in its WIT package.
+    pub fn name(self) -> &'static str {
+        match self {
+            World::Plugin => "plugin",
+            World::Periods => "periods-plugin",
+        }
+    }
+
+    /// The WIT package that defines it.
+    pub(crate) fn wit(self) -> &'static str {
+        match self {
+            World::Plugin => PLUGIN_WIT,
+            World::Periods => PERIODS_WIT,
+        }
+    }
+
+    /// The world a manifest names (`None`: not named, the `process` one);
+    /// `Err` says which names there are.
+    pub(crate) fn named(name: Option<&str>) -> Result<World, String> {
+        match name {
+            None | Some("plugin") => Ok(World::Plugin),
+            Some("periods-plugin") => Ok(World::Periods),
+            Some(other) => Err(format!(
+                "world {other:?} is not one Tally builds: name \"periods-plugin\" \
+                 (a period plugin, tally:plugin@0.2.0) or \"plugin\" (the default, tally:plugin@0.1.0)"
+            )),
+        }
+    }
+}
 
 /// Most bytes of a plugin manifest (`package.json`, `pyproject.toml`) read.
 pub(crate) const MAX_MANIFEST_BYTES: u64 = 1 << 20;

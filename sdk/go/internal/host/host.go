@@ -1,5 +1,6 @@
 // Package host is how the SDK reaches the Tally host: the component's
-// imports inside a component (wasip1), tallytest's in-memory host natively.
+// imports inside a component (set by export_tally_plugin_aggregator, the
+// `process` export), tallytest's in-memory host natively.
 package host
 
 // Record is one record for an output.

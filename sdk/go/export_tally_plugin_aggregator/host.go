@@ -1,6 +1,10 @@
 //go:build wasip1
 
-package host
+// The host's calls of a 0.1 plugin (state, output, log), set when the
+// component's `process` export is linked in: package tally itself imports
+// no host function, so a period plugin may use its JSON helpers.
+
+package export_tally_plugin_aggregator
 
 import (
 	witTypes "go.bytecodealliance.org/pkg/wit/types"
@@ -9,10 +13,11 @@ import (
 	"tally/bindings/tally_plugin_output"
 	"tally/bindings/tally_plugin_state"
 	"tally/bindings/tally_plugin_types"
+	"tally/internal/host"
 )
 
 func init() {
-	Host = Calls{
+	host.Host = host.Calls{
 		GetMany: func(keys [][]byte) [][]byte {
 			stored := tally_plugin_state.GetMany(keys)
 			values := make([][]byte, len(stored))
@@ -34,7 +39,7 @@ func init() {
 			tally_plugin_state.PutMany(pairs)
 		},
 		DeleteMany: tally_plugin_state.DeleteMany,
-		EmitMany: func(output string, records []Record) {
+		EmitMany: func(output string, records []host.Record) {
 			out := make([]tally_plugin_types.OutputRecord, len(records))
 			for i, record := range records {
 				key := witTypes.None[[]uint8]()

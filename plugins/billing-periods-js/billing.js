@@ -1,0 +1,351 @@
+// The period billing plugin in JavaScript: usage events metered per
+// customer, metric and calendar period in the customer's time zone. The
+// host owns the periods (docs/periods.md); this plugin says what each event
+// is and how its metric's meter counts it. It computes what
+// plugins/billing-periods (Rust) computes, byte for byte: the spec is
+// docs/billing.md, "The period billing plugin".
+//
+// Events: {"id":"e1","customer":"acme","metric":"calls","quantity":12,"ts":"2026-11-03T10:00:00Z"}
+// [plugin_config] meters = { calls = "sum", requests = "count", peak_gb = "max",
+//                            storage_gb = "latest", seats = { unique_count = "user" } }
+
+import { Periods, Reject, U64_MAX, compareUtf8, exportPeriods, isWellFormed, parseJson } from "tally/periods";
+
+/** The fields every event has, in the order they are checked. */
+const FIELDS = ["id", "customer", "metric", "quantity", "ts"];
+/** The fields that must be strings, in the order they are checked. */
+const TEXT_FIELDS = ["id", "customer", "metric", "ts"];
+const DIGITS = /^[0-9]+$/;
+const NOT_JSON = "event is not valid JSON";
+
+/** A meter: `{ name: "sum" | "count" | "max" | "latest" }` or
+ * `{ name: "unique_count", field }`. Addends and states are tagged by the
+ * meter that made them, as JSON: `{"sum":5}`, `"count"`, `{"unique":"zoë"}`. */
+export class BillingPeriods extends Periods {
+  /** Reads `[plugin_config] meters`; throws the Rust build's messages. */
+  constructor(config) {
+    super(config);
+    /** metric -> meter, by the metrics' UTF-8 bytes. */
+    this.meters = new Map(readMeters(config));
+    /** The metrics with a meter, as a refusal lists them. */
+    this.metered = [...this.meters.keys()].join(", ");
+  }
+
+  describe(event) {
+    if (!event.isObject()) throw new Reject("event must be a JSON object");
+    for (const field of FIELDS) {
+      const count = event.count(field);
+      if (count > 1) throw new Reject(`field \`${field}\` is given twice`);
+      if (count === 0 && field !== "quantity") throw new Reject(`field \`${field}\` is missing`);
+    }
+    const usage = event.value;
+    for (const field of TEXT_FIELDS) {
+      if (typeof usage[field] !== "string") throw new Reject(`field \`${field}\` must be a string`);
+      if (event.escaped && !isWellFormed(usage[field])) throw new Reject(NOT_JSON);
+    }
+    const meter = this.meters.get(usage.metric);
+    if (meter === undefined) {
+      throw new Reject(`metric ${JSON.stringify(usage.metric)} has no meter; name it in the job's [plugin_config] meters (it has: ${this.metered})`);
+    }
+    let addend;
+    switch (meter.name) {
+      case "sum":
+        addend = { sum: quantity(event) };
+        break;
+      case "count":
+        addend = "count";
+        break;
+      case "max":
+        addend = { max: quantity(event) };
+        break;
+      case "latest":
+        addend = { latest: quantity(event) };
+        break;
+      default:
+        addend = { unique: counted(event, meter.field) };
+    }
+    return {
+      id: usage.id,
+      time: usage.ts,
+      key: [
+        ["customer", usage.customer],
+        ["metric", usage.metric],
+      ],
+      customer: usage.customer,
+      addend,
+    };
+  }
+
+  add(state, time, addend) {
+    const meter = meterOf(addend);
+    if (state === undefined) {
+      switch (meter) {
+        case "sum":
+          return { sum: addend.sum };
+        case "count":
+          return { count: 1n };
+        case "max":
+          return { max: addend.max };
+        case "latest":
+          return { latest: { seconds: time.seconds, nanoseconds: time.nanoseconds, value: addend.latest } };
+        default:
+          return { unique: [addend.unique] };
+      }
+    }
+    const opened = meterOf(state);
+    if (opened !== meter) {
+      throw new Reject(
+        `the event's metric is metered by ${meter} but its period was opened by ${opened}: a metric's meter changed while its period was open; keep a metric's meter for its periods`,
+      );
+    }
+    switch (meter) {
+      case "sum": {
+        const sum = state.sum + addend.sum;
+        if (sum > U64_MAX) throw new Reject("the period's sum would pass 2^64 - 1, the largest meterable");
+        return { sum };
+      }
+      case "count":
+        return { count: state.count < U64_MAX ? state.count + 1n : U64_MAX };
+      case "max":
+        return addend.max > state.max ? { max: addend.max } : state;
+      case "latest": {
+        // Ties go to the event added first.
+        const latest = state.latest;
+        const later = time.seconds > latest.seconds || (time.seconds === latest.seconds && time.nanoseconds > latest.nanoseconds);
+        return later ? { latest: { seconds: time.seconds, nanoseconds: time.nanoseconds, value: addend.latest } } : state;
+      }
+      default:
+        insertSorted(state.unique, addend.unique);
+        return state;
+    }
+  }
+
+  value(state) {
+    if ("unique" in state) return BigInt(state.unique.length);
+    if ("latest" in state) return state.latest.value;
+    return state.sum ?? state.count ?? state.max;
+  }
+
+  encodeAddend(addend) {
+    if (addend === "count") return '"count"';
+    if ("unique" in addend) return `{"unique":${JSON.stringify(addend.unique)}}`;
+    const meter = meterOf(addend);
+    return `{"${meter}":${addend[meter]}}`;
+  }
+
+  decodeAddend(text) {
+    const number = ADDEND_NUMBER.exec(text);
+    if (number !== null) return { [number[1]]: u64(number[2]) };
+    if (text === '"count"') return "count";
+    return readAddend(parseJson(text));
+  }
+
+  encodeState(state) {
+    if ("unique" in state) return `{"unique":[${state.unique.map((value) => JSON.stringify(value)).join(",")}]}`;
+    if ("latest" in state) {
+      const { seconds, nanoseconds, value } = state.latest;
+      return `{"latest":{"seconds":${seconds},"nanoseconds":${nanoseconds},"value":${value}}}`;
+    }
+    const meter = meterOf(state);
+    return `{"${meter}":${state[meter]}}`;
+  }
+
+  decodeState(text) {
+    const number = STATE_NUMBER.exec(text);
+    if (number !== null) return { [number[1]]: u64(number[2]) };
+    const latest = STATE_LATEST.exec(text);
+    if (latest !== null) return { latest: { seconds: i64(latest[1]), nanoseconds: u32(latest[2]), value: u64(latest[3]) } };
+    return readState(parseJson(text));
+  }
+}
+
+export const { config, periods } = exportPeriods(BillingPeriods);
+
+// ---- Events ---------------------------------------------------------------
+
+/** The event's quantity, exactly as written: a non-negative integer up to
+ * 2^64 - 1. */
+function quantity(event) {
+  const written = event.written("quantity");
+  if (written === undefined) throw new Reject("field `quantity` is missing");
+  if (!DIGITS.test(written)) throw new Reject(`quantity must be a non-negative integer, got ${written}`);
+  const value = BigInt(written);
+  if (value > U64_MAX) throw new Reject(`quantity ${written} is over the largest meterable, 2^64 - 1`);
+  return value;
+}
+
+/** The string a `unique_count` meter counts: field `name` (of a field
+ * other than the five every event has, given twice, the last). */
+function counted(event, name) {
+  const value = event.value[name];
+  if (name !== "quantity" && TEXT_FIELDS.includes(name)) return value;
+  const written = event.written(name);
+  if (written === undefined) throw new Reject(`field ${JSON.stringify(name)} (counted by unique_count) is missing`);
+  if (typeof value !== "string") {
+    throw new Reject(`field ${JSON.stringify(name)} must be a string for its unique_count meter, got ${written}`);
+  }
+  if (event.escaped && !isWellFormed(value)) throw new Reject(NOT_JSON);
+  return value;
+}
+
+/** Inserts `value` into `values` (ordered by UTF-8 bytes) unless there. */
+function insertSorted(values, value) {
+  let low = 0;
+  let high = values.length;
+  while (low < high) {
+    const middle = (low + high) >>> 1;
+    const order = compareUtf8(values[middle], value);
+    if (order === 0) return;
+    if (order < 0) low = middle + 1;
+    else high = middle;
+  }
+  values.splice(low, 0, value);
+}
+
+// ---- Addends and states ---------------------------------------------------
+
+/** The meter that made an addend or state, as `[plugin_config]` names it. */
+function meterOf(tagged) {
+  if (tagged === "count") return "count";
+  for (const meter in tagged) return meter === "unique" ? "unique_count" : meter;
+  return undefined;
+}
+
+const ADDEND_NUMBER = /^\{"(sum|max|latest)":(0|[1-9][0-9]*)\}$/;
+const STATE_NUMBER = /^\{"(sum|count|max)":(0|[1-9][0-9]*)\}$/;
+const STATE_LATEST = /^\{"latest":\{"seconds":(-?(?:0|[1-9][0-9]*)),"nanoseconds":(0|[1-9][0-9]*),"value":(0|[1-9][0-9]*)\}\}$/;
+
+/** An integer in `[low, high]`, or throws. */
+function ranged(value, low, high, what) {
+  const integer = typeof value === "string" ? BigInt(value) : value;
+  if (typeof integer !== "bigint" || integer < low || integer > high) throw new Error(`expected ${what}, got ${String(value)}`);
+  return integer;
+}
+const u64 = (value) => ranged(value, 0n, U64_MAX, "u64");
+const i64 = (value) => Number(ranged(value, -(1n << 63n), (1n << 63n) - 1n, "i64"));
+const u32 = (value) => Number(ranged(value, 0n, 0xffffffffn, "u32"));
+
+/** The one `[tag, value]` of an externally tagged JSON enum value. */
+function tagged(json) {
+  if (json === null || typeof json !== "object" || Array.isArray(json)) throw new Error("expected a meter's tagged value");
+  const entries = Object.entries(json);
+  if (entries.length !== 1) throw new Error("expected a map with a single key");
+  return entries[0];
+}
+
+/** An addend decoded in any form serde_json reads (spaces, escapes). */
+function readAddend(json) {
+  if (json === "count") return "count";
+  const [tag, value] = tagged(json);
+  switch (tag) {
+    case "sum":
+    case "max":
+    case "latest":
+      return { [tag]: u64(value) };
+    case "count":
+      if (value !== null) throw new Error("expected unit variant count");
+      return "count";
+    case "unique":
+      return { unique: text(value) };
+    default:
+      throw new Error(`unknown variant \`${tag}\``);
+  }
+}
+
+/** A state decoded in any form serde_json reads (spaces, field order,
+ * unordered or repeated `unique` values). */
+function readState(json) {
+  const [tag, value] = tagged(json);
+  switch (tag) {
+    case "sum":
+    case "count":
+    case "max":
+      return { [tag]: u64(value) };
+    case "latest": {
+      if (value === null || typeof value !== "object" || Array.isArray(value)) throw new Error("expected struct variant State::Latest");
+      for (const field of ["seconds", "nanoseconds", "value"]) if (!(field in value)) throw new Error(`missing field \`${field}\``);
+      return { latest: { seconds: i64(value.seconds), nanoseconds: u32(value.nanoseconds), value: u64(value.value) } };
+    }
+    case "unique": {
+      if (!Array.isArray(value)) throw new Error("expected a sequence");
+      const values = [];
+      for (const item of value) insertSorted(values, text(item));
+      return { unique: values };
+    }
+    default:
+      throw new Error(`unknown variant \`${tag}\``);
+  }
+}
+
+function text(value) {
+  if (typeof value !== "string" || !isWellFormed(value)) throw new Error("expected a string");
+  return value;
+}
+
+// ---- Configuration --------------------------------------------------------
+
+const EXAMPLE = 'write meters = { calls = "sum", seats = { unique_count = "user" } }';
+const NAMED = `the meters are "sum", "count", "max", "latest" and { unique_count = "<field>" }`;
+
+/** `[plugin_config]`'s meters, as `[metric, meter]` by the metrics' UTF-8
+ * bytes; throws the message of the Rust build (serde's words included). */
+function readMeters(config) {
+  const shape = (message) => new Error(`${EXAMPLE}: ${message}`);
+  if (config === null || typeof config !== "object" || Array.isArray(config)) throw shape(`invalid type: ${unexpected(config)}, expected struct Config`);
+  let meters;
+  for (const name of Object.keys(config).sort(compareUtf8)) {
+    if (name !== "meters") throw shape(`unknown field \`${name}\`, expected \`meters\``);
+    meters = config.meters;
+    if (meters === null || typeof meters !== "object" || Array.isArray(meters)) throw shape(`invalid type: ${unexpected(meters)}, expected a map`);
+    for (const metric of Object.keys(meters).sort(compareUtf8)) {
+      if (spec(meters[metric]) === undefined) throw shape("data did not match any variant of untagged enum MeterSpec");
+    }
+  }
+  if (meters === undefined) throw shape("missing field `meters`");
+  const metrics = Object.keys(meters).sort(compareUtf8);
+  if (metrics.length === 0) throw new Error("meters is empty: name at least one metric's meter");
+  return metrics.map((metric) => {
+    const [name, field] = spec(meters[metric]);
+    if (field === undefined && (name === "sum" || name === "count" || name === "max" || name === "latest")) return [metric, { name }];
+    if (name === "unique_count" && field) return [metric, { name, field }];
+    if (name === "unique_count") throw new Error(`meters.${metric}: unique_count counts the values of a field; name it: { unique_count = "user" }`);
+    throw new Error(`meters.${metric} = ${rustDebug(name)}: ${NAMED}`);
+  });
+}
+
+/** A meter as written, `[name, field]`, read as serde reads the Rust
+ * build's untagged `MeterSpec`: `"sum"`, `"unique_count:user"`,
+ * `{ unique_count = "user" }`, `{ meter = "unique_count", field = "user" }`;
+ * `undefined` when it is none of these. */
+function spec(written) {
+  if (typeof written === "string") {
+    const colon = written.indexOf(":");
+    return colon < 0 ? [written, undefined] : [written.slice(0, colon), written.slice(colon + 1)];
+  }
+  if (written === null || typeof written !== "object" || Array.isArray(written)) return undefined;
+  if (typeof written.unique_count === "string" && has(written, "unique_count")) return ["unique_count", written.unique_count];
+  if (typeof written.meter !== "string" || !has(written, "meter")) return undefined;
+  const field = has(written, "field") ? written.field : null;
+  if (field !== null && typeof field !== "string") return undefined;
+  return [written.meter, field ?? undefined];
+}
+
+/** How serde names an unexpected JSON value in an "invalid type" error. */
+function unexpected(value) {
+  if (value === null) return "null";
+  if (typeof value === "boolean") return `boolean \`${value}\``;
+  if (typeof value === "bigint") return `integer \`${value}\``;
+  if (typeof value === "number") return `floating point \`${Number.isInteger(value) ? `${BigInt(value)}.0` : value}\``;
+  if (typeof value === "string") return `string ${rustDebug(value)}`;
+  return Array.isArray(value) ? "sequence" : "map";
+}
+
+/** `text` as Rust's `{:?}` writes a string (control characters escaped). */
+function rustDebug(text) {
+  const escapes = { "\t": "\\t", "\r": "\\r", "\n": "\\n", "\\": "\\\\", '"': '\\"', "\0": "\\0" };
+  return `"${text.replace(/[\t\r\n\\"\0]|[\u0001-\u001f\u007f-\u009f]/g, (c) => escapes[c] ?? `\\u{${c.charCodeAt(0).toString(16)}}`)}"`;
+}
+
+function has(object, field) {
+  return Object.prototype.hasOwnProperty.call(object, field);
+}
