@@ -175,6 +175,10 @@ enum PluginCommand {
         /// The plugin's language.
         #[arg(long, value_enum)]
         lang: scaffold::Lang,
+        /// A period plugin (`tally:plugin@0.2.0`) for a job with `[periods]`:
+        /// each customer's usage summed per calendar period.
+        #[arg(long)]
+        periods: bool,
     },
     /// Build a plugin into a component: a Rust crate (Cargo.toml), a JavaScript package (package.json), a Python project (pyproject.toml), a Go module (go.mod) or C sources (*.c).
     ///
@@ -302,7 +306,9 @@ fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
         // The handlers go in first: a SIGTERM while the plugin compiles or
         // the job opens stops the run cleanly instead of killing it.
         Command::Run(args) => run_job(args, stop_on_signals()?),
-        Command::Plugin(PluginCommand::New { dir, lang }) => scaffold::new_plugin(&dir, lang),
+        Command::Plugin(PluginCommand::New { dir, lang, periods }) => {
+            scaffold::new_plugin(&dir, lang, periods)
+        }
         Command::Plugin(PluginCommand::Build { dir, out }) => build_plugin(&dir, out.as_deref()),
         Command::Plugin(PluginCommand::Inspect { file, json }) => inspect_plugin(&file, json),
         Command::State(StateCommand::List { state_dir, json }) => list_state(&state_dir, json),

@@ -275,6 +275,44 @@ func TestAMeterIsNoArray(t *testing.T) {
 	}
 }
 
+// Through the real host (`tally plugin build`, then `tally run` per
+// send): New York's November, 721 hours as EDT ends, is FINAL once a
+// December event passes its end plus the grace; a late November event
+// adjusts it; a malformed line is a dead letter.
+func TestTheHostClosesNovemberInNewYorkAndAdjustsIt(t *testing.T) {
+	// max_future: the dates are fixed, the host's clock is the machine's.
+	run := periodstest.NewRun(t, ".", `time_zones = { acme = "America/New_York" }
+max_future = "36500d"`, `meters = { calls = "sum" }`)
+	sent := run.Send(
+		`{"id":"a","customer":"acme","metric":"calls","quantity":5,"ts":"2026-11-01T04:00:00Z"}`,
+		`{"id":"b","customer":"acme","metric":"calls","quantity":7,"ts":"2026-12-01T04:59:59Z"}`,
+		`{"id":"c","customer":"acme","metric":"calls","quantity":1,"ts":"2026-12-02T05:00:00Z"}`,
+		`{"id":"d","customer":"acme","metric":"calls",`,
+	)
+	if len(sent.Records) != 1 {
+		t.Fatalf("records %+v", sent.Records)
+	}
+	final := sent.Records[0]
+	if final.Type != "final" || final.Customer != "acme" || final.Period != "2026-11" ||
+		final.Start != "2026-11-01T04:00:00Z" || final.End != "2026-12-01T05:00:00Z" ||
+		final.Value != 12 || final.Version != 1 || final.Fields["time_zone"] != "America/New_York" {
+		t.Errorf("FINAL %+v", final)
+	}
+	if len(sent.DeadLetters) != 1 || sent.DeadLetters[0] != (periodstest.DeadLetter{Offset: 3, Reason: "malformed: event is not valid JSON"}) {
+		t.Errorf("dead letters %+v", sent.DeadLetters)
+	}
+
+	sent = run.Send(`{"id":"e","customer":"acme","metric":"calls","quantity":3,"ts":"2026-11-30T23:00:00-05:00"}`)
+	if len(sent.Records) != 1 || len(sent.DeadLetters) != 0 {
+		t.Fatalf("second send %+v", sent)
+	}
+	adjustment := sent.Records[0]
+	if adjustment.Type != "adjustment" || adjustment.Period != "2026-11" || adjustment.Version != 2 ||
+		adjustment.Value != 15 || adjustment.Previous != 12 || adjustment.Delta != 3 {
+		t.Errorf("ADJUSTMENT %+v", adjustment)
+	}
+}
+
 // BenchmarkABatch describes a batch of 1,000 events of every meter and
 // folds them into their periods, as the host calls the plugin.
 func BenchmarkABatch(b *testing.B) {

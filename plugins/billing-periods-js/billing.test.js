@@ -1,9 +1,11 @@
 // The period billing plugin under node's test runner (`npm test`), through
 // Tally's test driver: docs/billing.md, "The period billing plugin", row by
-// row, with the Rust build's bytes (plugins/billing-periods/src/lib.rs).
+// row, with the Rust build's bytes (plugins/billing-periods/src/lib.rs); and,
+// at the end, built and run by the real host (PeriodsRun), its FINAL and
+// ADJUSTMENT records as the host emits them.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { PeriodsTest } from "tally/testing";
+import { PeriodsRun, PeriodsTest } from "tally/testing";
 
 const PLUGIN = new URL("./billing.js", import.meta.url);
 const CONFIG = { meters: { calls: "sum", requests: "count", peak: "max", gb: "latest", seats: { unique_count: "user" } } };
@@ -209,4 +211,55 @@ test("the host's view: a fold of described events per key", async () => {
   assert.deepEqual(errors.map((e) => e.index), [2, 3]);
   assert.match(errors[0].reason, /^refused: the period's sum would pass/);
   assert.match(errors[1].reason, /^malformed: metric "nope" has no meter/);
+});
+
+// ---- Through the real host (`tally plugin build`, then `tally run`) -------
+
+const usage = (id, customer, quantity, ts) => `{"id":"${id}","customer":"${customer}","metric":"calls","quantity":${quantity},"ts":"${ts}"}`;
+const summary = ({ fields, ...record }) => record;
+
+test("the host closes each customer's month in its zone, then adjusts it", async (t) => {
+  const run = await PeriodsRun.start(new URL(".", import.meta.url), {
+    periods: 'time_zones = { acme = "America/New_York", globex = "Australia/Lord_Howe" }',
+    pluginConfig: 'meters = { calls = "sum" }',
+  });
+  t.after(() => run.close());
+  let sent = run.send([
+    usage("a1", "acme", 5, "2026-11-01T04:00:00Z"), // New York's first instant of November
+    usage("a0", "acme", 100, "2026-11-01T03:59:59Z"), // still October there
+    usage("g1", "globex", 3, "2026-10-31T12:59:59Z"), // Lord Howe's last instant of October
+    usage("a2", "acme", 7, "2026-12-01T04:59:59Z"), // 23:59:59 on 30 November in New York
+  ]);
+  // The watermark is past October's end plus the grace (24h) in either
+  // zone, not yet past November's.
+  assert.deepEqual(sent.records.map(summary), [
+    { type: "final", customer: "globex", period: "2026-10", start: "2026-09-30T13:30:00Z", end: "2026-10-31T13:00:00Z", value: 3n, version: 1, previous: null, delta: null },
+    { type: "final", customer: "acme", period: "2026-10", start: "2026-10-01T04:00:00Z", end: "2026-11-01T04:00:00Z", value: 100n, version: 1, previous: null, delta: null },
+  ]);
+  assert.deepEqual(sent.deadLetters, []);
+
+  sent = run.send([usage("a3", "acme", 1, "2026-12-02T05:00:00Z"), '{"id":"a4",']);
+  assert.deepEqual(sent.records.map(summary), [
+    { type: "final", customer: "acme", period: "2026-11", start: "2026-11-01T04:00:00Z", end: "2026-12-01T05:00:00Z", value: 12n, version: 1, previous: null, delta: null },
+  ]);
+  const { tzdata, ...fields } = sent.records[0].fields;
+  assert.equal(typeof tzdata, "string");
+  assert.deepEqual(fields, {
+    type: "final",
+    customer: "acme",
+    metric: "calls",
+    period: "2026-11",
+    time_zone: "America/New_York",
+    start: "2026-11-01T04:00:00Z",
+    end: "2026-12-01T05:00:00Z",
+    value: 12n,
+    version: 1n,
+  });
+  assert.deepEqual(sent.deadLetters, [{ offset: 5, reason: "malformed: event is not valid JSON" }]);
+
+  sent = run.send([usage("a5", "acme", BigInt(U64_MAX) - 12n, "2026-11-15T00:00:00Z"), usage("a1", "acme", 5, "2026-11-01T04:00:00Z")]);
+  assert.deepEqual(sent.records.map(summary), [
+    { type: "adjustment", customer: "acme", period: "2026-11", start: "2026-11-01T04:00:00Z", end: "2026-12-01T05:00:00Z", value: BigInt(U64_MAX), version: 2, previous: 12n, delta: BigInt(U64_MAX) - 12n },
+  ]);
+  assert.deepEqual(sent.deadLetters, [{ offset: 7, reason: 'duplicate: event id "a1" was counted already' }]);
 });

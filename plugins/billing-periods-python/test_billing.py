@@ -1,14 +1,17 @@
 """The period billing plugin under pytest, through the exports its component
 has (tally.testing.PeriodsTest): docs/billing.md's "The period billing
-plugin", row by row, with the bytes plugins/billing-periods (Rust) makes."""
+plugin", row by row, with the bytes plugins/billing-periods (Rust) makes;
+and, at the end, built and run by the real host (tally.testing.PeriodsRun),
+its FINAL and ADJUSTMENT records as the host emits them."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 import billing
 from tally.periods import ConfigError, Instant, Refused
-from tally.testing import DeadLetter, Described, PeriodsTest
+from tally.testing import DeadLetter, Described, PeriodRecord, PeriodsRun, PeriodsTest
 
 METERS = {"calls": "sum", "requests": "count", "peak": "max", "gb": "latest", "seats": {"unique_count": "user"}}
 MAX = 2**64 - 1
@@ -261,3 +264,51 @@ def test_a_config_it_cannot_meter_by_is_refused_with_the_rust_builds_message(con
     with pytest.raises(ConfigError) as refused:
         PeriodsTest(billing.Billing, config if isinstance(config, str) else json.dumps(config))
     assert str(refused.value) == message
+
+
+# ---- Through the real host (`tally plugin build`, then `tally run`) ---------
+
+
+def usage(id, customer, quantity, ts):
+    return json.dumps({"id": id, "customer": customer, "metric": "calls", "quantity": quantity, "ts": ts})
+
+
+def test_the_host_closes_each_customers_month_in_its_zone_then_adjusts_it():
+    periods = 'time_zones = { acme = "America/New_York", globex = "Australia/Lord_Howe" }'
+    with PeriodsRun(Path(__file__).parent, periods=periods, plugin_config='meters = { calls = "sum" }') as run:
+        sent = run.send([
+            usage("a1", "acme", 5, "2026-11-01T04:00:00Z"),  # New York's first instant of November
+            usage("a0", "acme", 100, "2026-11-01T03:59:59Z"),  # still October there
+            usage("g1", "globex", 3, "2026-10-31T12:59:59Z"),  # Lord Howe's last instant of October
+            usage("a2", "acme", 7, "2026-12-01T04:59:59Z"),  # 23:59:59 on 30 November in New York
+        ])
+        # The watermark (30 November, 23:59:59 in New York) is past October's end
+        # plus the grace (24h) in either zone, not yet past November's.
+        assert sent.records == [
+            PeriodRecord("final", "globex", "2026-10", "2026-09-30T13:30:00Z", "2026-10-31T13:00:00Z", 3, 1, None, None, sent.records[0].fields),
+            PeriodRecord("final", "acme", "2026-10", "2026-10-01T04:00:00Z", "2026-11-01T04:00:00Z", 100, 1, None, None, sent.records[1].fields),
+        ]
+        assert sent.dead_letters == []
+
+        sent = run.send([usage("a3", "acme", 1, "2026-12-02T05:00:00Z"), '{"id":"a4",'])
+        (final,) = sent.records
+        assert final == PeriodRecord("final", "acme", "2026-11", "2026-11-01T04:00:00Z", "2026-12-01T05:00:00Z", 12, 1, None, None, final.fields)
+        assert final.fields == {
+            "type": "final",
+            "customer": "acme",
+            "metric": "calls",
+            "period": "2026-11",
+            "time_zone": "America/New_York",
+            "start": "2026-11-01T04:00:00Z",
+            "end": "2026-12-01T05:00:00Z",
+            "value": 12,
+            "version": 1,
+            "tzdata": final.fields["tzdata"],
+        }
+        assert sent.dead_letters == [DeadLetter(5, "malformed: event is not valid JSON")]
+
+        sent = run.send([usage("a5", "acme", MAX - 12, "2026-11-15T00:00:00Z"), usage("a1", "acme", 5, "2026-11-01T04:00:00Z")])
+        assert sent.records == [
+            PeriodRecord("adjustment", "acme", "2026-11", "2026-11-01T04:00:00Z", "2026-12-01T05:00:00Z", MAX, 2, 12, MAX - 12, sent.records[0].fields)
+        ]
+        assert sent.dead_letters == [DeadLetter(7, 'duplicate: event id "a1" was counted already')]

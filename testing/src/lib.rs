@@ -28,6 +28,10 @@ use tally_core::plugin::{Event, LoadedPlugin, PluginError, PluginInstance, Plugi
 use tally_core::state::{MemoryStore, StateStore, StoreCommit};
 use tally_core::transaction::Transaction;
 
+mod periods_run;
+
+pub use periods_run::{PeriodRecord, PeriodsRun, PeriodsSent, TALLY_BIN};
+
 /// Why the driver could not set up a plugin.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -38,6 +42,9 @@ pub enum DriverError {
     /// The plugin was refused.
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    /// A [`PeriodsRun`] could not run its job (the message says why).
+    #[error("{0}")]
+    Run(String),
 }
 
 /// One record the plugin emitted.

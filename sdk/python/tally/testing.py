@@ -14,13 +14,19 @@ build; `tally plugin build` and the host's own tests check the component.
 Like the host, it discards a batch's state changes and outputs when
 `process` raises anything but `Reject` (and re-raises it: that is a bug).
 
-A period plugin (tally.periods) is tested with `PeriodsTest`, below.
+A period plugin (tally.periods) is tested with `PeriodsTest`, below, natively,
+or with `PeriodsRun`, through the real host (`tally run`), to see its FINAL
+and ADJUSTMENT records exactly as the host emits them.
 """
 
 import calendar
 import json
+import os
 import re
-from dataclasses import dataclass
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import tally  # noqa: F401  (puts the bindings on the path natively)
@@ -303,3 +309,168 @@ class PeriodsTest:
 
 def _bytes(data) -> bytes:
     return data.encode() if isinstance(data, str) else bytes(data)
+
+
+# ---- Period plugins through the real host ----------------------------------
+
+
+@dataclass(frozen=True)
+class PeriodRecord:
+    """One FINAL or ADJUSTMENT record as the host wrote it (the `value` of
+    its line in `out/periods.ndjson`): `type` is "final" or "adjustment";
+    `previous` and `delta` (the value minus the previous one: negative when
+    the value fell) are None on a final. `customer` is None when the
+    aggregation key has no `customer` field. `fields` is the whole record
+    (`metric`, `time_zone`, `tzdata` and every other field)."""
+
+    type: str
+    customer: str | None
+    period: str
+    start: str
+    end: str
+    value: int
+    version: int
+    previous: int | None
+    delta: int | None
+    fields: dict = field(hash=False, repr=False)
+
+
+@dataclass
+class PeriodsSent:
+    """What one `PeriodsRun.send` added: the period records and the dead
+    letters (each's offset is the line's, 0-based, in the one input file
+    every send appends to: offsets go on across sends)."""
+
+    records: list
+    dead_letters: list
+
+
+_TALLY_MISSING = (
+    "the host-run test driver needs the `tally` binary: set $TALLY_BIN to its path, or put `tally` on PATH. "
+    "Build it from the Tally tree with `cargo install --path host`, or put the built "
+    "`tally` (target/release/tally) on PATH"
+)
+
+
+def tally_binary() -> str:
+    """The `tally` the host-run driver uses: `$TALLY_BIN`, else `tally` on
+    PATH; raises `FileNotFoundError` naming both when there is neither."""
+    explicit = os.environ.get("TALLY_BIN")
+    if explicit:
+        if not os.path.isfile(explicit) or not os.access(explicit, os.X_OK):
+            raise FileNotFoundError(f"$TALLY_BIN is {explicit!r}, which is not an executable file; {_TALLY_MISSING}")
+        return explicit
+    found = shutil.which("tally")
+    if found is None:
+        raise FileNotFoundError(f"$TALLY_BIN is not set and there is no `tally` on PATH; {_TALLY_MISSING}")
+    return found
+
+
+class PeriodsRun:
+    """A period plugin run through the real host, `tally run` in local mode,
+    so a test sees its FINAL and ADJUSTMENT records exactly as the host
+    emits them (time zones, DST, grace, versions, de-duplication):
+
+        with PeriodsRun(".", periods='time_zones = { acme = "America/New_York" }',
+                        plugin_config='meters = { calls = "sum" }') as run:
+            run.send(['{"id":"a","customer":"acme","metric":"calls","quantity":5,"ts":"2026-11-10T12:00:00Z"}'])
+            sent = run.send(['{"id":"b","customer":"acme","metric":"calls","quantity":1,"ts":"2026-12-03T00:00:00Z"}'])
+            assert [(r.type, r.period, r.value) for r in sent.records] == [("final", "2026-11", 5)]
+
+    It builds the project at `project_dir` once (`tally plugin build`) into
+    a temporary directory with a job of one input file, `[periods]` and
+    `[plugin_config]` holding the TOML text given. Each `send` appends its
+    lines to the input and runs the job again (its state kept: a later
+    send is a later run of the same job, which closes, at its end, every
+    period the watermark passed) and returns the records and dead letters
+    that run added. The `tally` is `$TALLY_BIN`, else `tally` on PATH. A
+    build or run that fails raises `RuntimeError` with its stderr. `close()`
+    (or leaving the `with`) removes the temporary directory.
+    """
+
+    def __init__(self, project_dir, *, periods: str = "", plugin_config: str = ""):
+        self.tally = tally_binary()
+        self.project_dir = os.path.abspath(os.fspath(project_dir))
+        self._temp = tempfile.TemporaryDirectory(prefix="tally-py-periods-run-")
+        self.dir = self._temp.name
+        self._read = {"periods.ndjson": 0, "dead-letters.ndjson": 0}
+        self._closed = False
+        try:
+            self._tally("build", "plugin", "build", self.project_dir, "--out", os.path.join(self.dir, "plugin.wasm"))
+            job = (
+                'name = "test"\nplugin = "plugin.wasm"\noutputs = ["periods"]\n\n'
+                '[local]\ninputs = ["events.ndjson"]\noutput_dir = "out"\nstate_dir = "state"\n\n'
+                f"[periods]\n{periods}\n\n[plugin_config]\n{plugin_config}\n"
+            )
+            with open(os.path.join(self.dir, "job.toml"), "w", encoding="utf-8") as file:
+                file.write(job)
+            open(os.path.join(self.dir, "events.ndjson"), "wb").close()
+        except BaseException:
+            self.close()
+            raise
+
+    def send(self, lines) -> PeriodsSent:
+        """Appends `lines` (str or bytes, one NDJSON line each, without its
+        newline) to the input and runs the job; returns what this run added."""
+        if self._closed:
+            raise RuntimeError("this PeriodsRun is closed")
+        data = bytearray()
+        for line in lines:
+            raw = line.encode() if isinstance(line, str) else bytes(line)
+            if b"\n" in raw:
+                raise ValueError(f"a line sent may not hold a line break: {raw!r}")
+            data += raw + b"\n"
+        with open(os.path.join(self.dir, "events.ndjson"), "ab") as file:
+            file.write(data)
+        self._tally("run", "run", "job.toml")
+        records = [_period_record(line["value"]) for line in self._new_lines("periods.ndjson")]
+        dead_letters = [DeadLetter(line["source"]["offset"], line["reason"]) for line in self._new_lines("dead-letters.ndjson")]
+        return PeriodsSent(records, dead_letters)
+
+    def close(self) -> None:
+        """Removes the run's temporary directory (the build, job, input,
+        outputs and state)."""
+        self._closed = True
+        self._temp.cleanup()
+
+    def __enter__(self) -> "PeriodsRun":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+    def _tally(self, what: str, *args: str) -> None:
+        try:
+            done = subprocess.run([self.tally, *args], cwd=self.dir, stdin=subprocess.DEVNULL, capture_output=True)
+        except OSError as err:
+            raise RuntimeError(f"could not start `{self.tally}`: {err}; {_TALLY_MISSING}") from None
+        if done.returncode != 0:
+            command = " ".join([self.tally, *args])
+            stderr = done.stderr.decode(errors="replace").strip()
+            raise RuntimeError(f"`{command}` (the {what}, in {self.dir}) failed with exit status {done.returncode}:\n{stderr}")
+
+    def _new_lines(self, name: str) -> list:
+        path = os.path.join(self.dir, "out", name)
+        if not os.path.exists(path):
+            return []
+        with open(path, "rb") as file:
+            file.seek(self._read[name])
+            data = file.read()
+        end = data.rfind(b"\n") + 1
+        self._read[name] += end
+        return [tally.decode_json(line, lone_surrogates=True) for line in data[:end].splitlines() if line]
+
+
+def _period_record(value: dict) -> PeriodRecord:
+    return PeriodRecord(
+        type=value["type"],
+        customer=value.get("customer"),
+        period=value["period"],
+        start=value["start"],
+        end=value["end"],
+        value=value["value"],
+        version=value["version"],
+        previous=value.get("previous"),
+        delta=value.get("delta"),
+        fields=dict(value),
+    )

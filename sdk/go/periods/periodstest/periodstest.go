@@ -15,7 +15,15 @@
 // facts and an addend, the addend (bytes) folded into a period's state
 // (bytes), the state valued. The host's own part (calendar periods in the
 // customer's time zone, watermarks, de-duplication, the FINAL and
-// ADJUSTMENT records) is the host's: `tally run` shows it.
+// ADJUSTMENT records) is the host's: NewRun runs the plugin through the
+// real `tally` binary and shows the records as the host emits them:
+//
+//	func TestNovemberIsFinal(t *testing.T) {
+//		run := periodstest.NewRun(t, ".", `time_zones = { acme = "America/New_York" }`, `meters = { calls = "sum" }`)
+//		sent := run.Send(`{"id":"1","customer":"acme","metric":"calls","quantity":5,"ts":"2026-11-10T12:00:00Z"}`,
+//			`{"id":"2","customer":"acme","metric":"calls","quantity":1,"ts":"2026-12-03T00:00:00Z"}`)
+//		if sent.Records[0].Type != "final" || sent.Records[0].Value != 5 { t.Fatalf("%+v", sent) }
+//	}
 package periodstest
 
 import (

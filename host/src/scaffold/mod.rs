@@ -1,11 +1,14 @@
-//! `tally plugin new <dir> --lang rust|python|js|ts|go|c`: a working plugin to start
-//! from (a per-key counter), with a test in the language's own runner. The
-//! files refer to the SDKs in the Tally source tree this binary was built
-//! from.
+//! `tally plugin new <dir> --lang rust|python|js|ts|go|c [--periods]`: a
+//! working plugin to start from (a per-key counter; with `--periods`, a
+//! period plugin summing each customer's usage per calendar period), with a
+//! test in the language's own runner. The files refer to the SDKs in the
+//! Tally source tree this binary was built from.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+
+mod periods;
 
 /// The languages `tally plugin new` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -33,8 +36,9 @@ fn source_tree() -> PathBuf {
         .to_path_buf()
 }
 
-/// Writes a new plugin into `dir` (which must not exist or be empty).
-pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
+/// Writes a new plugin into `dir` (which must not exist or be empty): a
+/// period plugin when `periods` is set.
+pub fn new_plugin(dir: &Path, lang: Lang, periods: bool) -> anyhow::Result<()> {
     if dir.exists()
         && std::fs::read_dir(dir)
             .with_context(|| format!("reading `{}`", dir.display()))?
@@ -53,12 +57,18 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
         );
     }
     let tree = source_tree();
-    let files: Vec<(&str, String)> = match lang {
-        Lang::Rust => rust_files(&name, &tree),
-        Lang::Python => python_files(&name, &tree),
-        Lang::Js | Lang::Ts => js_files(&name, &tree, lang == Lang::Ts),
-        Lang::Go => go_files(&name, &tree),
-        Lang::C => c_files(&tree),
+    let files: Vec<(&str, String)> = match (lang, periods) {
+        (Lang::Rust, false) => rust_files(&name, &tree),
+        (Lang::Python, false) => python_files(&name, &tree),
+        (Lang::Js | Lang::Ts, false) => js_files(&name, &tree, lang == Lang::Ts),
+        (Lang::Go, false) => go_files(&name, &tree),
+        (Lang::C, false) => c_files(&tree),
+        (Lang::Rust, true) => periods::rust_files(&name, &tree),
+        (Lang::Python, true) => periods::python_files(&name, &tree),
+        (Lang::Js, true) => periods::js_files(&name, &tree),
+        (Lang::Ts, true) => periods::ts_files(&name, &tree),
+        (Lang::Go, true) => periods::go_files(&name, &tree),
+        (Lang::C, true) => periods::c_files(&tree),
     };
     for (path, text) in files {
         let path = dir.join(path);
@@ -83,20 +93,22 @@ pub fn new_plugin(dir: &Path, lang: Lang) -> anyhow::Result<()> {
         Lang::Go => "Go",
         Lang::C => "C",
     };
+    let kind = if periods { "period plugin" } else { "plugin" };
     println!(
-        "new {language} plugin `{name}` in {}: `cd {0} && {next}`, then `tally plugin build {0}`",
+        "new {language} {kind} `{name}` in {}: `cd {0} && {next}`, then `tally plugin build {0}`",
         dir.display()
     );
+    if periods {
+        println!("its test runs the plugin through `tally run`: keep this `tally` on PATH (or set TALLY_BIN)");
+    }
     Ok(())
 }
 
-fn rust_files(name: &str, tree: &Path) -> Vec<(&'static str, String)> {
+/// A plugin crate's `Cargo.toml`, on the SDK and test driver of `tree`.
+fn rust_manifest(name: &str, tree: &Path) -> String {
     let sdk = tree.join("sdk/rust");
     let testing = tree.join("testing");
-    vec![
-        (
-            "Cargo.toml",
-            format!(
+    format!(
                 r#"[package]
 name = "{name}"
 version = "0.1.0"
@@ -116,8 +128,12 @@ tally-testing = {{ path = {testing:?} }}
 # A workspace of its own, wherever it sits.
 [workspace]
 "#
-            ),
-        ),
+            )
+}
+
+fn rust_files(name: &str, tree: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("Cargo.toml", rust_manifest(name, tree)),
         (
             "src/lib.rs",
             r#"//! Counts events per `key`, and emits each key's new count to `counts`.
@@ -245,12 +261,10 @@ def test_counts_add_up_and_bad_events_are_refused():
     ]
 }
 
-fn go_files(name: &str, tree: &Path) -> Vec<(&'static str, String)> {
+/// A Go plugin module's `go.mod`, on the SDK of `tree`.
+fn go_manifest(name: &str, tree: &Path) -> String {
     let sdk = tree.join("sdk/go");
-    vec![
-        (
-            "go.mod",
-            format!(
+    format!(
                 r#"module {name}
 
 go 1.25
@@ -268,8 +282,12 @@ replace (
 "#,
                 pkg = sdk.join("third_party/pkg").display(),
                 sdk = sdk.display()
-            ),
-        ),
+            )
+}
+
+fn go_files(name: &str, tree: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("go.mod", go_manifest(name, tree)),
         (
             "counter.go",
             r#"// Counts events per `key`, and emits each key's new count to `counts`.
