@@ -9,7 +9,7 @@
 // [plugin_config] meters = { calls = "sum", requests = "count", peak_gb = "max",
 //                            storage_gb = "latest", seats = { unique_count = "user" } }
 
-import { Periods, Reject, U64_MAX, compareUtf8, exportPeriods, isWellFormed, parseJson } from "tally/periods";
+import { JsonEvent, Periods, Reject, U64_MAX, compareUtf8, exportPeriods, isWellFormed, parseJson, utf8Decode, utf8Encode } from "tally/periods";
 
 /** The fields every event has, in the order they are checked. */
 const FIELDS = ["id", "customer", "metric", "quantity", "ts"];
@@ -17,6 +17,29 @@ const FIELDS = ["id", "customer", "metric", "quantity", "ts"];
 const TEXT_FIELDS = ["id", "customer", "metric", "ts"];
 const DIGITS = /^[0-9]+$/;
 const NOT_JSON = "event is not valid JSON";
+/** Quantities, totals and counts are Numbers while a double holds them
+ * exactly (up to 2^53 - 1) and BigInts past that: the same digits either way. */
+const EXACT = Number.MAX_SAFE_INTEGER;
+
+/**
+ * An event as producers write it: the five fields in their order, no
+ * spaces, strings without escapes or control characters, a quantity of at
+ * most 15 digits (below 2^53). Text that matches is one JSON object giving
+ * each field once, with no lone surrogate, so none of the exact checks can
+ * fail: its fields are the captures, its quantity an exact Number. Any
+ * other record is read by `JsonEvent` and checked in full.
+ */
+/** `COMMON` with ASCII strings: matched against the record's bytes read
+ * as Latin-1, it needs no UTF-8 decoding first (a match is all ASCII, so
+ * the bytes are UTF-8 and their Latin-1 reading is their text). QuickJS
+ * also tests this narrower class faster than `COMMON`'s. */
+const COMMON_ASCII = /^\{"id":"([ !#-[\]-\u007f]*)","customer":"([ !#-[\]-\u007f]*)","metric":"([ !#-[\]-\u007f]*)","quantity":(0|[1-9][0-9]{0,14}),"ts":"([ !#-[\]-\u007f]*)"\}$/;
+const COMMON = /^\{"id":"([^"\\\u0000-\u001f]*)","customer":"([^"\\\u0000-\u001f]*)","metric":"([^"\\\u0000-\u001f]*)","quantity":(0|[1-9][0-9]{0,14}),"ts":"([^"\\\u0000-\u001f]*)"\}$/;
+
+/** Most customers whose aggregation keys a metric keeps (then it starts over). */
+const KEYS_KEPT = 4096;
+/** Quantities below this have their addends' bytes kept, per meter. */
+const ADDENDS_KEPT = 4096;
 
 /** A meter: `{ name: "sum" | "count" | "max" | "latest" }` or
  * `{ name: "unique_count", field }`. Addends and states are tagged by the
@@ -29,9 +52,41 @@ export class BillingPeriods extends Periods {
     this.meters = new Map(readMeters(config));
     /** The metrics with a meter, as a refusal lists them. */
     this.metered = [...this.meters.keys()].join(", ");
+    /** metric -> customer -> the aggregation key (`[["customer", c], ["metric", m]]`). */
+    this.keys = new Map();
+    /** meter -> quantity -> the addend's bytes. */
+    this.addends = { sum: [], max: [], latest: [] };
+    /** addend text -> the addend (`add` changes no addend: they can be shared). */
+    this.decoded = new Map();
+  }
+
+  /** A record of the common shape (see `COMMON`) as the pattern's match
+   * (an array: `[text, id, customer, metric, quantity, ts]`); any other
+   * as a `JsonEvent`. */
+  decodeEvent(bytes, record) {
+    // Bytes read as Latin-1 are the text when they match the pattern with
+    // ASCII strings (no check for UTF-8 needed); else the text is decoded.
+    if (bytes.length <= 4096) {
+      const common = COMMON_ASCII.exec(String.fromCharCode.apply(null, bytes));
+      if (common !== null) return common;
+    }
+    const text = utf8Decode(bytes);
+    return COMMON.exec(text) ?? JsonEvent.parse(text, record);
   }
 
   describe(event) {
+    if (Array.isArray(event)) {
+      const metric = event[3];
+      const meter = this.meters.get(metric);
+      if (meter !== undefined && meter.name !== "unique_count") {
+        const customer = event[2];
+        // sum, count, max, latest: all the five fields this plugin reads.
+        const addend = meter.name === "count" ? "count" : { [meter.name]: Number(event[4]) };
+        return { id: event[1], time: event[5], key: this.keyOf(customer, metric), customer, addend };
+      }
+      // An unmetered metric, or a field to count: the exact reading says which.
+      event = JsonEvent.parse(event.input);
+    }
     if (!event.isObject()) throw new Reject("event must be a JSON object");
     for (const field of FIELDS) {
       const count = event.count(field);
@@ -76,6 +131,23 @@ export class BillingPeriods extends Periods {
     };
   }
 
+  /** The aggregation key of `customer`'s `metric` events (kept: the host
+   * reads it, and keeps nothing of it). */
+  keyOf(customer, metric) {
+    let keys = this.keys.get(metric);
+    if (keys === undefined) this.keys.set(metric, (keys = new Map()));
+    let key = keys.get(customer);
+    if (key === undefined) {
+      if (keys.size >= KEYS_KEPT) keys.clear();
+      key = [
+        ["customer", customer],
+        ["metric", metric],
+      ];
+      keys.set(customer, key);
+    }
+    return key;
+  }
+
   add(state, time, addend) {
     const meter = meterOf(addend);
     if (state === undefined) {
@@ -83,7 +155,7 @@ export class BillingPeriods extends Periods {
         case "sum":
           return { sum: addend.sum };
         case "count":
-          return { count: 1n };
+          return { count: 1 };
         case "max":
           return { max: addend.max };
         case "latest":
@@ -100,12 +172,18 @@ export class BillingPeriods extends Periods {
     }
     switch (meter) {
       case "sum": {
-        const sum = state.sum + addend.sum;
+        const a = state.sum;
+        const b = addend.sum;
+        if (typeof a === "number" && typeof b === "number" && a + b <= EXACT) return { sum: a + b };
+        const sum = BigInt(a) + BigInt(b);
         if (sum > U64_MAX) throw new Reject("the period's sum would pass 2^64 - 1, the largest meterable");
         return { sum };
       }
-      case "count":
-        return { count: state.count < U64_MAX ? state.count + 1n : U64_MAX };
+      case "count": {
+        const count = state.count;
+        if (typeof count === "number" && count < EXACT) return { count: count + 1 };
+        return { count: BigInt(count) < U64_MAX ? BigInt(count) + 1n : U64_MAX };
+      }
       case "max":
         return addend.max > state.max ? { max: addend.max } : state;
       case "latest": {
@@ -127,15 +205,26 @@ export class BillingPeriods extends Periods {
   }
 
   encodeAddend(addend) {
-    if (addend === "count") return '"count"';
+    if (addend === "count") return COUNT_ADDEND;
     if ("unique" in addend) return `{"unique":${JSON.stringify(addend.unique)}}`;
     const meter = meterOf(addend);
-    return `{"${meter}":${addend[meter]}}`;
+    const quantity = addend[meter];
+    if (typeof quantity !== "number" || quantity >= ADDENDS_KEPT) return `{"${meter}":${quantity}}`;
+    // The bytes, kept: most quantities recur.
+    const kept = this.addends[meter];
+    return (kept[quantity] ??= utf8Encode(`{"${meter}":${quantity}}`));
   }
 
   decodeAddend(text) {
+    const kept = this.decoded.get(text);
+    if (kept !== undefined) return kept;
     const number = ADDEND_NUMBER.exec(text);
-    if (number !== null) return { [number[1]]: u64(number[2]) };
+    if (number !== null) {
+      if (this.decoded.size >= ADDENDS_KEPT) this.decoded.clear();
+      const addend = { [number[1]]: u64Digits(number[2]) };
+      this.decoded.set(text, addend);
+      return addend;
+    }
     if (text === '"count"') return "count";
     return readAddend(parseJson(text));
   }
@@ -152,9 +241,9 @@ export class BillingPeriods extends Periods {
 
   decodeState(text) {
     const number = STATE_NUMBER.exec(text);
-    if (number !== null) return { [number[1]]: u64(number[2]) };
+    if (number !== null) return { [number[1]]: u64Digits(number[2]) };
     const latest = STATE_LATEST.exec(text);
-    if (latest !== null) return { latest: { seconds: i64(latest[1]), nanoseconds: u32(latest[2]), value: u64(latest[3]) } };
+    if (latest !== null) return { latest: { seconds: i64Digits(latest[1]), nanoseconds: u32(latest[2]), value: u64Digits(latest[3]) } };
     return readState(parseJson(text));
   }
 }
@@ -207,9 +296,16 @@ function insertSorted(values, value) {
 /** The meter that made an addend or state, as `[plugin_config]` names it. */
 function meterOf(tagged) {
   if (tagged === "count") return "count";
-  for (const meter in tagged) return meter === "unique" ? "unique_count" : meter;
+  // Each addend and state has one field: its meter's.
+  if ("sum" in tagged) return "sum";
+  if ("count" in tagged) return "count";
+  if ("max" in tagged) return "max";
+  if ("latest" in tagged) return "latest";
+  if ("unique" in tagged) return "unique_count";
   return undefined;
 }
+
+const COUNT_ADDEND = utf8Encode('"count"');
 
 const ADDEND_NUMBER = /^\{"(sum|max|latest)":(0|[1-9][0-9]*)\}$/;
 const STATE_NUMBER = /^\{"(sum|count|max)":(0|[1-9][0-9]*)\}$/;
@@ -224,6 +320,10 @@ function ranged(value, low, high, what) {
 const u64 = (value) => ranged(value, 0n, U64_MAX, "u64");
 const i64 = (value) => Number(ranged(value, -(1n << 63n), (1n << 63n) - 1n, "i64"));
 const u32 = (value) => Number(ranged(value, 0n, 0xffffffffn, "u32"));
+/** A u64 or i64 written as digits (as the patterns above capture them): a
+ * Number when of 15 digits or fewer (exact), else as `u64`/`i64` read it. */
+const u64Digits = (digits) => (digits.length <= 15 ? Number(digits) : u64(digits));
+const i64Digits = (digits) => (digits.length <= 15 ? Number(digits) : i64(digits));
 
 /** The one `[tag, value]` of an externally tagged JSON enum value. */
 function tagged(json) {

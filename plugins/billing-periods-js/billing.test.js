@@ -137,6 +137,40 @@ test("values up to 2^64 - 1 are exact; count saturates; sum refuses past it", as
   assert.throws(() => plugin.value('{"sum":9007199254740993}'), /past 2\^53/);
 });
 
+test("the common shape, read by its fast path, gets what the exact reading gets", async () => {
+  const plugin = await load();
+  // Each record of the common shape beside the same record with a space (read exactly).
+  const records = [
+    event("calls", ',"quantity":0'),
+    event("calls", ',"quantity":999999999999999'),
+    event("calls", ',"quantity":9007199254740993'),
+    event("peak", ',"quantity":4096'),
+    event("gb", ',"quantity":4095'),
+    event("requests", ',"quantity":7'),
+    event("disk", ',"quantity":1'),
+    event("seats", ',"quantity":1'),
+    event("calls", ',"quantity":1.0'),
+    event("calls", ',"quantity":01'),
+    '{"id":"x","customer":"a\u00e9\u{1f600}","metric":"calls","quantity":3,"ts":"t\u007f"}',
+  ];
+  const fast = plugin.describe(records);
+  const exact = plugin.describe(records.map((record) => record.replace('"metric":', ' "metric" : ')));
+  assert.deepEqual(fast, exact);
+  assert.deepEqual(fast.slice(0, 5).map((facts) => facts.addend), ['{"sum":0}', '{"sum":999999999999999}', '{"sum":9007199254740993}', '{"max":4096}', '{"latest":4095}']);
+  assert.deepEqual(fast.slice(6, 10).map((facts) => facts.error), [
+    `metric "disk" has no meter; name it in the job's [plugin_config] meters (it has: calls, gb, peak, requests, seats)`,
+    'field "user" (counted by unique_count) is missing',
+    "quantity must be a non-negative integer, got 1.0",
+    "event is not valid JSON",
+  ]);
+  assert.deepEqual(fast[10].key, [["customer", "a\u00e9\u{1f600}"], ["metric", "calls"]]);
+  // Totals and counts cross 2^53 exactly (Numbers below it, BigInts past it).
+  assert.deepEqual(plugin.add(['{"sum":9007199254740990}'], ['{"sum":5}'], [{ addend: 0 }]).states, ['{"sum":9007199254740995}']);
+  assert.deepEqual(plugin.add(['{"count":9007199254740991}'], ['"count"', '"count"'], [{ addend: 0 }, { addend: 1 }]).states, ['{"count":9007199254740993}']);
+  assert.deepEqual(plugin.add(['{"max":999999999999999}'], ['{"max":1000000000000000}'], [{ addend: 0 }]).states, ['{"max":1000000000000000}']);
+  assert.deepEqual(plugin.add(['{ "sum" : 5 }'], ['{"sum":999999999999999}'], [{ addend: 0 }]).states, ['{"sum":1000000000000004}']);
+});
+
 test("latest keeps the greatest event time; of a tie, the first added", async () => {
   const plugin = await load();
   const addends = ['{"latest":7}', '{"latest":3}', '{"latest":9}', '{"latest":2}'];

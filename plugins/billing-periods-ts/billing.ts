@@ -9,21 +9,25 @@
 // [plugin_config] meters = { calls = "sum", requests = "count", peak_gb = "max",
 //                            storage_gb = "latest", seats = { unique_count = "user" } }
 
-import { Periods, Reject, U64_MAX, compareUtf8, exportPeriods, isWellFormed, parseJson } from "tally/periods";
-import type { FactsFields, Instant, JsonEvent } from "tally/periods";
+import { JsonEvent, Periods, Reject, U64_MAX, compareUtf8, exportPeriods, isWellFormed, parseJson, utf8Decode, utf8Encode } from "tally/periods";
+import type { FactsFields, HostEvent, Instant } from "tally/periods";
 
 /** How a metric counts. */
 export type Meter = { name: "sum" | "count" | "max" | "latest" } | { name: "unique_count"; field: string };
 
+/** A quantity, total or count: a Number while a double holds it exactly
+ * (up to 2^53 - 1), a BigInt past that; the same digits either way. */
+export type Amount = number | bigint;
+
 /** What an event adds to its period, tagged by its meter (JSON: `{"sum":5}`, `"count"`, `{"unique":"zoë"}`). */
-export type Addend = { sum: bigint } | "count" | { max: bigint } | { latest: bigint } | { unique: string };
+export type Addend = { sum: Amount } | "count" | { max: Amount } | { latest: Amount } | { unique: string };
 
 /** A period's state, tagged by the meter that built it. */
 export type State =
-  | { sum: bigint }
-  | { count: bigint }
-  | { max: bigint }
-  | { latest: { seconds: number; nanoseconds: number; value: bigint } }
+  | { sum: Amount }
+  | { count: Amount }
+  | { max: Amount }
+  | { latest: { seconds: number; nanoseconds: number; value: Amount } }
   | { unique: string[] };
 
 /** A usage event as `JSON.parse` reads it (exact numbers come from the record's text). */
@@ -37,12 +41,44 @@ const FIELDS = ["id", "customer", "metric", "quantity", "ts"] as const;
 const TEXT_FIELDS: readonly string[] = ["id", "customer", "metric", "ts"];
 const DIGITS = /^[0-9]+$/;
 const NOT_JSON = "event is not valid JSON";
+const EXACT = Number.MAX_SAFE_INTEGER;
 
-export class BillingPeriods extends Periods<State, Addend, unknown, JsonEvent<Usage>> {
+/**
+ * An event as producers write it: the five fields in their order, no
+ * spaces, strings without escapes or control characters, a quantity of at
+ * most 15 digits (below 2^53). Text that matches is one JSON object giving
+ * each field once, with no lone surrogate, so none of the exact checks can
+ * fail: its fields are the captures, its quantity an exact Number. Any
+ * other record is read by `JsonEvent` and checked in full.
+ */
+/** `COMMON` with ASCII strings: matched against the record's bytes read
+ * as Latin-1, it needs no UTF-8 decoding first (a match is all ASCII, so
+ * the bytes are UTF-8 and their Latin-1 reading is their text). QuickJS
+ * also tests this narrower class faster than `COMMON`'s. */
+const COMMON_ASCII = /^\{"id":"([ !#-[\]-\u007f]*)","customer":"([ !#-[\]-\u007f]*)","metric":"([ !#-[\]-\u007f]*)","quantity":(0|[1-9][0-9]{0,14}),"ts":"([ !#-[\]-\u007f]*)"\}$/;
+const COMMON = /^\{"id":"([^"\\\u0000-\u001f]*)","customer":"([^"\\\u0000-\u001f]*)","metric":"([^"\\\u0000-\u001f]*)","quantity":(0|[1-9][0-9]{0,14}),"ts":"([^"\\\u0000-\u001f]*)"\}$/;
+
+/** A record of the common shape, as `COMMON` matches it: `[text, id, customer, metric, quantity, ts]`. */
+type CommonEvent = RegExpExecArray;
+
+/** Most customers whose aggregation keys a metric keeps (then it starts over). */
+const KEYS_KEPT = 4096;
+/** Quantities below this have their addends' bytes kept, per meter. */
+const ADDENDS_KEPT = 4096;
+
+type Key = [string, string][];
+
+export class BillingPeriods extends Periods<State, Addend, unknown, CommonEvent | JsonEvent<Usage>> {
   /** metric -> meter, by the metrics' UTF-8 bytes. */
   readonly meters: Map<string, Meter>;
   /** The metrics with a meter, as a refusal lists them. */
   private readonly metered: string;
+  /** metric -> customer -> the aggregation key. */
+  private readonly keys = new Map<string, Map<string, Key>>();
+  /** meter -> quantity -> the addend's bytes. */
+  private readonly addends: Record<"sum" | "max" | "latest", Uint8Array[]> = { sum: [], max: [], latest: [] };
+  /** addend text -> the addend (`add` changes no addend: they can be shared). */
+  private readonly decoded = new Map<string, Addend>();
 
   /** Reads `[plugin_config] meters`; throws the Rust build's messages. */
   constructor(config: unknown) {
@@ -51,7 +87,32 @@ export class BillingPeriods extends Periods<State, Addend, unknown, JsonEvent<Us
     this.metered = [...this.meters.keys()].join(", ");
   }
 
-  describe(event: JsonEvent<Usage>): FactsFields<Addend> {
+  /** A record of the common shape (see `COMMON`) as the pattern's match;
+   * any other as a `JsonEvent`. */
+  decodeEvent(bytes: Uint8Array, record: HostEvent): CommonEvent | JsonEvent<Usage> {
+    // Bytes read as Latin-1 are the text when they match the pattern with
+    // ASCII strings (no check for UTF-8 needed); else the text is decoded.
+    if (bytes.length <= 4096) {
+      const common = COMMON_ASCII.exec(String.fromCharCode.apply(null, bytes as unknown as number[]));
+      if (common !== null) return common;
+    }
+    const text = utf8Decode(bytes);
+    return COMMON.exec(text) ?? (JsonEvent.parse(text, record) as JsonEvent<Usage>);
+  }
+
+  describe(event: CommonEvent | JsonEvent<Usage>): FactsFields<Addend> {
+    if (Array.isArray(event)) {
+      const metric = event[3];
+      const meter = this.meters.get(metric);
+      if (meter !== undefined && meter.name !== "unique_count") {
+        const customer = event[2];
+        // sum, count, max, latest: all the five fields this plugin reads.
+        const addend = meter.name === "count" ? "count" : ({ [meter.name]: Number(event[4]) } as Addend);
+        return { id: event[1], time: event[5], key: this.keyOf(customer, metric), customer, addend };
+      }
+      // An unmetered metric, or a field to count: the exact reading says which.
+      event = JsonEvent.parse(event.input) as JsonEvent<Usage>;
+    }
     if (!event.isObject()) throw new Reject("event must be a JSON object");
     for (const field of FIELDS) {
       const count = event.count(field);
@@ -91,10 +152,24 @@ export class BillingPeriods extends Periods<State, Addend, unknown, JsonEvent<Us
     return { id, time: ts, key: [["customer", customer], ["metric", metric]], customer, addend };
   }
 
+  /** The aggregation key of `customer`'s `metric` events (kept: the host
+   * reads it, and keeps nothing of it). */
+  private keyOf(customer: string, metric: string): Key {
+    let keys = this.keys.get(metric);
+    if (keys === undefined) this.keys.set(metric, (keys = new Map()));
+    let key = keys.get(customer);
+    if (key === undefined) {
+      if (keys.size >= KEYS_KEPT) keys.clear();
+      key = [["customer", customer], ["metric", metric]];
+      keys.set(customer, key);
+    }
+    return key;
+  }
+
   add(state: State | undefined, time: Instant, addend: Addend): State {
     const meter = meterOf(addend);
     if (state === undefined) {
-      if (addend === "count") return { count: 1n };
+      if (addend === "count") return { count: 1 };
       if ("sum" in addend) return { sum: addend.sum };
       if ("max" in addend) return { max: addend.max };
       if ("latest" in addend) return { latest: { seconds: time.seconds, nanoseconds: time.nanoseconds, value: addend.latest } };
@@ -106,10 +181,17 @@ export class BillingPeriods extends Periods<State, Addend, unknown, JsonEvent<Us
         `the event's metric is metered by ${meter} but its period was opened by ${opened}: a metric's meter changed while its period was open; keep a metric's meter for its periods`,
       );
     }
-    if (addend === "count" && "count" in state) return { count: state.count < U64_MAX ? state.count + 1n : U64_MAX };
+    if (addend === "count" && "count" in state) {
+      const count = state.count;
+      if (typeof count === "number" && count < EXACT) return { count: count + 1 };
+      return { count: BigInt(count) < U64_MAX ? BigInt(count) + 1n : U64_MAX };
+    }
     if (addend === "count") throw new Error("unreachable: meters match");
     if ("sum" in addend && "sum" in state) {
-      const sum = state.sum + addend.sum;
+      const a = state.sum;
+      const b = addend.sum;
+      if (typeof a === "number" && typeof b === "number" && a + b <= EXACT) return { sum: a + b };
+      const sum = BigInt(a) + BigInt(b);
       if (sum > U64_MAX) throw new Reject("the period's sum would pass 2^64 - 1, the largest meterable");
       return { sum };
     }
@@ -127,7 +209,7 @@ export class BillingPeriods extends Periods<State, Addend, unknown, JsonEvent<Us
     throw new Error("unreachable: meters match");
   }
 
-  value(state: State): bigint {
+  value(state: State): Amount {
     if ("unique" in state) return BigInt(state.unique.length);
     if ("latest" in state) return state.latest.value;
     if ("sum" in state) return state.sum;
@@ -135,17 +217,26 @@ export class BillingPeriods extends Periods<State, Addend, unknown, JsonEvent<Us
     return state.max;
   }
 
-  encodeAddend(addend: Addend): string {
-    if (addend === "count") return '"count"';
+  encodeAddend(addend: Addend): string | Uint8Array {
+    if (addend === "count") return COUNT_ADDEND;
     if ("unique" in addend) return `{"unique":${JSON.stringify(addend.unique)}}`;
-    if ("sum" in addend) return `{"sum":${addend.sum}}`;
-    if ("max" in addend) return `{"max":${addend.max}}`;
-    return `{"latest":${addend.latest}}`;
+    const [meter, quantity] = "sum" in addend ? ["sum", addend.sum] as const : "max" in addend ? ["max", addend.max] as const : ["latest", addend.latest] as const;
+    if (typeof quantity !== "number" || quantity >= ADDENDS_KEPT) return `{"${meter}":${quantity}}`;
+    // The bytes, kept: most quantities recur.
+    const kept = this.addends[meter];
+    return (kept[quantity] ??= utf8Encode(`{"${meter}":${quantity}}`));
   }
 
   decodeAddend(text: string): Addend {
+    const kept = this.decoded.get(text);
+    if (kept !== undefined) return kept;
     const number = ADDEND_NUMBER.exec(text);
-    if (number !== null) return tagNumber(number[1], u64(number[2])) as Addend;
+    if (number !== null) {
+      if (this.decoded.size >= ADDENDS_KEPT) this.decoded.clear();
+      const addend = tagNumber(number[1], u64Digits(number[2])) as Addend;
+      this.decoded.set(text, addend);
+      return addend;
+    }
     if (text === '"count"') return "count";
     return readAddend(parseJson(text));
   }
@@ -163,9 +254,9 @@ export class BillingPeriods extends Periods<State, Addend, unknown, JsonEvent<Us
 
   decodeState(text: string): State {
     const number = STATE_NUMBER.exec(text);
-    if (number !== null) return tagNumber(number[1], u64(number[2])) as State;
+    if (number !== null) return tagNumber(number[1], u64Digits(number[2])) as State;
     const latest = STATE_LATEST.exec(text);
-    if (latest !== null) return { latest: { seconds: i64(latest[1]), nanoseconds: u32(latest[2]), value: u64(latest[3]) } };
+    if (latest !== null) return { latest: { seconds: i64Digits(latest[1]), nanoseconds: u32(latest[2]), value: u64Digits(latest[3]) } };
     return readState(parseJson(text));
   }
 }
@@ -217,15 +308,21 @@ type MeterName = Meter["name"];
 /** The meter that made an addend or state, as `[plugin_config]` names it. */
 function meterOf(tagged: Addend | State): MeterName {
   if (tagged === "count") return "count";
-  const tag = Object.keys(tagged)[0];
-  return (tag === "unique" ? "unique_count" : tag) as MeterName;
+  // Each addend and state has one field: its meter's.
+  if ("sum" in tagged) return "sum";
+  if ("count" in tagged) return "count";
+  if ("max" in tagged) return "max";
+  if ("latest" in tagged) return "latest";
+  return "unique_count";
 }
+
+const COUNT_ADDEND = utf8Encode('"count"');
 
 const ADDEND_NUMBER = /^\{"(sum|max|latest)":(0|[1-9][0-9]*)\}$/;
 const STATE_NUMBER = /^\{"(sum|count|max)":(0|[1-9][0-9]*)\}$/;
 const STATE_LATEST = /^\{"latest":\{"seconds":(-?(?:0|[1-9][0-9]*)),"nanoseconds":(0|[1-9][0-9]*),"value":(0|[1-9][0-9]*)\}\}$/;
 
-const tagNumber = (tag: string, value: bigint): { [tag: string]: bigint } => ({ [tag]: value });
+const tagNumber = (tag: string, value: Amount): { [tag: string]: Amount } => ({ [tag]: value });
 
 /** An integer in `[low, high]`, or throws. */
 function ranged(value: unknown, low: bigint, high: bigint, what: string): bigint {
@@ -236,6 +333,10 @@ function ranged(value: unknown, low: bigint, high: bigint, what: string): bigint
 const u64 = (value: unknown): bigint => ranged(value, 0n, U64_MAX, "u64");
 const i64 = (value: unknown): number => Number(ranged(value, -(1n << 63n), (1n << 63n) - 1n, "i64"));
 const u32 = (value: unknown): number => Number(ranged(value, 0n, 0xffffffffn, "u32"));
+/** A u64 or i64 written as digits (as the patterns above capture them): a
+ * Number when of 15 digits or fewer (exact), else as `u64`/`i64` read it. */
+const u64Digits = (digits: string): Amount => (digits.length <= 15 ? Number(digits) : u64(digits));
+const i64Digits = (digits: string): number => (digits.length <= 15 ? Number(digits) : i64(digits));
 
 /** The one `[tag, value]` of an externally tagged JSON enum value. */
 function tagged(json: unknown): [string, unknown] {

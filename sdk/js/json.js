@@ -292,7 +292,8 @@ export function utf8Decode(bytes) {
   // ASCII (most records) is its own text: the bytes read as Latin-1, then
   // checked by one native regex instead of an interpreted loop per byte.
   let latin1 = "";
-  for (let i = 0; i < bytes.length; i += 4096) latin1 += String.fromCharCode.apply(null, bytes.subarray(i, i + 4096));
+  if (bytes.length <= 4096) latin1 = String.fromCharCode.apply(null, bytes);
+  else for (let i = 0; i < bytes.length; i += 4096) latin1 += String.fromCharCode.apply(null, bytes.subarray(i, i + 4096));
   if (!NOT_ASCII.test(latin1)) return latin1;
   let out = "";
   let chunk = [];

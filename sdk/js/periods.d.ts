@@ -47,6 +47,8 @@ export class Instant {
  */
 export class JsonEvent<Value = unknown> {
   static decode(bytes: Uint8Array, record?: HostEvent): JsonEvent;
+  /** `decode` of a record's text (its bytes read as UTF-8, e.g. by `utf8Decode`). */
+  static parse(text: string, record?: HostEvent): JsonEvent;
   /** The record as text. */
   readonly text: string;
   /** The record as `JSON.parse` reads it (numbers as Numbers: see `written`, `integer`). */
@@ -111,7 +113,8 @@ export abstract class Periods<State, Addend, Config = any, Event = JsonEvent> {
   abstract add(state: State | undefined, time: Instant, addend: Addend): State;
   /** The period's value, 0 to 2^64 - 1. */
   abstract value(state: State): bigint | number;
-  encodeAddend(addend: Addend): string;
+  /** The addend as JSON text, or as its UTF-8 bytes (which the plugin may keep and return again: the host copies them). */
+  encodeAddend(addend: Addend): string | Uint8Array;
   decodeAddend(text: string): Addend;
   encodeState(state: State): string;
   decodeState(text: string): State;

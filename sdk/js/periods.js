@@ -76,8 +76,14 @@ export class JsonEvent {
   /** Decodes `bytes` (a record's value); throws `Reject` as above. The
    * host's record (`partition`, `offset`, `timestampMs`, `key`) rides along. */
   static decode(bytes, record = undefined) {
-    const text = utf8Decode(bytes);
-    if (bytes.length > 2 * MAX_DEPTH && tooDeep(text)) throw new Reject("event is not valid JSON");
+    return JsonEvent.parse(utf8Decode(bytes), record);
+  }
+
+  /** `decode` of a record's text (the bytes read as UTF-8): for a
+   * `decodeEvent` that looks at the text first. */
+  static parse(text, record = undefined) {
+    // Nesting past MAX_DEPTH takes more than 2 * MAX_DEPTH brackets (ASCII).
+    if (text.length > 2 * MAX_DEPTH && tooDeep(text)) throw new Reject("event is not valid JSON");
     let value;
     try {
       value = JSON.parse(text);
@@ -204,7 +210,11 @@ export class Facts {
  * Addends and states travel as JSON by default (integers as BigInt, as
  * serde_json writes them); override `encodeAddend`/`decodeAddend` and
  * `encodeState`/`decodeState` (text in, text out) for a faster or stricter
- * encoding, and `decodeEvent(bytes, record)` to read records otherwise.
+ * encoding (`encodeAddend` may return the UTF-8 bytes instead: a
+ * `Uint8Array` the plugin may keep and hand out again, as the host copies
+ * it), and `decodeEvent(bytes, record)` to read records otherwise (e.g. a
+ * pattern for the common shape of a record first, `JsonEvent.parse` of
+ * the text for the rest).
  */
 export class Periods {
   constructor(config) {
@@ -259,9 +269,10 @@ function facts(plugin, event) {
     throw err;
   }
   const { id, time, key, customer, addend } = described;
+  const encoded = plugin.encodeAddend(addend);
   return {
     tag: "ok",
-    val: { id, time: eventTime(time), key, customer, addend: utf8Encode(plugin.encodeAddend(addend)) },
+    val: { id, time: eventTime(time), key, customer, addend: typeof encoded === "string" ? utf8Encode(encoded) : encoded },
   };
 }
 

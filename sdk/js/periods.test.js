@@ -110,6 +110,32 @@ test("a plugin class is configured, describes a batch and folds it as the Rust S
   assert.throws(() => addAll(small, [bytes('{"n":1.5}')], [bytes('{"n":1}')], [{ period: 0, time, addend: 0 }]), TypeError);
 });
 
+test("a plugin may read a record's text first (JsonEvent.parse) and return an addend's bytes", () => {
+  class Fast extends Periods {
+    decodeEvent(bytes, record) {
+      const text = new TextDecoder().decode(bytes);
+      return text.startsWith("fast:") ? text.slice(5) : JsonEvent.parse(text, record);
+    }
+    describe(event) {
+      const id = typeof event === "string" ? event : event.value.id;
+      return { id, time: 0, key: [["k", "v"]], customer: "c", addend: typeof event === "string" ? "fast" : "slow" };
+    }
+    encodeAddend(addend) {
+      return addend === "fast" ? FAST : '"slow"';
+    }
+  }
+  const FAST = bytes('"fast"');
+  const plugin = configurePlugin(Fast, "{}");
+  const events = ["fast:a", '{"id":"b"}', '{"id":"\\ud800"} x', `{"a":${"[".repeat(129)}${"]".repeat(129)}}`].map((text, offset) => ({ partition: 0, offset, timestampMs: 5, key: null, value: bytes(text) }));
+  const described = describeAll(plugin, events);
+  assert.equal(described[0].val.addend, FAST);
+  assert.equal(described[0].val.id, "a");
+  assert.deepEqual(new TextDecoder().decode(described[1].val.addend), '"slow"');
+  assert.deepEqual(described.slice(2), [{ tag: "err", val: "event is not valid JSON" }, { tag: "err", val: "event is not valid JSON" }]);
+  const parsed = JsonEvent.parse('{"n":1}', events[1]);
+  assert.deepEqual([parsed.value, parsed.offset, parsed.timestampMs], [{ n: 1 }, 1, 5]);
+});
+
 test("the component's exports: configure first; u64 values as the host can take them", () => {
   const { config, periods } = exportPeriods(Counter);
   assert.throws(() => periods.value(bytes('{"n":1}')), /before configure/);
