@@ -88,7 +88,8 @@ impl PeriodsRun {
         plugin_config: &str,
     ) -> Result<PeriodsRun, DriverError> {
         let tally = find_tally()?;
-        let dir = tempfile::tempdir().map_err(|err| DriverError::Run(format!("a temporary directory: {err}")))?;
+        let dir = tempfile::tempdir()
+            .map_err(|err| DriverError::Run(format!("a temporary directory: {err}")))?;
         let crate_dir = crate_dir.as_ref();
         let target_dir = tally_plugin_build::default_target_dir(crate_dir);
         let component = tally_plugin_build::build_crate(crate_dir, &target_dir)?.component;
@@ -124,7 +125,8 @@ impl PeriodsRun {
             if line.contains('\n') {
                 return Err(DriverError::Run(format!("an event is one line: {line:?}")));
             }
-            writeln!(file, "{line}").map_err(|err| DriverError::Run(format!("writing events.ndjson: {err}")))?;
+            writeln!(file, "{line}")
+                .map_err(|err| DriverError::Run(format!("writing events.ndjson: {err}")))?;
         }
         drop(file);
         let output = Command::new(&self.tally)
@@ -139,19 +141,23 @@ impl PeriodsRun {
                 String::from_utf8_lossy(&output.stderr)
             )));
         }
-        let records = new_lines(&self.dir.path().join("out/periods.ndjson"), &mut self.records_read)?
-            .iter()
-            .map(|line| period_record(line))
-            .collect::<Result<_, _>>()?;
-        let dead_letters = new_lines(&self.dir.path().join("out/dead-letters.ndjson"), &mut self.dead_letters_read)?
-            .iter()
-            .map(|line| {
-                Ok(Rejected {
-                    offset: line["source"]["offset"].as_u64().ok_or_else(|| unexpected(line))?,
-                    reason: line["reason"].as_str().ok_or_else(|| unexpected(line))?.to_string(),
-                })
+        let records =
+            new_lines(&self.dir.path().join("out/periods.ndjson"), &mut self.records_read)?
+                .iter()
+                .map(period_record)
+                .collect::<Result<_, _>>()?;
+        let dead_letters = new_lines(
+            &self.dir.path().join("out/dead-letters.ndjson"),
+            &mut self.dead_letters_read,
+        )?
+        .iter()
+        .map(|line| {
+            Ok(Rejected {
+                offset: line["source"]["offset"].as_u64().ok_or_else(|| unexpected(line))?,
+                reason: line["reason"].as_str().ok_or_else(|| unexpected(line))?.to_string(),
             })
-            .collect::<Result<_, DriverError>>()?;
+        })
+        .collect::<Result<_, DriverError>>()?;
         Ok(PeriodsSent { records, dead_letters })
     }
 
@@ -191,8 +197,9 @@ fn new_lines(path: &Path, read: &mut usize) -> Result<Vec<Value>, DriverError> {
         .lines()
         .skip(*read)
         .map(|line| {
-            serde_json::from_str(line)
-                .map_err(|err| DriverError::Run(format!("{} holds a line that is not JSON: {err}", path.display())))
+            serde_json::from_str(line).map_err(|err| {
+                DriverError::Run(format!("{} holds a line that is not JSON: {err}", path.display()))
+            })
         })
         .collect::<Result<_, _>>()?;
     *read += lines.len();
@@ -202,7 +209,8 @@ fn new_lines(path: &Path, read: &mut usize) -> Result<Vec<Value>, DriverError> {
 /// A line of `periods.ndjson` as a [`PeriodRecord`].
 fn period_record(line: &Value) -> Result<PeriodRecord, DriverError> {
     let fields = &line["value"];
-    let text = |name: &str| fields[name].as_str().map(str::to_string).ok_or_else(|| unexpected(line));
+    let text =
+        |name: &str| fields[name].as_str().map(str::to_string).ok_or_else(|| unexpected(line));
     let number = |name: &str| fields[name].as_u64().ok_or_else(|| unexpected(line));
     let value = number("value")?;
     let previous = match fields["type"] == "adjustment" {

@@ -15,21 +15,11 @@ fn tally(args: &[&str], dir: &Path) -> String {
     said
 }
 
-/// Runs `tally` with the toolchains scripts/setup installed; whether it
-/// succeeded, and what it printed.
-fn tally_said(args: &[&str], dir: &Path) -> (bool, String) {
+/// `command` with the build tools scripts/setup installed for the billing
+/// plugins named for `tally plugin build`.
+fn with_toolchains(command: &mut Command) -> &mut Command {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let tally = tally_binary();
-    // Builds here get a target directory of their own: in the shared one
-    // they would rewrite, mid-test, the components other tests load (a
-    // plugin built alone is not the bytes of the test build's, whose
-    // features are unified), and those tests would see another digest.
-    let target = tally.parent().and_then(Path::parent).unwrap().join("scaffold-builds");
-    let output = Command::new(tally)
-        .args(args)
-        .current_dir(dir)
-        .env("CARGO_TARGET_DIR", target)
-        // The toolchain scripts/setup installed for the billing plugin.
+    command
         .env(
             "TALLY_COMPONENTIZE_QJS",
             workspace.join("plugins/usage-billing-js/node_modules/.bin/componentize-qjs"),
@@ -38,6 +28,19 @@ fn tally_said(args: &[&str], dir: &Path) -> (bool, String) {
             "TALLY_COMPONENTIZE_PY",
             workspace.join("plugins/usage-billing-python/.venv/bin/componentize-py"),
         )
+}
+
+/// Runs `tally` with the toolchains scripts/setup installed; whether it
+/// succeeded, and what it printed.
+fn tally_said(args: &[&str], dir: &Path) -> (bool, String) {
+    let tally = tally_binary();
+    // Builds here get a target directory of their own: in the shared one
+    // they would rewrite, mid-test, the components other tests load (a
+    // plugin built alone is not the bytes of the test build's, whose
+    // features are unified), and those tests would see another digest.
+    let target = tally.parent().and_then(Path::parent).unwrap().join("scaffold-builds");
+    let output = with_toolchains(Command::new(tally).args(args).current_dir(dir))
+        .env("CARGO_TARGET_DIR", target)
         // Plugin crates resolve their dependencies from the local cache: no network in tests.
         .env("CARGO_NET_OFFLINE", "true")
         .output()
@@ -332,28 +335,24 @@ fn a_new_period_plugin_in_every_language_passes_its_test_against_the_host() {
                 vec!["-q", "-p", "no:cacheprovider"],
             ),
             "js" => (Path::new("node"), vec!["--test"]),
-            "ts" => (Path::new("sh"), vec!["-c", "\"$TALLY_TSC\" -p tsconfig.test.json && node --test dist/"]),
+            "ts" => (
+                Path::new("sh"),
+                vec!["-c", "\"$TALLY_TSC\" -p tsconfig.test.json && node --test dist/"],
+            ),
             "go" => (Path::new("go"), vec!["test", "./..."]),
             "c" => (Path::new("make"), vec!["-s", "test"]),
             _ => {
                 let built = tally(&["plugin", "build", "sum", "--out", "sum.wasm"], dir.path());
-                assert!(built.contains("imports: tally:plugin/types@0.2.0, tally:plugin/log@0.2.0"), "{built}");
+                assert!(
+                    built.contains("imports: tally:plugin/types@0.2.0, tally:plugin/log@0.2.0"),
+                    "{built}"
+                );
                 continue;
             }
         };
-        let test = Command::new(program)
-            .args(&args)
-            .current_dir(&plugin)
+        let test = with_toolchains(Command::new(program).args(&args).current_dir(&plugin))
             .env("TALLY_BIN", tally_binary())
             .env("TALLY_TSC", &tsc)
-            .env(
-                "TALLY_COMPONENTIZE_QJS",
-                workspace.join("plugins/usage-billing-js/node_modules/.bin/componentize-qjs"),
-            )
-            .env(
-                "TALLY_COMPONENTIZE_PY",
-                workspace.join("plugins/usage-billing-python/.venv/bin/componentize-py"),
-            )
             .env("GOFLAGS", "-mod=mod")
             .env("GOPROXY", "off")
             .output()

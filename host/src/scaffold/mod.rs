@@ -99,7 +99,9 @@ pub fn new_plugin(dir: &Path, lang: Lang, periods: bool) -> anyhow::Result<()> {
         dir.display()
     );
     if periods {
-        println!("its test runs the plugin through `tally run`: keep this `tally` on PATH (or set TALLY_BIN)");
+        println!(
+            "its test runs the plugin through `tally run`: keep this `tally` on PATH (or set TALLY_BIN)"
+        );
     }
     Ok(())
 }
@@ -109,7 +111,7 @@ fn rust_manifest(name: &str, tree: &Path) -> String {
     let sdk = tree.join("sdk/rust");
     let testing = tree.join("testing");
     format!(
-                r#"[package]
+        r#"[package]
 name = "{name}"
 version = "0.1.0"
 edition = "2024"
@@ -128,7 +130,7 @@ tally-testing = {{ path = {testing:?} }}
 # A workspace of its own, wherever it sits.
 [workspace]
 "#
-            )
+    )
 }
 
 fn rust_files(name: &str, tree: &Path) -> Vec<(&'static str, String)> {
@@ -265,7 +267,7 @@ def test_counts_add_up_and_bad_events_are_refused():
 fn go_manifest(name: &str, tree: &Path) -> String {
     let sdk = tree.join("sdk/go");
     format!(
-                r#"module {name}
+        r#"module {name}
 
 go 1.25
 
@@ -280,9 +282,9 @@ replace (
 	tally => {sdk}
 )
 "#,
-                pkg = sdk.join("third_party/pkg").display(),
-                sdk = sdk.display()
-            )
+        pkg = sdk.join("third_party/pkg").display(),
+        sdk = sdk.display()
+    )
 }
 
 fn go_files(name: &str, tree: &Path) -> Vec<(&'static str, String)> {

@@ -23,7 +23,8 @@ const EVENTS: [&str; 4] = [
 ];
 
 /// The second send: a late November event, within the horizon.
-const LATE_EVENT: &str = r#"{"id":"e4","customer":"acme","quantity":4,"ts":"2026-11-20T12:00:00Z"}"#;
+const LATE_EVENT: &str =
+    r#"{"id":"e4","customer":"acme","quantity":4,"ts":"2026-11-20T12:00:00Z"}"#;
 
 /// `text` with `{periods}`, `{events}` (each event as a string literal of
 /// the target language, written by `literal`, joined by `join`) and
@@ -260,7 +261,12 @@ fn js_package(name: &str, tree: &Path, main: &str, typed: bool) -> String {
 /// The period plugin's module, in JavaScript or (`typed`) TypeScript.
 fn js_module(typed: bool) -> String {
     let (class, describe, add, value) = match typed {
-        false => ("class Sum extends Periods {", "describe(event) {", "add(total, time, quantity) {", "value(total) {"),
+        false => (
+            "class Sum extends Periods {",
+            "describe(event) {",
+            "add(total, time, quantity) {",
+            "value(total) {",
+        ),
         true => (
             "class Sum extends Periods<bigint, bigint, unknown, JsonEvent<Record<string, unknown>>> {",
             "describe(event: JsonEvent<Record<string, unknown>>): FactsFields<bigint> {",
@@ -270,7 +276,9 @@ fn js_module(typed: bool) -> String {
     };
     let imports = match typed {
         false => "import { Periods, Reject, U64_MAX, exportPeriods } from \"tally/periods\";",
-        true => "import { Periods, Reject, U64_MAX, exportPeriods } from \"tally/periods\";\nimport type { FactsFields, Instant, JsonEvent } from \"tally/periods\";",
+        true => {
+            "import { Periods, Reject, U64_MAX, exportPeriods } from \"tally/periods\";\nimport type { FactsFields, Instant, JsonEvent } from \"tally/periods\";"
+        }
     };
     format!(
         r#"// Sums each customer's `quantity` per calendar period in the customer's
