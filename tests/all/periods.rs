@@ -282,6 +282,7 @@ fn killed_at_random_moments_a_period_job_emits_every_final_once() {
 /// on the plugin's language.
 #[test]
 fn killed_at_random_moments_a_python_period_plugin_emits_every_final_once() {
+    let _serial = tally_tests::kafka::serial();
     kill_and_check(BILLING_PERIODS_PYTHON, 3000);
 }
 

@@ -304,6 +304,7 @@ fn a_served_period_job_swaps_its_plugin_across_every_language_under_load() {
 
     /// How many pieces each partition's lines arrive in.
     const SLICES: usize = 120;
+    let _serial = tally_tests::kafka::serial();
     let dir = tempfile::tempdir().unwrap();
     let host = ServeHost::start_with(dir.path(), "", "", "");
     let input = generate(37, 3000);

@@ -22,7 +22,10 @@ pub fn bootstrap() -> String {
     std::env::var("TALLY_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())
 }
 
-/// Kafka tests share one broker and two cores: they run one at a time.
+/// Kafka tests share one broker and two cores: they run one at a time, and
+/// so do the heaviest other tests (a kill loop over an interpreted plugin,
+/// a swap through every language), whose CPU would otherwise starve a
+/// Kafka kill loop's observer until the job outran its kills.
 pub fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
