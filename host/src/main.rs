@@ -1,6 +1,7 @@
 //! The `tally` command line.
 
 mod admin_cli;
+mod deliver_cli;
 mod scaffold;
 
 use std::io::Write as _;
@@ -72,6 +73,16 @@ enum Command {
         /// The host file (TOML): listen address, data directory, tenants.
         config: PathBuf,
     },
+    /// Deliver a job's committed outputs to a billing HTTP API, effectively once.
+    ///
+    /// Example:
+    ///   tally deliver deliver.toml
+    ///   tally deliver --until-caught-up deliver.toml
+    ///   tally deliver status deliver.toml
+    ///   tally deliver unknown deliver.toml
+    ///   tally deliver resolve deliver.toml <key> --applied
+    #[command(verbatim_doc_comment)]
+    Deliver(deliver_cli::DeliverArgs),
     /// Manage your jobs on a `tally serve` host.
     #[command(subcommand)]
     Jobs(JobsCommand),
@@ -313,6 +324,7 @@ fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
         Command::Plugin(PluginCommand::Inspect { file, json }) => inspect_plugin(&file, json),
         Command::State(StateCommand::List { state_dir, json }) => list_state(&state_dir, json),
         Command::Serve { config } => serve(&config, stop_on_signals()?),
+        Command::Deliver(args) => deliver_cli::deliver(args, stop_on_signals),
         Command::Jobs(command) => admin_cli::jobs(admin, command),
         Command::Plugin(PluginCommand::Push { job, file, json }) => {
             admin_cli::push(admin, &job, &file, json)

@@ -97,7 +97,7 @@ impl LocalCommitter {
             .iter()
             .zip(&lengths)
             .filter(|(_, len)| len.is_none())
-            .map(|(name, _)| (format!("{OUTPUT_PREFIX}{name}").into_bytes(), b"0".to_vec()))
+            .map(|(name, _)| (committed_length_key(name), b"0".to_vec()))
             .collect();
         if !claims.is_empty() {
             store.commit(StoreCommit { state: Vec::new(), meta: claims })?;
@@ -162,10 +162,7 @@ impl TwoPhaseCommitter for LocalCommitter {
             meta.push((format!("{INPUT_PREFIX}{index:08}").into_bytes(), value));
         }
         for (name, len) in self.output_names.iter().zip(&lengths) {
-            meta.push((
-                format!("{OUTPUT_PREFIX}{name}").into_bytes(),
-                len.to_string().into_bytes(),
-            ));
+            meta.push((committed_length_key(name), len.to_string().into_bytes()));
         }
         Ok(StoreCommit { state: txn.overlay.changes(), meta })
     }
@@ -205,14 +202,23 @@ impl LocalCommitter {
 }
 
 /// The committed length of each of `output_names` (`None`: never claimed).
+/// The metadata key under which a job commits output `name`'s length.
+pub fn committed_length_key(name: &str) -> Vec<u8> {
+    format!("{OUTPUT_PREFIX}{name}").into_bytes()
+}
+
+/// A committed output length as stored under [`committed_length_key`].
+pub fn parse_committed_length(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value).ok().and_then(|text| text.parse::<u64>().ok())
+}
+
 fn committed_lengths(
     store: &dyn StateStore,
     output_names: &[String],
 ) -> Result<Vec<Option<u64>>, CommitError> {
     let mut committed = std::collections::HashMap::new();
     for (key, value) in store.scan_meta(OUTPUT_PREFIX.as_bytes())? {
-        let len = std::str::from_utf8(&value).ok().and_then(|text| text.parse::<u64>().ok());
-        let len = len.ok_or_else(|| damaged(&key))?;
+        let len = parse_committed_length(&value).ok_or_else(|| damaged(&key))?;
         committed.insert(key[OUTPUT_PREFIX.len()..].to_vec(), len);
     }
     Ok(output_names.iter().map(|name| committed.get(name.as_bytes()).copied()).collect())

@@ -18,7 +18,7 @@ mod sink;
 mod source;
 mod task;
 
-pub use committer::CommitError;
+pub use committer::{CommitError, committed_length_key, parse_committed_length};
 pub use config::LocalConfig;
 pub use sink::SinkError;
 pub use source::SourceError;

@@ -56,6 +56,38 @@ impl RocksStore {
     }
 }
 
+/// A read-only view of a store another process owns (RocksDB's
+/// secondary instance): what that process committed, caught up on demand.
+/// A delivery reads a running job's committed output lengths through it.
+pub struct RocksView {
+    db: rocksdb::DB,
+}
+
+impl RocksView {
+    /// Opens a view of the store in `primary`, keeping the view's own
+    /// files (its info log) in `view_dir`.
+    pub fn open(primary: &Path, view_dir: &Path) -> Result<RocksView, StateError> {
+        let options = rocksdb::Options::default();
+        let db =
+            rocksdb::DB::open_cf_as_secondary(&options, primary, view_dir, [STATE_CF, META_CF])
+                .map_err(|err| StateError::Open {
+                    path: primary.to_path_buf(),
+                    source: Box::new(err),
+                })?;
+        Ok(RocksView { db })
+    }
+
+    /// Catches up with what the owner committed since the last call.
+    pub fn catch_up(&self) -> Result<(), StateError> {
+        self.db.try_catch_up_with_primary().map_err(read_error)
+    }
+
+    /// The committed value of metadata entry `key`.
+    pub fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.db.get_cf(cf_of(&self.db, META_CF), key).map_err(read_error)
+    }
+}
+
 /// Options of the state column family; a bulk load's SST files are
 /// written with the same (their comparator and table format must match).
 fn state_options() -> rocksdb::Options {

@@ -95,6 +95,17 @@ fn each_driver_reaches_the_core_and_no_other_driver_nor_the_server() {
     assert!(!normal_closure("tally-local").contains("rdkafka"), "local mode needs no Kafka client");
 }
 
+#[test]
+fn the_delivery_stage_reaches_no_kafka_client_server_stack_nor_host() {
+    let closure = normal_closure("tally-deliver");
+    assert!(closure.contains("ureq") && closure.contains("rocksdb"), "{closure:?}");
+    let wrong: Vec<&str> = ["rdkafka", "tally-kafka", "tally-host", "hyper", "axum", "tokio"]
+        .into_iter()
+        .filter(|name| closure.contains(*name))
+        .collect();
+    assert!(wrong.is_empty(), "tally-deliver depends on {wrong:?}");
+}
+
 /// The engine's top-level modules that a file of `core/src` names through
 /// `crate::` (its tests and comments aside); `super::` stays within its
 /// own module.

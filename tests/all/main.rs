@@ -8,6 +8,7 @@ mod plugins {
 
 mod closed_wasi;
 mod crash;
+mod deliver;
 mod hostile;
 mod hostile_api;
 mod hostile_uploads;

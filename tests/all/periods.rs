@@ -26,7 +26,7 @@ use crate::plugins::{BILLING_PERIODS, BILLING_PERIODS_PYTHON};
 pub(crate) const PARTITIONS: usize = 5;
 
 /// Writes the input files (partition 4 empty) and the job file.
-fn write_job(dir: &Path, input: &PeriodInput, settings: &str) -> PathBuf {
+pub(crate) fn write_job(dir: &Path, input: &PeriodInput, settings: &str) -> PathBuf {
     write_job_of(BILLING_PERIODS, dir, input, settings)
 }
 
@@ -83,7 +83,7 @@ pub(crate) fn first_run(input: &PeriodInput) -> Vec<(usize, u64, &PeriodLine)> {
         .collect()
 }
 
-fn run_to_end(job: &Path) {
+pub(crate) fn run_to_end(job: &Path) {
     let output = Command::new(tally_binary()).arg("run").arg(job).output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 }

@@ -9,6 +9,7 @@ pub mod components;
 pub mod kafka;
 pub mod native;
 pub mod periods;
+pub mod receiver;
 pub mod serve;
 
 /// The billing key: (customer, metric, period).

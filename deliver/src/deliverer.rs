@@ -1,0 +1,631 @@
+//! The delivery loop. The main thread reads the committed output from the
+//! ledger's position, skips what the ledger says is settled, and hands
+//! each record to one of `max_in_flight` lanes chosen by its key (so the
+//! records of one key go in order, one at a time, and different keys in
+//! parallel). A lane sends its record until it is delivered, refused for
+//! good, or parked as `unknown` once the receiver may have applied it and
+//! no longer remembers its key; a parked record holds back the later
+//! records of its key until a lookup or an operator settles it. The
+//! position moves past every settled record. See `docs/delivery.md`.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+use crate::dead_letters::{DeadLetter, DeadLetters};
+use crate::http::{Attempt, HttpTarget, Lookup};
+use crate::ledger::{Entry, Ledger, LedgerError, Outcome, Stats};
+use crate::record::OutputRecord;
+use crate::resolve::{Resolution, Verdict};
+use crate::settings::{DeliverSettings, HttpSettings};
+use crate::source::{LocalOutput, SourceError};
+
+/// Most records read and not yet settled (in flight, retrying, parked or
+/// held behind a parked one).
+const MAX_PENDING: usize = 4096;
+/// How often the output, the resolutions and the position are looked at
+/// when nothing else happens.
+const POLL: Duration = Duration::from_millis(100);
+/// Longest a lane sleeps before it looks at the stop flag again.
+const SLEEP_STEP: Duration = Duration::from_millis(50);
+/// Delivery latencies kept for the percentiles in the ledger's stats.
+const LATENCY_SAMPLES: usize = 1024;
+
+/// A delivery that cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliverError {
+    /// The committed output cannot be read.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The ledger cannot be read or written.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The dead-letter file cannot be written.
+    #[error("cannot write the delivery's dead letters `{}`: {source}", path.display())]
+    DeadLetters {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A record would be sent with a key already used for another body.
+    #[error(
+        "record {key:?} (offset {offset}) was sent before with another body (SHA-256 {sent}, now {now}); \
+         a key is never reused for another body: put `http.body` back as it was, or deliver to a new state_dir"
+    )]
+    BodyChanged {
+        /// The idempotency key.
+        key: String,
+        /// The record's offset.
+        offset: u64,
+        /// The digest of the body sent.
+        sent: String,
+        /// The digest of the body now.
+        now: String,
+    },
+}
+
+/// How a run ends.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Stop once every committed record is settled or parked, rather than
+    /// follow the output as the job commits more.
+    pub until_caught_up: bool,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Records delivered in this run.
+    pub delivered: u64,
+    /// Records dead-lettered in this run.
+    pub failed: u64,
+    /// Records waiting as `unknown` when it ended.
+    pub unknown: u64,
+    /// The position when it ended.
+    pub position: u64,
+}
+
+/// What a lane is asked to do.
+enum ToLane {
+    /// Deliver a record (unless its key is held back).
+    Deliver(OutputRecord),
+    /// A parked record of this key is settled: its key goes on.
+    Release(String),
+}
+
+/// What a lane reports.
+enum FromLane {
+    /// The record at this offset is settled.
+    Settled { offset: u64, outcome: Outcome, latency: Option<Duration> },
+    /// The record is parked as `unknown`; its key is held back.
+    Parked(OutputRecord),
+    /// The record came after a parked one of its key: held back.
+    Held(OutputRecord),
+    /// The delivery cannot go on.
+    Fatal(DeliverError),
+}
+
+/// Runs the delivery `settings` describes over `source` until it is
+/// stopped (`stop`), or caught up when `options` say so.
+pub fn run(
+    settings: &DeliverSettings,
+    mut source: LocalOutput,
+    stop: Arc<AtomicBool>,
+    options: RunOptions,
+) -> Result<RunSummary, DeliverError> {
+    std::fs::create_dir_all(&settings.state_dir)
+        .map_err(|err| LedgerError::new(&settings.state_dir, err.to_string()))?;
+    let ledger = Arc::new(Ledger::open(&settings.state_dir.join("ledger"))?);
+    let dead_letters = Arc::new(DeadLetters::open(&settings.dead_letters).map_err(|source| {
+        DeliverError::DeadLetters { path: settings.dead_letters.clone(), source }
+    })?);
+    let target = Arc::new(HttpTarget::new(settings.http.clone()));
+    let lane_count = settings.http.max_in_flight;
+    let (report, reports) = mpsc::channel();
+    let mut lanes = Vec::with_capacity(lane_count);
+    let mut workers: Vec<JoinHandle<()>> = Vec::with_capacity(lane_count);
+    for _ in 0..lane_count {
+        let (to_lane, from_main) = mpsc::channel();
+        let lane = Lane {
+            http: settings.http.clone(),
+            target: target.clone(),
+            ledger: ledger.clone(),
+            dead_letters: dead_letters.clone(),
+            stop: stop.clone(),
+            report: report.clone(),
+            held_back: std::collections::HashSet::new(),
+            jitter: RandomState::new(),
+        };
+        workers.push(std::thread::spawn(move || lane.run(from_main)));
+        lanes.push(to_lane);
+    }
+    drop(report);
+    let mut main = Main {
+        ledger: ledger.clone(),
+        dead_letters,
+        lanes,
+        lane_of: RandomState::new(),
+        body: settings.http.body,
+        lookup: settings.http.lookup_url.is_some(),
+        pending: BTreeMap::new(),
+        parked: HashMap::new(),
+        held: HashMap::new(),
+        latencies: VecDeque::new(),
+        summary: RunSummary::default(),
+    };
+    let resolutions = crate::resolve::Inbox::new(&settings.state_dir);
+    let result = main.run(&mut source, &reports, &resolutions, &stop, options);
+    // The lanes finish the request in hand and stop.
+    stop.store(true, Ordering::SeqCst);
+    drop(main.lanes);
+    for worker in workers {
+        let _ = worker.join();
+    }
+    while let Ok(report) = reports.try_recv() {
+        if let FromLane::Settled { outcome, .. } = report {
+            main.summary.count(outcome);
+        }
+    }
+    let mut summary = result?;
+    summary.delivered = main.summary.delivered;
+    summary.failed = main.summary.failed;
+    ledger.sync()?;
+    Ok(summary)
+}
+
+impl RunSummary {
+    fn count(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Delivered => self.delivered += 1,
+            Outcome::Failed => self.failed += 1,
+            _ => {}
+        }
+    }
+}
+
+/// The main thread's side of a run.
+struct Main {
+    ledger: Arc<Ledger>,
+    dead_letters: Arc<DeadLetters>,
+    lanes: Vec<Sender<ToLane>>,
+    lane_of: RandomState,
+    body: crate::settings::Body,
+    /// Whether a lookup URL is configured (then a parked record goes back
+    /// to its lane, which looks it up).
+    lookup: bool,
+    /// Records read and not settled, by offset: their idempotency keys.
+    pending: BTreeMap<u64, String>,
+    /// Keys held back, each by its parked record.
+    parked: HashMap<String, OutputRecord>,
+    /// Records waiting behind a parked one of their key, in order.
+    held: HashMap<String, VecDeque<OutputRecord>>,
+    latencies: VecDeque<u64>,
+    summary: RunSummary,
+}
+
+impl Main {
+    fn run(
+        &mut self,
+        source: &mut LocalOutput,
+        reports: &Receiver<FromLane>,
+        resolutions: &crate::resolve::Inbox,
+        stop: &AtomicBool,
+        options: RunOptions,
+    ) -> Result<RunSummary, DeliverError> {
+        let mut cursor = self.ledger.position()?;
+        let mut written_position = cursor;
+        let mut last_stats = Instant::now();
+        loop {
+            for (path, resolution) in resolutions.waiting()? {
+                self.resolve(resolution)?;
+                resolutions.done(&path);
+            }
+            let committed = source.committed_length()?;
+            while cursor < committed && self.pending.len() < MAX_PENDING {
+                let lines = source.read(cursor, committed)?;
+                for line in lines {
+                    self.read(line.offset, line.bytes)?;
+                    cursor = line.next;
+                    if self.pending.len() >= MAX_PENDING {
+                        break;
+                    }
+                }
+            }
+            let deadline = Instant::now() + POLL;
+            loop {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                match reports.recv_timeout(wait) {
+                    Ok(report) => self.on_report(report)?,
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            let position = self.pending.keys().next().copied().unwrap_or(cursor);
+            if position != written_position {
+                self.ledger.set_position(position)?;
+                written_position = position;
+            }
+            if last_stats.elapsed() >= Duration::from_secs(1) {
+                self.write_stats()?;
+                last_stats = Instant::now();
+            }
+            let waiting_only = self.pending.len()
+                == self.parked.len() + self.held.values().map(VecDeque::len).sum::<usize>();
+            if stop.load(Ordering::SeqCst)
+                || (options.until_caught_up && cursor >= committed && waiting_only)
+            {
+                self.write_stats()?;
+                self.summary.position = position;
+                self.summary.unknown = self.parked.len() as u64;
+                return Ok(self.summary.clone());
+            }
+        }
+    }
+
+    /// One committed line: skipped if settled, held back behind its key's
+    /// parked record, or handed to its lane.
+    fn read(&mut self, offset: u64, bytes: Result<Vec<u8>, u64>) -> Result<(), DeliverError> {
+        let record = match bytes {
+            Ok(bytes) => OutputRecord::parse(offset, &bytes, self.body),
+            Err(length) => Err(format!(
+                "the record is {length} bytes, over the delivery's limit of {} bytes",
+                crate::record::MAX_RECORD_BYTES
+            )),
+        };
+        let record = match record {
+            Ok(record) => record,
+            Err(reason) => {
+                let letter = DeadLetter {
+                    idempotency_key: format!("offset/{offset}"),
+                    offset,
+                    reason: format!("malformed: {reason}"),
+                    status: None,
+                    attempts: 0,
+                    body: None,
+                };
+                self.dead_letters.write(&letter).map_err(|source| DeliverError::DeadLetters {
+                    path: self.dead_letters.path().to_path_buf(),
+                    source,
+                })?;
+                return Ok(());
+            }
+        };
+        let entry = self.ledger.entry(&record.idempotency_key)?;
+        if let Some(entry) = &entry {
+            let now = body_digest(&record.body);
+            if entry.body_sha256 != now {
+                return Err(DeliverError::BodyChanged {
+                    key: record.idempotency_key,
+                    offset,
+                    sent: entry.body_sha256.clone(),
+                    now,
+                });
+            }
+            match entry.outcome {
+                Outcome::Delivered | Outcome::Failed => return Ok(()),
+                _ => {}
+            }
+        }
+        self.pending.insert(offset, record.idempotency_key.clone());
+        if let Some(held) = self.held.get_mut(&record.order_key) {
+            held.push_back(record);
+        } else if self.parked.contains_key(&record.order_key) {
+            self.held.entry(record.order_key.clone()).or_default().push_back(record);
+        } else if entry.is_some_and(|entry| entry.outcome == Outcome::Unknown) && !self.lookup {
+            // Parked before: not re-sent until an operator says so.
+            self.parked.insert(record.order_key.clone(), record);
+        } else {
+            self.dispatch(record);
+        }
+        Ok(())
+    }
+
+    fn dispatch(&self, record: OutputRecord) {
+        let lane = self.lane(&record.order_key);
+        // A lane only goes away when the run ends.
+        let _ = self.lanes[lane].send(ToLane::Deliver(record));
+    }
+
+    fn lane(&self, order_key: &str) -> usize {
+        (self.lane_of.hash_one(order_key) % self.lanes.len() as u64) as usize
+    }
+
+    fn on_report(&mut self, report: FromLane) -> Result<(), DeliverError> {
+        match report {
+            FromLane::Settled { offset, outcome, latency } => {
+                self.pending.remove(&offset);
+                self.summary.count(outcome);
+                if let Some(latency) = latency {
+                    if self.latencies.len() == LATENCY_SAMPLES {
+                        self.latencies.pop_front();
+                    }
+                    self.latencies.push_back(latency.as_millis() as u64);
+                }
+            }
+            FromLane::Parked(record) => {
+                self.parked.insert(record.order_key.clone(), record);
+            }
+            FromLane::Held(record) => {
+                self.held.entry(record.order_key.clone()).or_default().push_back(record);
+            }
+            FromLane::Fatal(err) => return Err(err),
+        }
+        Ok(())
+    }
+
+    /// An operator's verdict on a record waiting as `unknown`.
+    fn resolve(&mut self, resolution: Resolution) -> Result<(), DeliverError> {
+        let settled = crate::resolve::apply(&self.ledger, &resolution)?;
+        let Some(outcome) = settled else { return Ok(()) };
+        let parked = self
+            .parked
+            .iter()
+            .find(|(_, record)| record.idempotency_key == resolution.key)
+            .map(|(order_key, _)| order_key.clone());
+        let Some(order_key) = parked else { return Ok(()) };
+        let record = self.parked.remove(&order_key).expect("found above");
+        let lane = self.lane(&order_key);
+        let _ = self.lanes[lane].send(ToLane::Release(order_key.clone()));
+        match resolution.verdict {
+            Verdict::Applied => {
+                self.pending.remove(&record.offset);
+                self.summary.count(outcome);
+            }
+            Verdict::NotApplied => self.dispatch(record),
+        }
+        for record in self.held.remove(&order_key).unwrap_or_default() {
+            self.dispatch(record);
+        }
+        Ok(())
+    }
+
+    fn write_stats(&self) -> Result<(), DeliverError> {
+        let mut sorted: Vec<u64> = self.latencies.iter().copied().collect();
+        sorted.sort_unstable();
+        let at = |quantile: f64| {
+            if sorted.is_empty() {
+                0
+            } else {
+                sorted[((sorted.len() - 1) as f64 * quantile).round() as usize]
+            }
+        };
+        let stats = Stats {
+            at_ms: now_ms(),
+            latency_p50_ms: at(0.5),
+            latency_p99_ms: at(0.99),
+            pending: self.pending.len() as u64,
+        };
+        Ok(self.ledger.put_stats(&stats)?)
+    }
+}
+
+/// One lane: its records, one at a time, in order.
+struct Lane {
+    http: HttpSettings,
+    target: Arc<HttpTarget>,
+    ledger: Arc<Ledger>,
+    dead_letters: Arc<DeadLetters>,
+    stop: Arc<AtomicBool>,
+    report: Sender<FromLane>,
+    /// Keys whose parked record holds back their later records.
+    held_back: std::collections::HashSet<String>,
+    jitter: RandomState,
+}
+
+/// How one record's delivery ended in a lane.
+enum Ended {
+    Settled(Outcome, Option<Duration>),
+    Parked,
+    Stopped,
+}
+
+impl Lane {
+    fn run(mut self, inbox: Receiver<ToLane>) {
+        for message in inbox {
+            match message {
+                ToLane::Release(order_key) => {
+                    self.held_back.remove(&order_key);
+                }
+                ToLane::Deliver(record) => {
+                    if self.held_back.contains(&record.order_key) {
+                        let _ = self.report.send(FromLane::Held(record));
+                        continue;
+                    }
+                    let report = match self.deliver(&record) {
+                        Ok(Ended::Settled(outcome, latency)) => {
+                            FromLane::Settled { offset: record.offset, outcome, latency }
+                        }
+                        Ok(Ended::Parked) => {
+                            self.held_back.insert(record.order_key.clone());
+                            FromLane::Parked(record)
+                        }
+                        Ok(Ended::Stopped) => return,
+                        Err(err) => FromLane::Fatal(err),
+                    };
+                    if self.report.send(report).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends `record` until it settles, parks, or the run stops.
+    fn deliver(&self, record: &OutputRecord) -> Result<Ended, DeliverError> {
+        let key = &record.idempotency_key;
+        let digest = body_digest(&record.body);
+        let mut entry = self.ledger.entry(key)?.unwrap_or_else(|| Entry {
+            offset: record.offset,
+            body_sha256: digest.clone(),
+            attempts: 0,
+            first_attempt_ms: 0,
+            last_attempt_ms: 0,
+            maybe_applied_since_ms: None,
+            outcome: Outcome::Sending,
+            last_error: None,
+        });
+        if entry.body_sha256 != digest {
+            return Err(DeliverError::BodyChanged {
+                key: key.clone(),
+                offset: record.offset,
+                sent: entry.body_sha256,
+                now: digest,
+            });
+        }
+        let started = Instant::now();
+        let mut failures_here: u32 = 0;
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(Ended::Stopped);
+            }
+            // An operator's verdict may have changed the entry meanwhile.
+            if failures_here > 0
+                && let Some(current) = self.ledger.entry(key)?
+            {
+                if current.outcome == Outcome::Delivered {
+                    return Ok(Ended::Settled(Outcome::Delivered, None));
+                }
+                entry = current;
+            }
+            let retention_ms = self.http.key_retention.as_millis() as i64;
+            if let Some(since) = entry.maybe_applied_since_ms
+                && now_ms() - since >= retention_ms
+            {
+                // The receiver may have applied it and no longer remembers
+                // the key: never re-sent blindly.
+                match self.target.lookup(key) {
+                    None => {
+                        entry.outcome = Outcome::Unknown;
+                        self.ledger.put(key, &entry)?;
+                        return Ok(Ended::Parked);
+                    }
+                    Some(Lookup::Applied) => {
+                        entry.outcome = Outcome::Delivered;
+                        entry.last_error = None;
+                        self.ledger.put(key, &entry)?;
+                        return Ok(Ended::Settled(Outcome::Delivered, None));
+                    }
+                    Some(Lookup::NeverApplied) => {
+                        entry.maybe_applied_since_ms = None;
+                        entry.outcome = Outcome::Retrying;
+                        self.ledger.put(key, &entry)?;
+                    }
+                    Some(Lookup::Unknown(reason)) => {
+                        entry.outcome = Outcome::Unknown;
+                        entry.last_error = Some(reason);
+                        self.ledger.put(key, &entry)?;
+                        failures_here += 1;
+                        if !self.sleep(self.backoff(failures_here, None)) {
+                            return Ok(Ended::Stopped);
+                        }
+                        continue;
+                    }
+                }
+            }
+            let now = now_ms();
+            let since_before = entry.maybe_applied_since_ms;
+            entry.attempts += 1;
+            if entry.first_attempt_ms == 0 {
+                entry.first_attempt_ms = now;
+            }
+            entry.last_attempt_ms = now;
+            entry.maybe_applied_since_ms.get_or_insert(now);
+            entry.outcome = Outcome::Sending;
+            // Written before the request: a crash during it leaves the
+            // record as possibly applied, its retention running.
+            self.ledger.put(key, &entry)?;
+            match self.target.send(record) {
+                Attempt::Delivered => {
+                    entry.outcome = Outcome::Delivered;
+                    entry.last_error = None;
+                    self.ledger.put(key, &entry)?;
+                    return Ok(Ended::Settled(Outcome::Delivered, Some(started.elapsed())));
+                }
+                Attempt::Refused { status, answer } => {
+                    let letter = DeadLetter {
+                        idempotency_key: key.clone(),
+                        offset: record.offset,
+                        reason: format!("the receiver refused it with {status}: {answer}"),
+                        status: Some(status),
+                        attempts: entry.attempts,
+                        body: RawValue::from_string(
+                            String::from_utf8_lossy(&record.body).into_owned(),
+                        )
+                        .ok(),
+                    };
+                    self.dead_letters.write(&letter).map_err(|source| {
+                        DeliverError::DeadLetters {
+                            path: self.dead_letters.path().to_path_buf(),
+                            source,
+                        }
+                    })?;
+                    entry.outcome = Outcome::Failed;
+                    entry.last_error = Some(format!("refused with {status}"));
+                    self.ledger.put(key, &entry)?;
+                    return Ok(Ended::Settled(Outcome::Failed, None));
+                }
+                Attempt::Retry { reason, maybe_applied, retry_after } => {
+                    if !maybe_applied {
+                        entry.maybe_applied_since_ms = since_before;
+                    }
+                    tracing::debug!(key = %key, %reason, "delivery attempt failed; retrying");
+                    entry.outcome = Outcome::Retrying;
+                    entry.last_error = Some(reason);
+                    self.ledger.put(key, &entry)?;
+                    failures_here += 1;
+                    if !self.sleep(self.backoff(failures_here, retry_after)) {
+                        return Ok(Ended::Stopped);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The wait before retry `failures`: the receiver's `Retry-After` if it
+    /// gave one (up to the key retention), else an exponential backoff with
+    /// jitter (between half and all of `retry_initial` · 2^(failures-1),
+    /// at most `retry_max`).
+    fn backoff(&self, failures: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(wait) = retry_after {
+            return wait.min(self.http.key_retention);
+        }
+        let doubled =
+            self.http.retry_initial.saturating_mul(1u32 << failures.saturating_sub(1).min(20));
+        let ceiling = doubled.min(self.http.retry_max);
+        let fraction = (self.jitter.hash_one((failures, Instant::now())) % 1000) as u32;
+        ceiling / 2 + ceiling / 2 * fraction / 1000
+    }
+
+    /// Sleeps `wait`, unless the run stops first (then false).
+    fn sleep(&self, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            if self.stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            std::thread::sleep(SLEEP_STEP.min(until.saturating_duration_since(Instant::now())));
+        }
+        !self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// SHA-256 of a body, in hex.
+fn body_digest(body: &[u8]) -> String {
+    let digest = Sha256::digest(body);
+    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Now, in Unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}

@@ -1,0 +1,289 @@
+//! Delivery to a billing HTTP API, effectively once: a period job's FINAL
+//! and ADJUSTMENT records delivered by `tally deliver` to a real HTTP
+//! receiver on loopback (`tally_tests::receiver`) that fails on purpose,
+//! with the deliverer SIGKILLed again and again; and a record whose
+//! outcome stays unknown past the receiver's key retention, parked, then
+//! settled by a lookup or by an operator.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tally_tests::periods::generate;
+use tally_tests::receiver::{Faults, Receiver};
+use tally_tests::{Rng, tally_binary};
+
+use crate::periods::{append_later, run_to_end, write_job};
+
+/// Runs a period job over generated input (both of its runs) and returns
+/// its output lines: (idempotency key, the line's key, value) in order.
+fn period_job(dir: &Path, per_partition: usize) -> (PathBuf, Vec<(String, String, Value)>) {
+    let input = generate(41, per_partition);
+    let job = write_job(dir, &input, "");
+    run_to_end(&job);
+    append_later(dir, &input);
+    run_to_end(&job);
+    let text = std::fs::read_to_string(dir.join("out/periods.ndjson")).unwrap();
+    let records = text
+        .lines()
+        .map(|line| {
+            let line: Value = serde_json::from_str(line).unwrap();
+            let key = line["idempotency_key"].as_str().unwrap().to_string();
+            (key, line["key"].to_string(), line["value"].clone())
+        })
+        .collect();
+    (job, records)
+}
+
+fn write_delivery(dir: &Path, job: &Path, http: &str) -> PathBuf {
+    let path = dir.join("deliver.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "job = {:?}\noutput = \"periods\"\nstate_dir = \"deliver-state\"\n[http]\n{http}\n",
+            job.display().to_string()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn deliver(args: &[&str], file: &Path) -> std::process::Output {
+    Command::new(tally_binary())
+        .arg("deliver")
+        .args(args)
+        .arg(file)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn deliver_to_the_end(file: &Path) -> String {
+    let output = deliver(&["--until-caught-up"], file);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn delivery_status(file: &Path) -> Value {
+    let output = deliver(&["status", "--json"], file);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn dead_letter_keys(dir: &Path) -> Vec<String> {
+    let text =
+        std::fs::read_to_string(dir.join("deliver-state/dead-letters.ndjson")).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            serde_json::from_str::<Value>(line).unwrap()["idempotency_key"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn killed_again_and_again_a_delivery_applies_every_record_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, records) = period_job(dir.path(), 1500);
+    let adjustments = records.iter().filter(|(_, _, value)| value["type"] == "adjustment").count();
+    assert!(
+        records.len() >= 200 && adjustments >= 5,
+        "{} records, {adjustments} adjustments",
+        records.len()
+    );
+    let refused = records[records.len() / 3].0.clone();
+    let receiver = Receiver::start(Faults {
+        error_500: 150,
+        too_many: 60,
+        drop_after_apply: 120,
+        slow: 40,
+        slow_answer: Duration::from_millis(1500),
+        latency: Duration::from_millis(20),
+        refuse: BTreeSet::from([refused.clone()]),
+        never_answer: BTreeSet::new(),
+    });
+    let file = write_delivery(
+        dir.path(),
+        &job,
+        &format!(
+            "url = {:?}\ntimeout = \"1s\"\nmax_in_flight = 2\nretry_initial = \"20ms\"\nretry_max = \"200ms\"",
+            receiver.url()
+        ),
+    );
+    let mut rng = Rng::new(9);
+    let mut kills = 0;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        assert!(Instant::now() < deadline, "the delivery never finished ({kills} kills)");
+        let mut child = Command::new(tally_binary())
+            .args(["deliver", "--until-caught-up"])
+            .arg(&file)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        if kills < 24 {
+            // Killed once it has made progress, a little later.
+            let posts = receiver.seen(|seen| seen.posts);
+            while receiver.seen(|seen| seen.posts) == posts && child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "the delivery made no progress");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            std::thread::sleep(Duration::from_millis(rng.below(120)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                continue;
+            }
+        }
+        assert!(child.wait().unwrap().success(), "the last delivery failed");
+        break;
+    }
+    eprintln!("{kills} kills, {} records, {:?}", records.len(), receiver.seen(|seen| seen.posts));
+    assert!(kills >= 20, "only {kills} kills landed mid-delivery");
+
+    let mut order_of_group: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    receiver.seen(|seen| {
+        assert_eq!(seen.without_key, 0);
+        for (key, group, value) in &records {
+            // Every request for a record carried the same bytes: its value
+            // as the job wrote it.
+            let requests = &seen.requests[key];
+            let body = requests[0].clone();
+            assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), *value, "{key}");
+            assert!(
+                requests.iter().all(|sent| *sent == body),
+                "{key}: a request carried another body"
+            );
+            if *key == refused {
+                assert!(!seen.applied.contains_key(key));
+                continue;
+            }
+            let (applied, order) = &seen.applied[key];
+            assert_eq!(*applied, body, "{key}");
+            order_of_group.entry(group.clone()).or_default().push(*order);
+        }
+        assert_eq!(seen.applied.len(), records.len() - 1, "a key the job never wrote was applied");
+        let retried = seen.requests.values().filter(|requests| requests.len() > 1).count();
+        assert!(retried >= 20, "only {retried} records needed a retry: the faults did not bite");
+    });
+    // Records of one key (a period's FINAL, then its ADJUSTMENTs) were
+    // applied in the order the job wrote them.
+    for (group, orders) in order_of_group {
+        assert!(
+            orders.windows(2).all(|pair| pair[0] < pair[1]),
+            "{group}: applied out of order: {orders:?}"
+        );
+    }
+    assert_eq!(dead_letter_keys(dir.path()), vec![refused]);
+    let status = delivery_status(&file);
+    assert_eq!(status["delivered"], records.len() as u64 - 1, "{status}");
+    assert_eq!(status["failed"], 1, "{status}");
+    assert_eq!(status["unknown"], 0, "{status}");
+    assert_eq!(status["retrying"], 0, "{status}");
+    let committed = std::fs::metadata(dir.path().join("out/periods.ndjson")).unwrap().len();
+    assert_eq!(status["position"], committed, "{status}");
+}
+
+#[test]
+fn an_unknown_outcome_past_the_key_retention_is_parked_not_resent_until_settled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, records) = period_job(dir.path(), 150);
+    let forgotten = records[0].0.clone();
+    let receiver = Receiver::start(Faults {
+        never_answer: BTreeSet::from([forgotten.clone()]),
+        ..Faults::default()
+    });
+    let http = format!(
+        "url = {:?}\ntimeout = \"500ms\"\nkey_retention = \"2s\"\nretry_initial = \"100ms\"\nretry_max = \"300ms\"",
+        receiver.url()
+    );
+    let file = write_delivery(dir.path(), &job, &http);
+    let summary = deliver_to_the_end(&file);
+    assert!(summary.contains("waiting as unknown 1"), "{summary}");
+    let sent = receiver.seen(|seen| seen.requests[&forgotten].len());
+    assert!(sent >= 2, "it was retried within the retention: {sent} requests");
+    // Not re-sent by a later run either.
+    deliver_to_the_end(&file);
+    assert_eq!(receiver.seen(|seen| seen.requests[&forgotten].len()), sent);
+    let status = delivery_status(&file);
+    assert_eq!(status["unknown"], 1, "{status}");
+    assert_eq!(status["delivered"], records.len() as u64 - 1, "{status}");
+    // Its key is never sent with another body.
+    let changed = write_delivery(dir.path(), &job, &format!("{http}\nbody = \"record\""));
+    let refused = deliver(&["--until-caught-up"], &changed);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("another body"), "{stderr}");
+    let file = write_delivery(dir.path(), &job, &http);
+    let listed = deliver(&["unknown"], &file);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains(&forgotten));
+    // The records of its key wait behind it; the operator checks the
+    // receiver and settles it.
+    let resolve = Command::new(tally_binary())
+        .args(["deliver", "resolve"])
+        .arg(&file)
+        .args([&forgotten, "--applied"])
+        .output()
+        .unwrap();
+    assert!(resolve.status.success(), "{}", String::from_utf8_lossy(&resolve.stderr));
+    deliver_to_the_end(&file);
+    assert_eq!(receiver.seen(|seen| seen.requests[&forgotten].len()), sent);
+    let status = delivery_status(&file);
+    assert_eq!(
+        (status["unknown"].as_u64(), status["delivered"].as_u64()),
+        (Some(0), Some(records.len() as u64))
+    );
+
+    // With a lookup URL, the receiver is asked instead: it applied it.
+    let again = tempfile::tempdir().unwrap();
+    let (job, _) = period_job(again.path(), 150);
+    let file = write_delivery(
+        again.path(),
+        &job,
+        &format!("{http}\nlookup_url = \"http://{}/usage/{{key}}\"", receiver.address),
+    );
+    let before = receiver.seen(|seen| seen.requests[&forgotten].len());
+    let summary = deliver_to_the_end(&file);
+    assert!(summary.contains("waiting as unknown 0"), "{summary}");
+    receiver.seen(|seen| {
+        assert!(seen.lookups[&forgotten] >= 1);
+        // The same keys again: the receiver had applied them all already.
+        assert_eq!(seen.applied.len(), records.len());
+        assert!(seen.requests[&forgotten].len() > before);
+    });
+    assert_eq!(delivery_status(&file)["delivered"], records.len() as u64);
+}
+
+#[test]
+fn a_bad_delivery_file_is_refused_saying_how_to_fix_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, records) = period_job(dir.path(), 150);
+    let receiver = Receiver::start(Faults::default());
+    let url = format!("url = {:?}", receiver.url());
+    let wrong_output = write_delivery(dir.path(), &job, &url);
+    let text = std::fs::read_to_string(&wrong_output).unwrap().replace("\"periods\"", "\"totals\"");
+    std::fs::write(&wrong_output, text).unwrap();
+    let refused = deliver(&["--until-caught-up"], &wrong_output);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no output \"totals\"") && stderr.contains("periods"), "{stderr}");
+
+    let bad = write_delivery(dir.path(), &job, &format!("{url}\nmax_in_flight = 0"));
+    let refused = deliver(&["--until-caught-up"], &bad);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("http.max_in_flight") && stderr.contains("1 to 256"), "{stderr}");
+
+    // A finished delivery run again sends nothing.
+    let file = write_delivery(dir.path(), &job, &url);
+    deliver_to_the_end(&file);
+    let posts = receiver.seen(|seen| seen.posts);
+    assert_eq!(posts, records.len() as u64);
+    deliver_to_the_end(&file);
+    assert_eq!(receiver.seen(|seen| seen.posts), posts, "a settled record was sent again");
+}
