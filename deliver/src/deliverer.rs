@@ -26,7 +26,7 @@ use crate::http::{Attempt, HttpTarget, Lookup};
 use crate::ledger::{Entry, Ledger, LedgerError, Outcome, Stats};
 use crate::record::OutputRecord;
 use crate::resolve::{Resolution, Verdict};
-use crate::settings::{DeliverSettings, HttpSettings};
+use crate::settings::{DeliverSettings, HttpSettings, Target};
 use crate::source::{LocalOutput, SourceError};
 
 /// Most records read and not yet settled (in flight, retrying, parked or
@@ -35,6 +35,9 @@ const MAX_PENDING: usize = 4096;
 /// How often the output, the resolutions and the position are looked at
 /// when nothing else happens.
 const POLL: Duration = Duration::from_millis(100);
+/// How often the main thread takes the lanes' reports while records are
+/// in flight.
+const REPORT_BATCH: Duration = Duration::from_millis(1);
 /// Longest a lane sleeps before it looks at the stop flag again.
 const SLEEP_STEP: Duration = Duration::from_millis(50);
 /// Delivery latencies kept for the percentiles in the ledger's stats.
@@ -57,6 +60,9 @@ pub enum DeliverError {
         /// Why.
         source: std::io::Error,
     },
+    /// The PostgreSQL target cannot be used as configured.
+    #[error("delivery to PostgreSQL: {0}")]
+    Postgres(String),
     /// A record would be sent with a key already used for another body.
     #[error(
         "record {key:?} (offset {offset}) was sent before with another body (SHA-256 {sent}, now {now}); \
@@ -97,16 +103,23 @@ pub struct RunSummary {
 
 /// What a lane is asked to do.
 enum ToLane {
-    /// Deliver a record (unless its key is held back).
-    Deliver(OutputRecord),
+    /// Deliver a record (unless its key is held back), with its ledger
+    /// entry if it has one.
+    Deliver(OutputRecord, Option<Entry>),
     /// A parked record of this key is settled: its key goes on.
     Release(String),
 }
 
 /// What a lane reports.
 enum FromLane {
-    /// The record at this offset is settled.
-    Settled { offset: u64, outcome: Outcome, latency: Option<Duration> },
+    /// The record at this offset is settled; its entry, when the main
+    /// thread is to write it (a delivery, written in batches).
+    Settled {
+        offset: u64,
+        outcome: Outcome,
+        latency: Option<Duration>,
+        write: Option<(String, Entry)>,
+    },
     /// The record is parked as `unknown`; its key is held back.
     Parked(OutputRecord),
     /// The record came after a parked one of its key: held back.
@@ -115,7 +128,8 @@ enum FromLane {
     Fatal(DeliverError),
 }
 
-/// Runs the delivery `settings` describes over `source` until it is
+/// Runs the delivery `settings` describes (to HTTP here; to PostgreSQL
+/// in [`crate::postgres`]) over `source` until it is
 /// stopped (`stop`), or caught up when `options` say so.
 pub fn run(
     settings: &DeliverSettings,
@@ -129,15 +143,30 @@ pub fn run(
     let dead_letters = Arc::new(DeadLetters::open(&settings.dead_letters).map_err(|source| {
         DeliverError::DeadLetters { path: settings.dead_letters.clone(), source }
     })?);
-    let target = Arc::new(HttpTarget::new(settings.http.clone()));
-    let lane_count = settings.http.max_in_flight;
+    let http = match &settings.target {
+        Target::Http(http) => http,
+        Target::Postgres(postgres) => {
+            let delivery = postgres.delivery.clone().unwrap_or_else(|| settings.output.clone());
+            return crate::postgres::run(
+                postgres,
+                &delivery,
+                &ledger,
+                &dead_letters,
+                source,
+                &stop,
+                options,
+            );
+        }
+    };
+    let target = Arc::new(HttpTarget::new(http.clone()));
+    let lane_count = http.max_in_flight;
     let (report, reports) = mpsc::channel();
     let mut lanes = Vec::with_capacity(lane_count);
     let mut workers: Vec<JoinHandle<()>> = Vec::with_capacity(lane_count);
     for _ in 0..lane_count {
         let (to_lane, from_main) = mpsc::channel();
         let lane = Lane {
-            http: settings.http.clone(),
+            http: http.clone(),
             target: target.clone(),
             ledger: ledger.clone(),
             dead_letters: dead_letters.clone(),
@@ -155,13 +184,14 @@ pub fn run(
         dead_letters,
         lanes,
         lane_of: RandomState::new(),
-        body: settings.http.body,
-        lookup: settings.http.lookup_url.is_some(),
+        body: http.body,
+        lookup: http.lookup_url.is_some(),
         pending: BTreeMap::new(),
         parked: HashMap::new(),
         held: HashMap::new(),
         latencies: VecDeque::new(),
         summary: RunSummary::default(),
+        writes: Vec::new(),
     };
     let resolutions = crate::resolve::Inbox::new(&settings.state_dir);
     let result = main.run(&mut source, &reports, &resolutions, &stop, options);
@@ -171,11 +201,15 @@ pub fn run(
     for worker in workers {
         let _ = worker.join();
     }
+    let mut writes = Vec::new();
     while let Ok(report) = reports.try_recv() {
-        if let FromLane::Settled { outcome, .. } = report {
+        if let FromLane::Settled { outcome, write, .. } = report {
             main.summary.count(outcome);
+            writes.extend(write);
         }
     }
+    writes.append(&mut main.writes);
+    ledger.put_many(&writes)?;
     let mut summary = result?;
     summary.delivered = main.summary.delivered;
     summary.failed = main.summary.failed;
@@ -211,6 +245,8 @@ struct Main {
     held: HashMap<String, VecDeque<OutputRecord>>,
     latencies: VecDeque<u64>,
     summary: RunSummary,
+    /// Deliveries the lanes reported, to write in one batch.
+    writes: Vec<(String, Entry)>,
 }
 
 impl Main {
@@ -225,35 +261,68 @@ impl Main {
         let mut cursor = self.ledger.position()?;
         let mut written_position = cursor;
         let mut last_stats = Instant::now();
+        let mut committed = 0;
+        let mut looked: Option<Instant> = None;
+        let mut position_written = Instant::now();
         loop {
-            for (path, resolution) in resolutions.waiting()? {
-                self.resolve(resolution)?;
-                resolutions.done(&path);
-            }
-            let committed = source.committed_length()?;
-            while cursor < committed && self.pending.len() < MAX_PENDING {
-                let lines = source.read(cursor, committed)?;
-                for line in lines {
-                    self.read(line.offset, line.bytes)?;
-                    cursor = line.next;
-                    if self.pending.len() >= MAX_PENDING {
-                        break;
-                    }
+            // The inbox and the job's committed length: each poll, and
+            // the length whenever everything known is read.
+            let poll_due = looked.is_none_or(|at| at.elapsed() >= POLL);
+            if poll_due {
+                for (path, resolution) in resolutions.waiting()? {
+                    self.resolve(resolution)?;
+                    resolutions.done(&path);
                 }
             }
+            if poll_due || cursor >= committed {
+                committed = source.committed_length()?;
+                looked = Some(Instant::now());
+            }
+            while cursor < committed && self.pending.len() < MAX_PENDING {
+                let room = MAX_PENDING - self.pending.len();
+                for line in source.read(cursor, committed, room)? {
+                    self.read(line.offset, line.bytes)?;
+                    cursor = line.next;
+                }
+            }
+            // Reports until the next poll, or until there is room to read
+            // more of what is committed.
+            // While records are in flight, reports are taken in batches
+            // every millisecond rather than each waking this thread: a
+            // wake-up per record cost more than the ledger on two cores.
             let deadline = Instant::now() + POLL;
             loop {
                 let wait = deadline.saturating_duration_since(Instant::now());
-                match reports.recv_timeout(wait) {
-                    Ok(report) => self.on_report(report)?,
-                    Err(RecvTimeoutError::Timeout) => break,
-                    Err(RecvTimeoutError::Disconnected) => break,
+                if wait.is_zero() {
+                    break;
+                }
+                if self.pending.is_empty() {
+                    match reports.recv_timeout(wait) {
+                        Ok(report) => self.on_report(report)?,
+                        Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                    }
+                } else {
+                    std::thread::sleep(REPORT_BATCH.min(wait));
+                }
+                while let Ok(report) = reports.try_recv() {
+                    self.on_report(report)?;
+                }
+                if self.pending.len() <= MAX_PENDING / 2
+                    && (cursor < committed || self.pending.is_empty())
+                {
+                    break;
                 }
             }
+            // Deliveries are in the ledger before the position passes them.
+            self.ledger.put_many(&std::mem::take(&mut self.writes))?;
             let position = self.pending.keys().next().copied().unwrap_or(cursor);
-            if position != written_position {
+            let idle = cursor >= committed && self.pending.is_empty();
+            // Synced at most each poll while busy (a lost position only
+            // means settled records are read again and skipped).
+            if position != written_position && (idle || position_written.elapsed() >= POLL) {
                 self.ledger.set_position(position)?;
                 written_position = position;
+                position_written = Instant::now();
             }
             if last_stats.elapsed() >= Duration::from_secs(1) {
                 self.write_stats()?;
@@ -264,6 +333,9 @@ impl Main {
             if stop.load(Ordering::SeqCst)
                 || (options.until_caught_up && cursor >= committed && waiting_only)
             {
+                if position != written_position {
+                    self.ledger.set_position(position)?;
+                }
                 self.write_stats()?;
                 self.summary.position = position;
                 self.summary.unknown = self.parked.len() as u64;
@@ -321,19 +393,22 @@ impl Main {
             held.push_back(record);
         } else if self.parked.contains_key(&record.order_key) {
             self.held.entry(record.order_key.clone()).or_default().push_back(record);
-        } else if entry.is_some_and(|entry| entry.outcome == Outcome::Unknown) && !self.lookup {
+        } else if entry.as_ref().is_some_and(|entry| entry.outcome == Outcome::Unknown)
+            && !self.lookup
+        {
             // Parked before: not re-sent until an operator says so.
             self.parked.insert(record.order_key.clone(), record);
         } else {
-            self.dispatch(record);
+            self.dispatch(record, entry);
         }
         Ok(())
     }
 
-    fn dispatch(&self, record: OutputRecord) {
+    /// Hands `record` (with what the ledger knows of it) to its lane.
+    fn dispatch(&self, record: OutputRecord, entry: Option<Entry>) {
         let lane = self.lane(&record.order_key);
         // A lane only goes away when the run ends.
-        let _ = self.lanes[lane].send(ToLane::Deliver(record));
+        let _ = self.lanes[lane].send(ToLane::Deliver(record, entry));
     }
 
     fn lane(&self, order_key: &str) -> usize {
@@ -342,8 +417,9 @@ impl Main {
 
     fn on_report(&mut self, report: FromLane) -> Result<(), DeliverError> {
         match report {
-            FromLane::Settled { offset, outcome, latency } => {
+            FromLane::Settled { offset, outcome, latency, write } => {
                 self.pending.remove(&offset);
+                self.writes.extend(write);
                 self.summary.count(outcome);
                 if let Some(latency) = latency {
                     if self.latencies.len() == LATENCY_SAMPLES {
@@ -381,10 +457,10 @@ impl Main {
                 self.pending.remove(&record.offset);
                 self.summary.count(outcome);
             }
-            Verdict::NotApplied => self.dispatch(record),
+            Verdict::NotApplied => self.dispatch(record, None),
         }
         for record in self.held.remove(&order_key).unwrap_or_default() {
-            self.dispatch(record);
+            self.dispatch(record, None);
         }
         Ok(())
     }
@@ -424,7 +500,8 @@ struct Lane {
 
 /// How one record's delivery ended in a lane.
 enum Ended {
-    Settled(Outcome, Option<Duration>),
+    /// Settled, with the entry the main thread writes (a delivery).
+    Settled(Outcome, Option<Duration>, Option<(String, Entry)>),
     Parked,
     Stopped,
 }
@@ -436,14 +513,14 @@ impl Lane {
                 ToLane::Release(order_key) => {
                     self.held_back.remove(&order_key);
                 }
-                ToLane::Deliver(record) => {
+                ToLane::Deliver(record, first) => {
                     if self.held_back.contains(&record.order_key) {
                         let _ = self.report.send(FromLane::Held(record));
                         continue;
                     }
-                    let report = match self.deliver(&record) {
-                        Ok(Ended::Settled(outcome, latency)) => {
-                            FromLane::Settled { offset: record.offset, outcome, latency }
+                    let report = match self.deliver(&record, first) {
+                        Ok(Ended::Settled(outcome, latency, write)) => {
+                            FromLane::Settled { offset: record.offset, outcome, latency, write }
                         }
                         Ok(Ended::Parked) => {
                             self.held_back.insert(record.order_key.clone());
@@ -460,20 +537,12 @@ impl Lane {
         }
     }
 
-    /// Sends `record` until it settles, parks, or the run stops.
-    fn deliver(&self, record: &OutputRecord) -> Result<Ended, DeliverError> {
+    /// Sends `record` until it settles, parks, or the run stops; `known`
+    /// is its ledger entry, if it has one.
+    fn deliver(&self, record: &OutputRecord, known: Option<Entry>) -> Result<Ended, DeliverError> {
         let key = &record.idempotency_key;
         let digest = body_digest(&record.body);
-        let mut entry = self.ledger.entry(key)?.unwrap_or_else(|| Entry {
-            offset: record.offset,
-            body_sha256: digest.clone(),
-            attempts: 0,
-            first_attempt_ms: 0,
-            last_attempt_ms: 0,
-            maybe_applied_since_ms: None,
-            outcome: Outcome::Sending,
-            last_error: None,
-        });
+        let mut entry = known.unwrap_or_else(|| Entry::unsent(record.offset, digest.clone()));
         if entry.body_sha256 != digest {
             return Err(DeliverError::BodyChanged {
                 key: key.clone(),
@@ -493,7 +562,7 @@ impl Lane {
                 && let Some(current) = self.ledger.entry(key)?
             {
                 if current.outcome == Outcome::Delivered {
-                    return Ok(Ended::Settled(Outcome::Delivered, None));
+                    return Ok(Ended::Settled(Outcome::Delivered, None, None));
                 }
                 entry = current;
             }
@@ -513,7 +582,7 @@ impl Lane {
                         entry.outcome = Outcome::Delivered;
                         entry.last_error = None;
                         self.ledger.put(key, &entry)?;
-                        return Ok(Ended::Settled(Outcome::Delivered, None));
+                        return Ok(Ended::Settled(Outcome::Delivered, None, None));
                     }
                     Some(Lookup::NeverApplied) => {
                         entry.maybe_applied_since_ms = None;
@@ -532,24 +601,18 @@ impl Lane {
                     }
                 }
             }
-            let now = now_ms();
-            let since_before = entry.maybe_applied_since_ms;
-            entry.attempts += 1;
-            if entry.first_attempt_ms == 0 {
-                entry.first_attempt_ms = now;
-            }
-            entry.last_attempt_ms = now;
-            entry.maybe_applied_since_ms.get_or_insert(now);
-            entry.outcome = Outcome::Sending;
             // Written before the request: a crash during it leaves the
-            // record as possibly applied, its retention running.
+            // record as possibly applied, its retention running. (Its
+            // delivery is written by the main thread, with others.)
+            let since_before = entry.maybe_applied_since_ms;
+            entry.attempting(now_ms());
             self.ledger.put(key, &entry)?;
             match self.target.send(record) {
                 Attempt::Delivered => {
                     entry.outcome = Outcome::Delivered;
                     entry.last_error = None;
-                    self.ledger.put(key, &entry)?;
-                    return Ok(Ended::Settled(Outcome::Delivered, Some(started.elapsed())));
+                    let write = Some((key.clone(), entry));
+                    return Ok(Ended::Settled(Outcome::Delivered, Some(started.elapsed()), write));
                 }
                 Attempt::Refused { status, answer } => {
                     let letter = DeadLetter {
@@ -572,7 +635,7 @@ impl Lane {
                     entry.outcome = Outcome::Failed;
                     entry.last_error = Some(format!("refused with {status}"));
                     self.ledger.put(key, &entry)?;
-                    return Ok(Ended::Settled(Outcome::Failed, None));
+                    return Ok(Ended::Settled(Outcome::Failed, None, None));
                 }
                 Attempt::Retry { reason, maybe_applied, retry_after } => {
                     if !maybe_applied {
@@ -621,8 +684,14 @@ impl Lane {
 
 /// SHA-256 of a body, in hex.
 fn body_digest(body: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(body);
-    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    let mut text = String::with_capacity(64);
+    for byte in digest {
+        text.push(HEX[(byte >> 4) as usize] as char);
+        text.push(HEX[(byte & 15) as usize] as char);
+    }
+    text
 }
 
 /// Now, in Unix milliseconds.

@@ -61,6 +61,34 @@ pub struct Entry {
     pub last_error: Option<String>,
 }
 
+impl Entry {
+    /// The entry of a record never sent, whose body has digest `body_sha256`.
+    pub fn unsent(offset: u64, body_sha256: String) -> Entry {
+        Entry {
+            offset,
+            body_sha256,
+            attempts: 0,
+            first_attempt_ms: 0,
+            last_attempt_ms: 0,
+            maybe_applied_since_ms: None,
+            outcome: Outcome::Sending,
+            last_error: None,
+        }
+    }
+
+    /// Records a request about to go out at `now_ms`: from here on the
+    /// receiver may have applied it.
+    pub fn attempting(&mut self, now_ms: i64) {
+        self.attempts += 1;
+        if self.first_attempt_ms == 0 {
+            self.first_attempt_ms = now_ms;
+        }
+        self.last_attempt_ms = now_ms;
+        self.maybe_applied_since_ms.get_or_insert(now_ms);
+        self.outcome = Outcome::Sending;
+    }
+}
+
 /// A running deliverer's counters, as it last wrote them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
@@ -153,6 +181,18 @@ impl Ledger {
     pub fn put(&self, key: &str, entry: &Entry) -> Result<(), LedgerError> {
         let value = serde_json::to_vec(entry).expect("entries serialize");
         self.db.put(entry_key(key), value).map_err(|err| error(&self.path, err))
+    }
+
+    /// Writes many entries in one write.
+    pub fn put_many(&self, entries: &[(String, Entry)]) -> Result<(), LedgerError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut batch = rocksdb::WriteBatch::default();
+        for (key, entry) in entries {
+            batch.put(entry_key(key), serde_json::to_vec(entry).expect("entries serialize"));
+        }
+        self.db.write(batch).map_err(|err| error(&self.path, err))
     }
 
     /// Every entry, in key order.

@@ -1,5 +1,5 @@
 //! Tally's delivery stage: a job's committed outputs delivered to a
-//! billing HTTP API effectively once. Each record is `POST`ed with the
+//! billing HTTP API effectively once, or into PostgreSQL exactly once. Each record is `POST`ed with the
 //! job's idempotency key for it; a ledger remembers every record's attempts
 //! and outcome, so a restarted deliverer resumes where the last one
 //! stopped, never sends a key with another body, and never re-sends
@@ -11,6 +11,7 @@ pub mod dead_letters;
 pub mod deliverer;
 pub mod http;
 pub mod ledger;
+pub mod postgres;
 pub mod record;
 pub mod resolve;
 pub mod settings;

@@ -21,6 +21,19 @@ struct DeliverFile {
     #[serde(default)]
     dead_letters: Option<PathBuf>,
     http: Option<HttpTable>,
+    postgres: Option<PostgresTable>,
+}
+
+/// The `[postgres]` table as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PostgresTable {
+    url: String,
+    table: String,
+    #[serde(default)]
+    delivery: Option<String>,
+    #[serde(default)]
+    batch_size: Option<usize>,
 }
 
 /// The `[http]` table as written.
@@ -77,8 +90,45 @@ pub struct DeliverSettings {
     pub state_dir: PathBuf,
     /// Where records the target refused for good are written.
     pub dead_letters: PathBuf,
-    /// The HTTP target.
-    pub http: HttpSettings,
+    /// Where the records go.
+    pub target: Target,
+}
+
+/// Where a delivery's records go: one target, by construction.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// `POST` to a billing HTTP API.
+    Http(HttpSettings),
+    /// Rows upserted into a PostgreSQL table.
+    Postgres(PostgresSettings),
+}
+
+/// Most records one PostgreSQL transaction may carry.
+pub const MAX_BATCH_SIZE: usize = 10_000;
+
+/// The PostgreSQL target's checked settings.
+#[derive(Clone)]
+pub struct PostgresSettings {
+    /// The connection URL (`postgres://user:password@host:port/db`).
+    pub url: String,
+    /// The table, as `name` or `schema.name` (each part an identifier).
+    pub table: String,
+    /// The delivery's name in `tally_delivery_positions` (default: the
+    /// job's name and the output, set by the caller).
+    pub delivery: Option<String>,
+    /// Records per transaction.
+    pub batch_size: usize,
+}
+
+impl std::fmt::Debug for PostgresSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may hold a password.
+        f.debug_struct("PostgresSettings")
+            .field("table", &self.table)
+            .field("delivery", &self.delivery)
+            .field("batch_size", &self.batch_size)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The HTTP target's checked settings.
@@ -88,7 +138,8 @@ pub struct HttpSettings {
     pub url: String,
     /// The header that carries the record's idempotency key.
     pub idempotency_header: String,
-    /// Longest a whole request may take.
+    /// Longest each step of a request may take: sending it, waiting for
+    /// the answer, reading the answer.
     pub timeout: Duration,
     /// Longest a connection may take to open.
     pub connect_timeout: Duration,
@@ -170,12 +221,23 @@ impl DeliverSettings {
 
     fn from_table(file: DeliverFile, base: &Path) -> Result<DeliverSettings, SettingsError> {
         let resolve = |path: PathBuf| if path.is_relative() { base.join(path) } else { path };
-        let Some(http) = file.http else {
-            return Err(invalid(
-                "http",
-                "",
-                "give an [http] table with at least `url` (see docs/delivery.md)",
-            ));
+        let target = match (file.http, file.postgres) {
+            (Some(http), None) => Target::Http(HttpSettings::from_table(http)?),
+            (None, Some(postgres)) => Target::Postgres(PostgresSettings::from_table(postgres)?),
+            (None, None) => {
+                return Err(invalid(
+                    "http",
+                    "",
+                    "give an [http] table with at least `url`, or a [postgres] table with `url` and `table` (see docs/delivery.md)",
+                ));
+            }
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "postgres",
+                    "",
+                    "give an [http] or a [postgres] table, not both",
+                ));
+            }
         };
         let state_dir = resolve(file.state_dir);
         let dead_letters = match file.dead_letters {
@@ -187,7 +249,50 @@ impl DeliverSettings {
             output: file.output,
             state_dir,
             dead_letters,
-            http: HttpSettings::from_table(http)?,
+            target,
+        })
+    }
+}
+
+impl PostgresSettings {
+    fn from_table(table: PostgresTable) -> Result<PostgresSettings, SettingsError> {
+        if !(table.url.starts_with("postgres://") || table.url.starts_with("postgresql://")) {
+            return Err(invalid(
+                "postgres.url",
+                "<url>",
+                "give a postgres://user:password@host:port/database URL",
+            ));
+        }
+        let identifier = |part: &str| {
+            let mut bytes = part.bytes();
+            part.len() <= 63
+                && bytes.next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        };
+        let parts: Vec<&str> = table.table.split('.').collect();
+        if parts.len() > 2 || !parts.iter().all(|part| identifier(part)) {
+            return Err(invalid(
+                "postgres.table",
+                &table.table,
+                "give a table name (letters, digits and _, at most 63, not starting with a digit), optionally as schema.table",
+            ));
+        }
+        let batch_size = table.batch_size.unwrap_or(500);
+        if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
+            return Err(invalid(
+                "postgres.batch_size",
+                &batch_size.to_string(),
+                &format!("give 1 to {MAX_BATCH_SIZE}"),
+            ));
+        }
+        if table.delivery.as_ref().is_some_and(|name| name.is_empty() || name.len() > 200) {
+            return Err(invalid("postgres.delivery", "", "give a name of 1 to 200 bytes"));
+        }
+        Ok(PostgresSettings {
+            url: table.url,
+            table: table.table,
+            delivery: table.delivery,
+            batch_size,
         })
     }
 }
@@ -350,7 +455,7 @@ mod tests {
         let settings = settings(MINIMAL).unwrap();
         assert_eq!(settings.job, Path::new("/deliveries/billing.toml"));
         assert_eq!(settings.dead_letters, Path::new("/deliveries/state/dead-letters.ndjson"));
-        let http = settings.http;
+        let Target::Http(http) = settings.target else { panic!("an http target") };
         assert_eq!(http.idempotency_header, "Idempotency-Key");
         assert_eq!(http.timeout, Duration::from_secs(10));
         assert_eq!(http.connect_timeout, Duration::from_secs(5));
@@ -386,6 +491,28 @@ mod tests {
         assert!(no_url.to_string().contains("http:// or https://"), "{no_url}");
         let no_http = settings("job = \"j\"\noutput = \"o\"\nstate_dir = \"s\"\n").unwrap_err();
         assert!(no_http.to_string().contains("[http] table"), "{no_http}");
+        let both = format!("{MINIMAL}[postgres]\nurl = \"postgres://u@h/d\"\ntable = \"t\"\n");
+        assert!(settings(&both).unwrap_err().to_string().contains("not both"));
+    }
+
+    #[test]
+    fn a_postgres_table_name_is_an_identifier_or_refused() {
+        let file = |table: &str| {
+            format!(
+                "job = \"j\"\noutput = \"o\"\nstate_dir = \"s\"\n[postgres]\nurl = \"postgres://tally:pw@127.0.0.1/tally\"\ntable = {table:?}\n"
+            )
+        };
+        for good in ["billing_periods", "billing.periods", "_t1"] {
+            let Target::Postgres(postgres) = settings(&file(good)).unwrap().target else {
+                panic!()
+            };
+            assert_eq!((postgres.table.as_str(), postgres.batch_size), (good, 500));
+            assert!(!format!("{postgres:?}").contains("pw"));
+        }
+        for bad in ["", "1st", "a.b.c", "x; DROP TABLE y", "\"quoted\"", "a-b"] {
+            let err = settings(&file(bad)).unwrap_err().to_string();
+            assert!(err.contains("postgres.table") && err.contains("schema.table"), "{bad}: {err}");
+        }
     }
 
     #[test]
@@ -394,8 +521,9 @@ mod tests {
         unsafe { std::env::set_var("TALLY_DELIVER_TEST_SECRET", "Bearer s3cr3t\n") };
         let settings =
             settings(&format!("{MINIMAL}secret_env = \"TALLY_DELIVER_TEST_SECRET\"\n")).unwrap();
-        let secret = settings.http.secret.clone().unwrap();
+        let Target::Http(http) = settings.target else { panic!("an http target") };
+        let secret = http.secret.clone().unwrap();
         assert_eq!(secret, ("Authorization".to_string(), "Bearer s3cr3t".to_string()));
-        assert!(!format!("{:?}", settings.http).contains("s3cr3t"));
+        assert!(!format!("{http:?}").contains("s3cr3t"));
     }
 }

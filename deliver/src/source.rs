@@ -58,6 +58,8 @@ pub struct LocalOutput {
     output: String,
     view: Option<RocksView>,
     file: Option<File>,
+    /// Lines read and not yet handed out, in order.
+    buffered: std::collections::VecDeque<Line>,
 }
 
 impl LocalOutput {
@@ -69,7 +71,15 @@ impl LocalOutput {
         view_dir: PathBuf,
         output: String,
     ) -> LocalOutput {
-        LocalOutput { file_path, job_db, view_dir, output, view: None, file: None }
+        LocalOutput {
+            file_path,
+            job_db,
+            view_dir,
+            output,
+            view: None,
+            file: None,
+            buffered: std::collections::VecDeque::new(),
+        }
     }
 
     /// The output file.
@@ -106,9 +116,24 @@ impl LocalOutput {
         }
     }
 
+    /// Up to `max` whole lines from `from`, all before `committed` (fewer
+    /// when a read's worth of bytes holds fewer).
+    pub fn read(
+        &mut self,
+        from: u64,
+        committed: u64,
+        max: usize,
+    ) -> Result<Vec<Line>, SourceError> {
+        if self.buffered.front().is_none_or(|line| line.offset != from) {
+            self.buffered = self.read_chunk(from, committed)?.into();
+        }
+        let take = max.min(self.buffered.len());
+        Ok(self.buffered.drain(..take).collect())
+    }
+
     /// The whole lines between `from` and `committed`, up to about a
     /// read's worth of bytes.
-    pub fn read(&mut self, from: u64, committed: u64) -> Result<Vec<Line>, SourceError> {
+    fn read_chunk(&mut self, from: u64, committed: u64) -> Result<Vec<Line>, SourceError> {
         if committed < from {
             return Err(SourceError::Shrunk {
                 path: self.file_path.clone(),

@@ -1,5 +1,5 @@
 //! `tally deliver`: a job's committed outputs to a billing HTTP API,
-//! effectively once (the `tally-deliver` crate), and the operator's view
+//! effectively once, or into PostgreSQL exactly once (the `tally-deliver` crate), and the operator's view
 //! of it: `status`, the records waiting as `unknown`, and `resolve`.
 
 use std::path::{Path, PathBuf};
@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use tally_deliver::resolve::{Inbox, Resolution, Verdict};
+use tally_deliver::settings::Target;
 use tally_deliver::{DeliverSettings, LocalOutput, RunOptions};
 use tally_host::config::{JobConfig, Mode};
 
@@ -85,8 +86,8 @@ pub fn deliver(
         }
         None => {
             let file = args.file.context("give the delivery file")?;
-            let settings = DeliverSettings::from_file(&file)?;
-            let source = local_output(&settings)?;
+            let mut settings = DeliverSettings::from_file(&file)?;
+            let source = local_output(&mut settings)?;
             let stop = stop()?;
             let summary = tally_deliver::run(
                 &settings,
@@ -104,11 +105,15 @@ pub fn deliver(
 }
 
 /// The committed output the delivery reads: its job's output file and
-/// store.
-fn local_output(settings: &DeliverSettings) -> anyhow::Result<LocalOutput> {
+/// store. A PostgreSQL delivery's name defaults to `<job>/<output>`.
+fn local_output(settings: &mut DeliverSettings) -> anyhow::Result<LocalOutput> {
     let job = JobConfig::from_file(&settings.job).with_context(|| {
         format!("reading the job of this delivery, `{}`", settings.job.display())
     })?;
+    let default_name = format!("{}/{}", job.settings.name, settings.output);
+    if let Target::Postgres(postgres) = &mut settings.target {
+        postgres.delivery.get_or_insert(default_name);
+    }
     if !job.settings.outputs.contains(&settings.output) {
         bail!(
             "job `{}` has no output {:?} (its outputs: {}); set `output` to one of them",

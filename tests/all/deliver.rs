@@ -87,6 +87,8 @@ fn dead_letter_keys(dir: &Path) -> Vec<String> {
 
 #[test]
 fn killed_again_and_again_a_delivery_applies_every_record_once_in_order() {
+    // A kill loop: it must not starve a Kafka kill loop's observer.
+    let _serial = tally_tests::kafka::serial();
     let dir = tempfile::tempdir().unwrap();
     let (job, records) = period_job(dir.path(), 1500);
     let adjustments = records.iter().filter(|(_, _, value)| value["type"] == "adjustment").count();
@@ -286,4 +288,173 @@ fn a_bad_delivery_file_is_refused_saying_how_to_fix_it() {
     assert_eq!(posts, records.len() as u64);
     deliver_to_the_end(&file);
     assert_eq!(receiver.seen(|seen| seen.posts), posts, "a settled record was sent again");
+}
+
+/// The test database (`scripts/postgres`, started by `scripts/test`).
+fn postgres_url() -> String {
+    std::env::var("TALLY_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://tally:tally@127.0.0.1:55432/tally".into())
+}
+
+fn scripts_postgres(command: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/postgres");
+    let output = Command::new(script).arg(command).output().unwrap();
+    assert!(
+        output.status.success(),
+        "scripts/postgres {command}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A connection to the test database, retried while it restarts.
+fn database() -> postgres::Client {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match postgres::Client::connect(&postgres_url(), postgres::NoTls) {
+            Ok(client) => return client,
+            Err(err) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no test database at {}: {err} (run scripts/postgres start)",
+                    postgres_url()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Watches a table's row count over one connection (a new one after the
+/// database restarts).
+struct RowCount {
+    client: Option<postgres::Client>,
+    query: String,
+}
+
+impl RowCount {
+    fn of(table: &str) -> RowCount {
+        RowCount { client: None, query: format!("SELECT count(*) FROM {table}") }
+    }
+
+    fn now(&mut self) -> i64 {
+        let client = self.client.get_or_insert_with(database);
+        match client.query_one(&self.query, &[]) {
+            Ok(row) => row.get(0),
+            Err(err) => {
+                // No table before the deliverer's first connection; a
+                // restart closes the connection.
+                if err.is_closed() || err.as_db_error().is_none() {
+                    self.client = None;
+                }
+                0
+            }
+        }
+    }
+}
+
+#[test]
+fn killed_again_and_again_and_across_a_database_restart_postgres_holds_each_record_once() {
+    let _serial = tally_tests::kafka::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (job, records) = period_job(dir.path(), 1500);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let table = format!("billing_periods_{}_{nanos}", std::process::id());
+    let path = dir.path().join("deliver.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "job = {:?}\noutput = \"periods\"\nstate_dir = \"deliver-state\"\n[postgres]\nurl = {:?}\ntable = {table:?}\nbatch_size = 1\n",
+            job.display().to_string(),
+            postgres_url()
+        ),
+    )
+    .unwrap();
+    // The operator's own table, whose trigger makes each row take 10 ms
+    // (so that the kills land mid-delivery).
+    database()
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (idempotency_key text PRIMARY KEY, record_key jsonb NOT NULL, \
+             value jsonb NOT NULL, output_offset bigint NOT NULL, delivered_at timestamptz NOT NULL DEFAULT now());
+             CREATE OR REPLACE FUNCTION tally_test_slow_row() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$;
+             CREATE TRIGGER slow BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION tally_test_slow_row();"
+        ))
+        .unwrap();
+    let mut rng = Rng::new(5);
+    let (mut kills, mut restarted) = (0, false);
+    let mut rows = RowCount::of(&table);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        assert!(Instant::now() < deadline, "the delivery never finished ({kills} kills)");
+        let mut child = Command::new(tally_binary())
+            .args(["deliver", "--until-caught-up"])
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        if kills < 24 {
+            let before = rows.now();
+            while rows.now() == before && child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "the delivery made no progress");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if kills == 10 && !restarted {
+                // The database goes down under the deliverer, and comes back.
+                scripts_postgres("kill");
+                std::thread::sleep(Duration::from_millis(300));
+                scripts_postgres("start");
+                restarted = true;
+                let before = rows.now();
+                while rows.now() == before && child.try_wait().unwrap().is_none() {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the delivery did not resume after the restart"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(rng.below(30)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                continue;
+            }
+        }
+        assert!(child.wait().unwrap().success(), "the last delivery failed");
+        break;
+    }
+    eprintln!("{kills} kills, {} records", records.len());
+    assert!(kills >= 20 && restarted, "only {kills} kills landed mid-delivery");
+
+    let mut client = database();
+    let rows = client
+        .query(&format!("SELECT idempotency_key, record_key::text, value::text FROM {table}"), &[])
+        .unwrap();
+    let held: BTreeMap<String, (Value, Value)> = rows
+        .iter()
+        .map(|row| {
+            let key: String = row.get(0);
+            let parse = |text: String| serde_json::from_str::<Value>(&text).unwrap();
+            (key, (parse(row.get(1)), parse(row.get(2))))
+        })
+        .collect();
+    assert_eq!(held.len(), rows.len());
+    assert_eq!(held.len(), records.len(), "the table holds other rows than the job's records");
+    for (key, group, value) in &records {
+        let (record_key, held_value) = &held[key];
+        assert_eq!(held_value, value, "{key}");
+        assert_eq!(*record_key, serde_json::from_str::<Value>(group).unwrap(), "{key}");
+    }
+    let committed = std::fs::metadata(dir.path().join("out/periods.ndjson")).unwrap().len() as i64;
+    let position: i64 = client
+        .query_one("SELECT output_offset FROM tally_delivery_positions WHERE delivery = 'billing/periods' AND target_table = $1", &[&table])
+        .map(|row| row.get(0))
+        .unwrap_or(-1);
+    assert_eq!(position, committed);
+    assert!(dead_letter_keys(dir.path()).is_empty());
+    client.batch_execute(&format!("DROP TABLE {table}")).unwrap();
 }

@@ -24,8 +24,9 @@ pub fn bootstrap() -> String {
 
 /// Kafka tests share one broker and two cores: they run one at a time, and
 /// so do the heaviest other tests (a kill loop over an interpreted plugin,
-/// a swap through every language), whose CPU would otherwise starve a
-/// Kafka kill loop's observer until the job outran its kills.
+/// a swap through every language, the delivery kill loops), whose CPU
+/// would otherwise starve a Kafka kill loop's observer until the job
+/// outran its kills.
 pub fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
