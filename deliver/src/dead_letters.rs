@@ -15,9 +15,13 @@ use serde_json::value::RawValue;
 /// One dead letter, as written.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct DeadLetter {
-    /// The record's idempotency key (`offset/<n>` for a line that has none).
+    /// The record's idempotency key (`offset/<partition>/<offset>` for a
+    /// record that has none).
     pub idempotency_key: String,
-    /// Its offset in the output.
+    /// Its partition in the output (0 for a local output).
+    #[serde(default)]
+    pub partition: u32,
+    /// Its offset in the partition.
     pub offset: u64,
     /// Why: the receiver's status and answer, or what is wrong with the line.
     pub reason: String,
@@ -29,6 +33,11 @@ pub struct DeadLetter {
     /// The body it was sent with (JSON), when it is a record.
     #[serde(default)]
     pub body: Option<Box<RawValue>>,
+}
+
+/// The key a dead letter of a record without an idempotency key has.
+pub fn malformed_key(partition: u32, offset: u64) -> String {
+    format!("offset/{partition}/{offset}")
 }
 
 /// The dead-letter file of a delivery.

@@ -23,11 +23,11 @@ use sha2::{Digest, Sha256};
 
 use crate::dead_letters::{DeadLetter, DeadLetters};
 use crate::http::{Attempt, HttpTarget, Lookup};
-use crate::ledger::{Entry, Ledger, LedgerError, Outcome, Stats};
+use crate::ledger::{Entry, Ledger, LedgerError, Mirror, Outcome, Stats};
 use crate::record::OutputRecord;
 use crate::resolve::{Resolution, Verdict};
 use crate::settings::{DeliverSettings, HttpSettings, Target};
-use crate::source::{LocalOutput, SourceError};
+use crate::source::{Line, Positions, Source, SourceError};
 
 /// Most records read and not yet settled (in flight, retrying, parked or
 /// held behind a parked one).
@@ -65,12 +65,14 @@ pub enum DeliverError {
     Postgres(String),
     /// A record would be sent with a key already used for another body.
     #[error(
-        "record {key:?} (offset {offset}) was sent before with another body (SHA-256 {sent}, now {now}); \
+        "record {key:?} (partition {partition}, offset {offset}) was sent before with another body (SHA-256 {sent}, now {now}); \
          a key is never reused for another body: put `http.body` back as it was, or deliver to a new state_dir"
     )]
     BodyChanged {
         /// The idempotency key.
         key: String,
+        /// The record's partition.
+        partition: u32,
         /// The record's offset.
         offset: u64,
         /// The digest of the body sent.
@@ -97,8 +99,8 @@ pub struct RunSummary {
     pub failed: u64,
     /// Records waiting as `unknown` when it ended.
     pub unknown: u64,
-    /// The position when it ended.
-    pub position: u64,
+    /// The positions when it ended.
+    pub positions: Positions,
 }
 
 /// What a lane is asked to do.
@@ -112,10 +114,11 @@ enum ToLane {
 
 /// What a lane reports.
 enum FromLane {
-    /// The record at this offset is settled; its entry, when the main
-    /// thread is to write it (a delivery, written in batches).
+    /// The record at this partition and offset is settled; its entry,
+    /// when the main thread is to write it (a delivery, written in
+    /// batches).
     Settled {
-        offset: u64,
+        at: (u32, u64),
         outcome: Outcome,
         latency: Option<Duration>,
         write: Option<(String, Entry)>,
@@ -129,17 +132,23 @@ enum FromLane {
 }
 
 /// Runs the delivery `settings` describes (to HTTP here; to PostgreSQL
-/// in [`crate::postgres`]) over `source` until it is
-/// stopped (`stop`), or caught up when `options` say so.
+/// in [`crate::postgres`]) over `source` until it is stopped (`stop`),
+/// or caught up when `options` say so; the ledger's writes go to
+/// `mirror` too, when there is one.
 pub fn run(
     settings: &DeliverSettings,
-    mut source: LocalOutput,
+    source: &mut dyn Source,
+    mirror: Option<Arc<dyn Mirror>>,
     stop: Arc<AtomicBool>,
     options: RunOptions,
 ) -> Result<RunSummary, DeliverError> {
     std::fs::create_dir_all(&settings.state_dir)
         .map_err(|err| LedgerError::new(&settings.state_dir, err.to_string()))?;
-    let ledger = Arc::new(Ledger::open(&settings.state_dir.join("ledger"))?);
+    let ledger_dir = settings.state_dir.join("ledger");
+    let ledger = Arc::new(match mirror {
+        Some(mirror) => Ledger::open_mirrored(&ledger_dir, mirror)?,
+        None => Ledger::open(&ledger_dir)?,
+    });
     let dead_letters = Arc::new(DeadLetters::open(&settings.dead_letters).map_err(|source| {
         DeliverError::DeadLetters { path: settings.dead_letters.clone(), source }
     })?);
@@ -194,7 +203,7 @@ pub fn run(
         writes: Vec::new(),
     };
     let resolutions = crate::resolve::Inbox::new(&settings.state_dir);
-    let result = main.run(&mut source, &reports, &resolutions, &stop, options);
+    let result = main.run(source, &reports, &resolutions, &stop, options);
     // The lanes finish the request in hand and stop.
     stop.store(true, Ordering::SeqCst);
     drop(main.lanes);
@@ -237,8 +246,9 @@ struct Main {
     /// Whether a lookup URL is configured (then a parked record goes back
     /// to its lane, which looks it up).
     lookup: bool,
-    /// Records read and not settled, by offset: their idempotency keys.
-    pending: BTreeMap<u64, String>,
+    /// Records read and not settled, by partition and offset: their
+    /// idempotency keys.
+    pending: BTreeMap<(u32, u64), String>,
     /// Keys held back, each by its parked record.
     parked: HashMap<String, OutputRecord>,
     /// Records waiting behind a parked one of their key, in order.
@@ -252,37 +262,36 @@ struct Main {
 impl Main {
     fn run(
         &mut self,
-        source: &mut LocalOutput,
+        source: &mut dyn Source,
         reports: &Receiver<FromLane>,
         resolutions: &crate::resolve::Inbox,
         stop: &AtomicBool,
         options: RunOptions,
     ) -> Result<RunSummary, DeliverError> {
-        let mut cursor = self.ledger.position()?;
-        let mut written_position = cursor;
+        let mut written = self.ledger.positions()?;
+        source.start(&written)?;
+        // Per partition, the offset just past the last record read.
+        let mut read_to = written.clone();
         let mut last_stats = Instant::now();
-        let mut committed = 0;
         let mut looked: Option<Instant> = None;
         let mut position_written = Instant::now();
         loop {
-            // The inbox and the job's committed length: each poll, and
-            // the length whenever everything known is read.
-            let poll_due = looked.is_none_or(|at| at.elapsed() >= POLL);
-            if poll_due {
+            // The operators' verdicts, each poll.
+            if looked.is_none_or(|at| at.elapsed() >= POLL) {
                 for (path, resolution) in resolutions.waiting()? {
                     self.resolve(resolution)?;
                     resolutions.done(&path);
                 }
-            }
-            if poll_due || cursor >= committed {
-                committed = source.committed_length()?;
                 looked = Some(Instant::now());
             }
-            while cursor < committed && self.pending.len() < MAX_PENDING {
-                let room = MAX_PENDING - self.pending.len();
-                for line in source.read(cursor, committed, room)? {
-                    self.read(line.offset, line.bytes)?;
-                    cursor = line.next;
+            while self.pending.len() < MAX_PENDING {
+                let lines = source.read(MAX_PENDING - self.pending.len())?;
+                if lines.is_empty() {
+                    break;
+                }
+                for line in lines {
+                    read_to.insert(line.partition, line.next);
+                    self.read(line)?;
                 }
             }
             // Reports until the next poll, or until there is room to read
@@ -308,20 +317,20 @@ impl Main {
                     self.on_report(report)?;
                 }
                 if self.pending.len() <= MAX_PENDING / 2
-                    && (cursor < committed || self.pending.is_empty())
+                    && (!source.caught_up() || self.pending.is_empty())
                 {
                     break;
                 }
             }
             // Deliveries are in the ledger before the position passes them.
             self.ledger.put_many(&std::mem::take(&mut self.writes))?;
-            let position = self.pending.keys().next().copied().unwrap_or(cursor);
-            let idle = cursor >= committed && self.pending.is_empty();
+            let positions = self.positions(&read_to);
+            let idle = source.caught_up() && self.pending.is_empty();
             // Synced at most each poll while busy (a lost position only
             // means settled records are read again and skipped).
-            if position != written_position && (idle || position_written.elapsed() >= POLL) {
-                self.ledger.set_position(position)?;
-                written_position = position;
+            if positions != written && (idle || position_written.elapsed() >= POLL) {
+                self.ledger.set_positions(&positions)?;
+                written = positions.clone();
                 position_written = Instant::now();
             }
             if last_stats.elapsed() >= Duration::from_secs(1) {
@@ -331,34 +340,45 @@ impl Main {
             let waiting_only = self.pending.len()
                 == self.parked.len() + self.held.values().map(VecDeque::len).sum::<usize>();
             if stop.load(Ordering::SeqCst)
-                || (options.until_caught_up && cursor >= committed && waiting_only)
+                || (options.until_caught_up && source.caught_up() && waiting_only)
             {
-                if position != written_position {
-                    self.ledger.set_position(position)?;
+                if positions != written {
+                    self.ledger.set_positions(&positions)?;
                 }
                 self.write_stats()?;
-                self.summary.position = position;
+                self.summary.positions = positions;
                 self.summary.unknown = self.parked.len() as u64;
                 return Ok(self.summary.clone());
             }
         }
     }
 
-    /// One committed line: skipped if settled, held back behind its key's
-    /// parked record, or handed to its lane.
-    fn read(&mut self, offset: u64, bytes: Result<Vec<u8>, u64>) -> Result<(), DeliverError> {
-        let record = match bytes {
-            Ok(bytes) => OutputRecord::parse(offset, &bytes, self.body),
-            Err(length) => Err(format!(
-                "the record is {length} bytes, over the delivery's limit of {} bytes",
-                crate::record::MAX_RECORD_BYTES
-            )),
-        };
-        let record = match record {
+    /// Per partition, the offset of its first record not settled (or
+    /// just past the last one read).
+    fn positions(&self, read_to: &Positions) -> Positions {
+        read_to
+            .iter()
+            .map(|(&partition, &next)| {
+                let first_pending = self
+                    .pending
+                    .range((partition, 0)..=(partition, u64::MAX))
+                    .next()
+                    .map(|(&(_, offset), _)| offset);
+                (partition, first_pending.unwrap_or(next))
+            })
+            .collect()
+    }
+
+    /// One committed record: skipped if settled, held back behind its
+    /// key's parked record, or handed to its lane.
+    fn read(&mut self, line: Line) -> Result<(), DeliverError> {
+        let Line { partition, offset, .. } = line;
+        let record = match OutputRecord::read(partition, offset, &line.payload, self.body) {
             Ok(record) => record,
             Err(reason) => {
                 let letter = DeadLetter {
-                    idempotency_key: format!("offset/{offset}"),
+                    idempotency_key: crate::dead_letters::malformed_key(partition, offset),
+                    partition,
                     offset,
                     reason: format!("malformed: {reason}"),
                     status: None,
@@ -378,6 +398,7 @@ impl Main {
             if entry.body_sha256 != now {
                 return Err(DeliverError::BodyChanged {
                     key: record.idempotency_key,
+                    partition,
                     offset,
                     sent: entry.body_sha256.clone(),
                     now,
@@ -388,7 +409,7 @@ impl Main {
                 _ => {}
             }
         }
-        self.pending.insert(offset, record.idempotency_key.clone());
+        self.pending.insert((partition, offset), record.idempotency_key.clone());
         if let Some(held) = self.held.get_mut(&record.order_key) {
             held.push_back(record);
         } else if self.parked.contains_key(&record.order_key) {
@@ -417,8 +438,8 @@ impl Main {
 
     fn on_report(&mut self, report: FromLane) -> Result<(), DeliverError> {
         match report {
-            FromLane::Settled { offset, outcome, latency, write } => {
-                self.pending.remove(&offset);
+            FromLane::Settled { at, outcome, latency, write } => {
+                self.pending.remove(&at);
                 self.writes.extend(write);
                 self.summary.count(outcome);
                 if let Some(latency) = latency {
@@ -454,7 +475,7 @@ impl Main {
         let _ = self.lanes[lane].send(ToLane::Release(order_key.clone()));
         match resolution.verdict {
             Verdict::Applied => {
-                self.pending.remove(&record.offset);
+                self.pending.remove(&(record.partition, record.offset));
                 self.summary.count(outcome);
             }
             Verdict::NotApplied => self.dispatch(record, None),
@@ -519,9 +540,12 @@ impl Lane {
                         continue;
                     }
                     let report = match self.deliver(&record, first) {
-                        Ok(Ended::Settled(outcome, latency, write)) => {
-                            FromLane::Settled { offset: record.offset, outcome, latency, write }
-                        }
+                        Ok(Ended::Settled(outcome, latency, write)) => FromLane::Settled {
+                            at: (record.partition, record.offset),
+                            outcome,
+                            latency,
+                            write,
+                        },
                         Ok(Ended::Parked) => {
                             self.held_back.insert(record.order_key.clone());
                             FromLane::Parked(record)
@@ -542,10 +566,12 @@ impl Lane {
     fn deliver(&self, record: &OutputRecord, known: Option<Entry>) -> Result<Ended, DeliverError> {
         let key = &record.idempotency_key;
         let digest = body_digest(&record.body);
-        let mut entry = known.unwrap_or_else(|| Entry::unsent(record.offset, digest.clone()));
+        let mut entry =
+            known.unwrap_or_else(|| Entry::unsent(record.partition, record.offset, digest.clone()));
         if entry.body_sha256 != digest {
             return Err(DeliverError::BodyChanged {
                 key: key.clone(),
+                partition: record.partition,
                 offset: record.offset,
                 sent: entry.body_sha256,
                 now: digest,
@@ -607,6 +633,7 @@ impl Lane {
             let since_before = entry.maybe_applied_since_ms;
             entry.attempting(now_ms());
             self.ledger.put(key, &entry)?;
+            self.ledger.mirror_flush()?;
             match self.target.send(record) {
                 Attempt::Delivered => {
                     entry.outcome = Outcome::Delivered;
@@ -617,6 +644,7 @@ impl Lane {
                 Attempt::Refused { status, answer } => {
                     let letter = DeadLetter {
                         idempotency_key: key.clone(),
+                        partition: record.partition,
                         offset: record.offset,
                         reason: format!("the receiver refused it with {status}: {answer}"),
                         status: Some(status),

@@ -5,14 +5,22 @@
 //! [`Ledger::sync`] makes them durable against power loss, at each
 //! position advance. A lost entry only means a record is sent again, with
 //! the same key and body.
+//!
+//! A delivery of a Kafka job mirrors its ledger into a compacted topic
+//! (a [`Mirror`], given by the host): a new ledger starts from the
+//! mirror, so a deliverer on a new machine resumes where the last one
+//! stopped; an attempt is in the mirror before its request goes out.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-/// Key of the delivery's position (the offset before which every record
-/// is settled).
-const POSITION_KEY: &[u8] = b"position";
+use crate::source::Positions;
+
+/// Key of the delivery's positions (per partition, the offset before
+/// which every record is settled).
+const POSITIONS_KEY: &[u8] = b"positions";
 /// Key prefix of the records' entries.
 const ENTRY_PREFIX: &[u8] = b"entry/";
 /// Key of the running deliverer's statistics.
@@ -38,7 +46,10 @@ pub enum Outcome {
 /// What the ledger knows of one record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
-    /// Its offset in the output.
+    /// Its partition in the output (0 for a local output).
+    #[serde(default)]
+    pub partition: u32,
+    /// Its offset in the partition.
     pub offset: u64,
     /// SHA-256 of the body first sent with its key (hex): a key is never
     /// sent with another body.
@@ -63,8 +74,9 @@ pub struct Entry {
 
 impl Entry {
     /// The entry of a record never sent, whose body has digest `body_sha256`.
-    pub fn unsent(offset: u64, body_sha256: String) -> Entry {
+    pub fn unsent(partition: u32, offset: u64, body_sha256: String) -> Entry {
         Entry {
+            partition,
             offset,
             body_sha256,
             attempts: 0,
@@ -117,10 +129,27 @@ impl LedgerError {
     }
 }
 
+/// A key and its value, as the ledger stores them.
+pub type Write = (Vec<u8>, Vec<u8>);
+
+/// A durable copy of a ledger's writes elsewhere (a compacted Kafka
+/// topic), from which a new ledger starts.
+pub trait Mirror: Send + Sync {
+    /// Sends one write: the value of `key` now.
+    fn send(&self, key: &[u8], value: &[u8]) -> Result<(), String>;
+    /// Waits until every write sent is stored.
+    fn flush(&self) -> Result<(), String>;
+    /// Every key's last value the mirror holds.
+    fn load(&self) -> Result<Vec<Write>, String>;
+    /// Where it is, for messages.
+    fn describe(&self) -> String;
+}
+
 /// The delivery ledger.
 pub struct Ledger {
     db: rocksdb::DB,
     path: PathBuf,
+    mirror: Option<Arc<dyn Mirror>>,
 }
 
 impl Ledger {
@@ -129,7 +158,74 @@ impl Ledger {
         let mut options = rocksdb::Options::default();
         options.create_if_missing(true);
         let db = rocksdb::DB::open(&options, path).map_err(|err| error(path, err))?;
-        Ok(Ledger { db, path: path.to_path_buf() })
+        Ok(Ledger { db, path: path.to_path_buf(), mirror: None })
+    }
+
+    /// Opens the ledger in `path`, its writes mirrored to `mirror`; a
+    /// ledger that holds nothing yet first takes everything the mirror
+    /// holds (a deliverer on a new machine).
+    pub fn open_mirrored(path: &Path, mirror: Arc<dyn Mirror>) -> Result<Ledger, LedgerError> {
+        let mut ledger = Ledger::open(path)?;
+        let positioned = ledger.db.get(POSITIONS_KEY).map_err(|err| error(path, err))?.is_some();
+        let has_entries = ledger
+            .db
+            .prefix_iterator(ENTRY_PREFIX)
+            .next()
+            .transpose()
+            .map_err(|err| error(path, err))?
+            .is_some_and(|(key, _)| key.starts_with(ENTRY_PREFIX));
+        if !positioned && !has_entries {
+            let held = mirror.load().map_err(|reason| {
+                LedgerError::new(
+                    path,
+                    format!("cannot read its mirror {}: {reason}", mirror.describe()),
+                )
+            })?;
+            if !held.is_empty() {
+                tracing::info!(records = held.len(), mirror = %mirror.describe(), "a new ledger starts from its mirror");
+            }
+            let mut batch = rocksdb::WriteBatch::default();
+            for (key, value) in held {
+                if key == POSITIONS_KEY || key.starts_with(ENTRY_PREFIX) {
+                    batch.put(key, value);
+                }
+            }
+            ledger.db.write(batch).map_err(|err| error(path, err))?;
+            ledger.sync()?;
+        }
+        ledger.mirror = Some(mirror);
+        Ok(ledger)
+    }
+
+    /// Sends a write to the mirror, if there is one.
+    fn mirror(&self, key: &[u8], value: &[u8]) -> Result<(), LedgerError> {
+        match &self.mirror {
+            None => Ok(()),
+            Some(mirror) => mirror
+                .send(key, value)
+                .map_err(|reason| self.mirror_failed(mirror.as_ref(), reason)),
+        }
+    }
+
+    /// Waits until the mirror, if there is one, holds every write so far:
+    /// before a request goes out, its attempt is there.
+    pub fn mirror_flush(&self) -> Result<(), LedgerError> {
+        match &self.mirror {
+            None => Ok(()),
+            Some(mirror) => {
+                mirror.flush().map_err(|reason| self.mirror_failed(mirror.as_ref(), reason))
+            }
+        }
+    }
+
+    fn mirror_failed(&self, mirror: &dyn Mirror, reason: String) -> LedgerError {
+        LedgerError::new(
+            &self.path,
+            format!(
+                "cannot write its mirror {}: {reason}; the deliverer stops (start it again once the cluster is reachable)",
+                mirror.describe()
+            ),
+        )
     }
 
     /// A read-only view of the ledger a running deliverer owns, caught up
@@ -145,25 +241,27 @@ impl Ledger {
         let db = rocksdb::DB::open_as_secondary(&options, path, view_dir)
             .map_err(|err| error(path, err))?;
         db.try_catch_up_with_primary().map_err(|err| error(path, err))?;
-        Ok(Ledger { db, path: path.to_path_buf() })
+        Ok(Ledger { db, path: path.to_path_buf(), mirror: None })
     }
 
-    /// The position: every record before it is settled.
-    pub fn position(&self) -> Result<u64, LedgerError> {
-        let value = self.db.get(POSITION_KEY).map_err(|err| error(&self.path, err))?;
+    /// The positions: in each partition, every record before its
+    /// position is settled.
+    pub fn positions(&self) -> Result<Positions, LedgerError> {
+        let value = self.db.get(POSITIONS_KEY).map_err(|err| error(&self.path, err))?;
         match value {
-            None => Ok(0),
-            Some(bytes) => std::str::from_utf8(&bytes)
-                .ok()
-                .and_then(|text| text.parse().ok())
-                .ok_or_else(|| self.damaged("position")),
+            None => Ok(Positions::new()),
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|_| self.damaged("positions")),
         }
     }
 
-    /// Records `position`, and makes every write so far durable.
-    pub fn set_position(&self, position: u64) -> Result<(), LedgerError> {
-        self.db.put(POSITION_KEY, position.to_string()).map_err(|err| error(&self.path, err))?;
-        self.sync()
+    /// Records `positions`, and makes every write so far durable (in the
+    /// mirror too).
+    pub fn set_positions(&self, positions: &Positions) -> Result<(), LedgerError> {
+        let value = serde_json::to_vec(positions).expect("positions serialize");
+        self.db.put(POSITIONS_KEY, &value).map_err(|err| error(&self.path, err))?;
+        self.mirror(POSITIONS_KEY, &value)?;
+        self.sync()?;
+        self.mirror_flush()
     }
 
     /// Makes every write so far durable.
@@ -180,7 +278,9 @@ impl Ledger {
     /// Writes `key`'s entry.
     pub fn put(&self, key: &str, entry: &Entry) -> Result<(), LedgerError> {
         let value = serde_json::to_vec(entry).expect("entries serialize");
-        self.db.put(entry_key(key), value).map_err(|err| error(&self.path, err))
+        let key = entry_key(key);
+        self.db.put(&key, &value).map_err(|err| error(&self.path, err))?;
+        self.mirror(&key, &value)
     }
 
     /// Writes many entries in one write.
@@ -189,10 +289,17 @@ impl Ledger {
             return Ok(());
         }
         let mut batch = rocksdb::WriteBatch::default();
+        let mut writes = Vec::with_capacity(entries.len());
         for (key, entry) in entries {
-            batch.put(entry_key(key), serde_json::to_vec(entry).expect("entries serialize"));
+            let write = (entry_key(key), serde_json::to_vec(entry).expect("entries serialize"));
+            batch.put(&write.0, &write.1);
+            writes.push(write);
         }
-        self.db.write(batch).map_err(|err| error(&self.path, err))
+        self.db.write(batch).map_err(|err| error(&self.path, err))?;
+        for (key, value) in &writes {
+            self.mirror(key, value)?;
+        }
+        Ok(())
     }
 
     /// Every entry, in key order.
@@ -248,6 +355,7 @@ mod tests {
     fn entries_and_the_position_survive_a_reopen_and_show_in_a_view() {
         let dir = tempfile::tempdir().unwrap();
         let entry = Entry {
+            partition: 1,
             offset: 12,
             body_sha256: "ab".into(),
             attempts: 2,
@@ -259,15 +367,60 @@ mod tests {
         };
         {
             let ledger = Ledger::open(&dir.path().join("ledger")).unwrap();
-            assert_eq!(ledger.position().unwrap(), 0);
+            assert_eq!(ledger.positions().unwrap(), Positions::new());
             ledger.put("billing/a/v1", &entry).unwrap();
-            ledger.set_position(40).unwrap();
+            ledger.set_positions(&[(0, 40), (1, 7)].into()).unwrap();
             let view = Ledger::view(&dir.path().join("ledger"), &dir.path().join("view")).unwrap();
             assert_eq!(view.entries().unwrap(), vec![("billing/a/v1".to_string(), entry.clone())]);
         }
         let ledger = Ledger::open(&dir.path().join("ledger")).unwrap();
-        assert_eq!(ledger.position().unwrap(), 40);
+        assert_eq!(ledger.positions().unwrap(), [(0, 40), (1, 7)].into());
         assert_eq!(ledger.entry("billing/a/v1").unwrap(), Some(entry));
         assert_eq!(ledger.entry("billing/b/v1").unwrap(), None);
+    }
+
+    /// A mirror in memory, as the compacted topic keeps it: each key's
+    /// last value.
+    #[derive(Default)]
+    struct Memory(std::sync::Mutex<std::collections::BTreeMap<Vec<u8>, Vec<u8>>>);
+
+    impl Mirror for Memory {
+        fn send(&self, key: &[u8], value: &[u8]) -> Result<(), String> {
+            self.0.lock().unwrap().insert(key.to_vec(), value.to_vec());
+            Ok(())
+        }
+        fn flush(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn load(&self) -> Result<Vec<Write>, String> {
+            Ok(self.0.lock().unwrap().clone().into_iter().collect())
+        }
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+    }
+
+    #[test]
+    fn a_new_ledger_starts_from_its_mirror_and_an_old_one_from_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let mirror = Arc::new(Memory::default());
+        let mut entry = Entry::unsent(2, 5, "cd".into());
+        {
+            let first = Ledger::open_mirrored(&dir.path().join("a"), mirror.clone()).unwrap();
+            first.put("billing/b/v1", &entry).unwrap();
+            first.set_positions(&[(2, 5)].into()).unwrap();
+            first.put_stats(&Stats::default()).unwrap();
+        }
+        assert!(mirror.0.lock().unwrap().keys().all(|key| key.as_slice() != STATS_KEY));
+        let second = Ledger::open_mirrored(&dir.path().join("b"), mirror.clone()).unwrap();
+        assert_eq!(second.positions().unwrap(), [(2, 5)].into());
+        assert_eq!(second.entry("billing/b/v1").unwrap(), Some(entry.clone()));
+        drop(second);
+        // A ledger with entries of its own keeps them.
+        entry.attempting(9);
+        Ledger::open(&dir.path().join("a")).unwrap().put("billing/b/v1", &entry).unwrap();
+        mirror.0.lock().unwrap().clear();
+        let reopened = Ledger::open_mirrored(&dir.path().join("a"), mirror).unwrap();
+        assert_eq!(reopened.entry("billing/b/v1").unwrap(), Some(entry));
     }
 }

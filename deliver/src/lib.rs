@@ -11,6 +11,7 @@ pub mod dead_letters;
 pub mod deliverer;
 pub mod http;
 pub mod ledger;
+pub mod local_output;
 pub mod postgres;
 pub mod record;
 pub mod resolve;
@@ -19,5 +20,7 @@ pub mod source;
 pub mod status;
 
 pub use deliverer::{DeliverError, RunOptions, RunSummary, run};
+pub use ledger::Mirror;
+pub use local_output::LocalOutput;
 pub use settings::{DeliverSettings, SettingsError};
-pub use source::LocalOutput;
+pub use source::{KafkaRecord, Line, Payload, Positions, Source, SourceError};

@@ -1,9 +1,9 @@
 //! The PostgreSQL target: records upserted into the operator's table in
 //! batches, each batch in one database transaction that also moves the
-//! delivery's position (`tally_delivery_positions`), so each record is
-//! applied exactly once without relying on keys: a batch whose COMMIT's
-//! answer was lost is found committed, or not, by reading the position
-//! back. The schema is in `docs/delivery.md`.
+//! delivery's positions (`tally_delivery_positions`, one row per output
+//! partition), so each record is applied exactly once without relying on
+//! keys: a batch whose COMMIT's answer was lost is found committed, or
+//! not, by reading the positions back. The schema is in `docs/delivery.md`.
 
 use std::str::FromStr as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,14 +12,15 @@ use std::time::Duration;
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
-use crate::dead_letters::{DeadLetter, DeadLetters};
+use crate::dead_letters::{DeadLetter, DeadLetters, malformed_key};
 use crate::deliverer::{DeliverError, RunOptions, RunSummary};
 use crate::ledger::Ledger;
 use crate::record::OutputRecord;
 use crate::settings::{Body, PostgresSettings};
-use crate::source::LocalOutput;
+use crate::source::{Positions, Source};
 
-/// The table of delivery positions, one row per delivery.
+/// The table of delivery positions, one row per delivery and output
+/// partition.
 pub const POSITIONS_TABLE: &str = "tally_delivery_positions";
 /// How often the output is looked at when there is nothing to deliver.
 const POLL: Duration = Duration::from_millis(100);
@@ -80,21 +81,17 @@ impl Target {
                 idempotency_key text PRIMARY KEY,
                 record_key jsonb NOT NULL,
                 value jsonb NOT NULL,
+                output_partition integer NOT NULL,
                 output_offset bigint NOT NULL,
                 delivered_at timestamptz NOT NULL DEFAULT now());
              CREATE TABLE IF NOT EXISTS {POSITIONS_TABLE} (
                 delivery text NOT NULL,
                 target_table text NOT NULL,
+                output_partition integer NOT NULL,
                 output_offset bigint NOT NULL,
                 updated_at timestamptz NOT NULL DEFAULT now(),
-                PRIMARY KEY (delivery, target_table));"
+                PRIMARY KEY (delivery, target_table, output_partition));"
         ))?;
-        client.execute(
-            &format!(
-                "INSERT INTO {POSITIONS_TABLE} (delivery, target_table, output_offset) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING"
-            ),
-            &[&delivery, &settings.table],
-        )?;
         Ok(Target {
             client,
             table,
@@ -103,46 +100,67 @@ impl Target {
         })
     }
 
-    /// The committed position of this delivery.
-    fn position(&mut self) -> Result<u64, DbFailure> {
-        let row = self.client.query_one(
-            &format!("SELECT output_offset FROM {POSITIONS_TABLE} WHERE delivery = $1 AND target_table = $2"),
+    /// The committed positions of this delivery.
+    fn positions(&mut self) -> Result<Positions, DbFailure> {
+        let rows = self.client.query(
+            &format!("SELECT output_partition, output_offset FROM {POSITIONS_TABLE} WHERE delivery = $1 AND target_table = $2"),
             &[&self.delivery, &self.table_name],
         )?;
-        Ok(row.get::<_, i64>(0) as u64)
+        Ok(rows
+            .iter()
+            .map(|row| (row.get::<_, i32>(0) as u32, row.get::<_, i64>(1) as u64))
+            .collect())
     }
 
-    /// Upserts `records` and moves the position from `from` to `to`, in
-    /// one transaction; `Ok(false)` if the position was not `from` (an
+    /// Upserts `records` and moves the positions from `from` to `to`, in
+    /// one transaction; `Ok(false)` if the positions were not `from` (an
     /// earlier commit whose answer was lost, or another deliverer).
-    fn apply(&mut self, records: &[OutputRecord], from: u64, to: u64) -> Result<bool, DbFailure> {
+    fn apply(
+        &mut self,
+        records: &[OutputRecord],
+        from: &Positions,
+        to: &Positions,
+    ) -> Result<bool, DbFailure> {
         let mut transaction = self.client.transaction()?;
-        let row = transaction.query_one(
+        // One transaction of this delivery at a time, new partitions too.
+        transaction.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            &[&format!("{POSITIONS_TABLE}/{}/{}", self.delivery, self.table_name)],
+        )?;
+        let rows = transaction.query(
             &format!(
-                "SELECT output_offset FROM {POSITIONS_TABLE} WHERE delivery = $1 AND target_table = $2 FOR UPDATE"
+                "SELECT output_partition, output_offset FROM {POSITIONS_TABLE} WHERE delivery = $1 AND target_table = $2"
             ),
             &[&self.delivery, &self.table_name],
         )?;
-        if row.get::<_, i64>(0) as u64 != from {
+        let now: Positions = rows
+            .iter()
+            .map(|row| (row.get::<_, i32>(0) as u32, row.get::<_, i64>(1) as u64))
+            .collect();
+        let moved = |partition: &u32| {
+            now.get(partition).copied().unwrap_or(0) != from.get(partition).copied().unwrap_or(0)
+        };
+        if to.keys().any(moved) {
             return Ok(false);
         }
         if !records.is_empty() {
             let mut sql = format!(
-                "INSERT INTO {} (idempotency_key, record_key, value, output_offset) VALUES ",
+                "INSERT INTO {} (idempotency_key, record_key, value, output_partition, output_offset) VALUES ",
                 self.table
             );
-            let mut values: Vec<(String, String, i64)> = Vec::with_capacity(records.len());
+            let mut values: Vec<(String, String, i32, i64)> = Vec::with_capacity(records.len());
             for (index, record) in records.iter().enumerate() {
-                let base = index * 4;
+                let base = index * 5;
                 if index > 0 {
                     sql.push_str(", ");
                 }
                 sql.push_str(&format!(
-                    "(${}, ${}::text::jsonb, ${}::text::jsonb, ${})",
+                    "(${}, ${}::text::jsonb, ${}::text::jsonb, ${}, ${})",
                     base + 1,
                     base + 2,
                     base + 3,
-                    base + 4
+                    base + 4,
+                    base + 5
                 ));
                 let key = if record.order_key.is_empty() {
                     "null".to_string()
@@ -152,29 +170,38 @@ impl Target {
                 values.push((
                     key,
                     String::from_utf8_lossy(&record.body).into_owned(),
+                    record.partition as i32,
                     record.offset as i64,
                 ));
             }
             sql.push_str(
                 " ON CONFLICT (idempotency_key) DO UPDATE SET record_key = EXCLUDED.record_key, \
-                 value = EXCLUDED.value, output_offset = EXCLUDED.output_offset, delivered_at = now()",
+                 value = EXCLUDED.value, output_partition = EXCLUDED.output_partition, \
+                 output_offset = EXCLUDED.output_offset, delivered_at = now()",
             );
             let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                Vec::with_capacity(records.len() * 4);
-            for (record, (key, value, offset)) in records.iter().zip(&values) {
+                Vec::with_capacity(records.len() * 5);
+            for (record, (key, value, partition, offset)) in records.iter().zip(&values) {
                 params.push(&record.idempotency_key);
                 params.push(key);
                 params.push(value);
+                params.push(partition);
                 params.push(offset);
             }
             transaction.execute(&sql, &params)?;
         }
-        transaction.execute(
-            &format!(
-                "UPDATE {POSITIONS_TABLE} SET output_offset = $3, updated_at = now() WHERE delivery = $1 AND target_table = $2"
-            ),
-            &[&self.delivery, &self.table_name, &(to as i64)],
-        )?;
+        for (&partition, &offset) in to {
+            if from.get(&partition) == Some(&offset) {
+                continue;
+            }
+            transaction.execute(
+                &format!(
+                    "INSERT INTO {POSITIONS_TABLE} (delivery, target_table, output_partition, output_offset) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (delivery, target_table, output_partition) DO UPDATE SET output_offset = EXCLUDED.output_offset, updated_at = now()"
+                ),
+                &[&self.delivery, &self.table_name, &(partition as i32), &(offset as i64)],
+            )?;
+        }
         transaction.commit()?;
         Ok(true)
     }
@@ -186,8 +213,9 @@ fn quoted(table: &str) -> String {
     table.split('.').map(|part| format!("\"{part}\"")).collect::<Vec<_>>().join(".")
 }
 
-/// One committed line, read: a record, or a dead letter's reason.
-type Read = (u64, u64, Result<OutputRecord, String>);
+/// One committed record, read: its partition, offset and next offset,
+/// and the record or a dead letter's reason.
+type Read = (u32, u64, u64, Result<OutputRecord, String>);
 
 /// Delivers `source` into PostgreSQL until stopped, or caught up.
 pub fn run(
@@ -195,31 +223,35 @@ pub fn run(
     delivery: &str,
     ledger: &Ledger,
     dead_letters: &DeadLetters,
-    mut source: LocalOutput,
+    source: &mut dyn Source,
     stop: &AtomicBool,
     options: RunOptions,
 ) -> Result<RunSummary, DeliverError> {
     let mut summary = RunSummary::default();
     let mut target: Option<Target> = None;
-    let mut position = 0;
+    let mut positions = Positions::new();
     let mut failures: u32 = 0;
     let mut noted = std::time::Instant::now();
-    let mut ledger_position = ledger.position()?;
-    let mut committed = 0;
+    let mut ledger_positions = ledger.positions()?;
     let fatal = |message: String| DeliverError::Postgres(message);
     loop {
         if stop.load(Ordering::SeqCst) {
-            ledger.set_position(position)?;
-            summary.position = position;
+            ledger.set_positions(&positions)?;
+            summary.positions = positions;
             return Ok(summary);
         }
         let connected = match target.as_mut() {
             Some(connected) => connected,
+            // The database's positions are the truth: the source reads on
+            // from them after every (re)connection.
             None => match Target::connect(settings, delivery).and_then(|mut connected| {
-                position = connected.position()?;
+                positions = connected.positions()?;
                 Ok(connected)
             }) {
-                Ok(connected) => target.insert(connected),
+                Ok(connected) => {
+                    source.start(&positions)?;
+                    target.insert(connected)
+                }
                 Err(DbFailure::Fatal(message)) => return Err(fatal(message)),
                 Err(DbFailure::Retry(reason) | DbFailure::RecordRefused(reason)) => {
                     failures += 1;
@@ -229,51 +261,47 @@ pub fn run(
                 }
             },
         };
-        // The job's committed length, read again once everything known
-        // is delivered.
-        if position >= committed {
-            committed = source.committed_length()?;
-        }
         let mut batch: Vec<Read> = Vec::new();
-        let mut cursor = position;
-        while cursor < committed && batch.len() < settings.batch_size {
-            for line in source.read(cursor, committed, settings.batch_size - batch.len())? {
-                let record = match line.bytes {
-                    Ok(bytes) => OutputRecord::parse(line.offset, &bytes, Body::Value),
-                    Err(length) => {
-                        Err(format!("the record is {length} bytes, over the delivery's limit"))
-                    }
-                };
-                batch.push((line.offset, line.next, record));
-                cursor = line.next;
+        let mut to = positions.clone();
+        while batch.len() < settings.batch_size {
+            let lines = source.read(settings.batch_size - batch.len())?;
+            if lines.is_empty() {
+                break;
+            }
+            for line in lines {
+                let record =
+                    OutputRecord::read(line.partition, line.offset, &line.payload, Body::Value);
+                to.insert(line.partition, line.next);
+                batch.push((line.partition, line.offset, line.next, record));
             }
         }
         if batch.is_empty() {
-            if ledger_position != position {
-                ledger.set_position(position)?;
-                ledger_position = position;
+            if ledger_positions != positions {
+                ledger.set_positions(&positions)?;
+                ledger_positions = positions.clone();
             }
-            if options.until_caught_up && position >= committed {
-                summary.position = position;
+            if options.until_caught_up && source.caught_up() {
+                summary.positions = positions;
                 return Ok(summary);
             }
             sleep(POLL, stop);
             continue;
         }
-        match deliver_batch(connected, &batch, position, cursor, dead_letters) {
+        match deliver_batch(connected, &batch, &positions, &to, dead_letters) {
             Ok(Some(delivered)) => {
                 failures = 0;
                 summary.delivered += delivered.0;
                 summary.failed += delivered.1;
-                position = cursor;
-                // The database's position is the truth; the ledger's copy
-                // is for `tally deliver status`, written at most each second.
+                positions = to;
+                // The database's positions are the truth; the ledger's
+                // copy is for `tally deliver status`, written at most each
+                // second.
                 if noted.elapsed() >= Duration::from_secs(1) {
-                    ledger.set_position(position)?;
-                    (ledger_position, noted) = (position, std::time::Instant::now());
+                    ledger.set_positions(&positions)?;
+                    (ledger_positions, noted) = (positions.clone(), std::time::Instant::now());
                 }
             }
-            // The position moved under us: read it back and go on from it.
+            // The positions moved under us: read them back and go on.
             Ok(None) => target = None,
             Err(DbFailure::Fatal(message)) => return Err(fatal(message)),
             Err(DbFailure::Retry(reason) | DbFailure::RecordRefused(reason)) => {
@@ -286,20 +314,20 @@ pub fn run(
     }
 }
 
-/// Delivers one batch (from `from` to `to`): whole, or, when the table
-/// refuses one of its records, record by record with the refused ones
-/// dead-lettered. The records delivered and dead-lettered, or `None` when
-/// the position was not `from`.
+/// Delivers one batch (moving the positions from `from` to `to`): whole,
+/// or, when the table refuses one of its records, record by record with
+/// the refused ones dead-lettered. The records delivered and
+/// dead-lettered, or `None` when the positions were not `from`.
 fn deliver_batch(
     target: &mut Target,
     batch: &[Read],
-    from: u64,
-    to: u64,
+    from: &Positions,
+    to: &Positions,
     dead_letters: &DeadLetters,
 ) -> Result<Option<(u64, u64)>, DbFailure> {
     let records: Vec<OutputRecord> =
-        batch.iter().filter_map(|(_, _, record)| record.as_ref().ok().cloned()).collect();
-    let malformed = batch.iter().filter(|(_, _, record)| record.is_err()).count() as u64;
+        batch.iter().filter_map(|(_, _, _, record)| record.as_ref().ok().cloned()).collect();
+    let malformed = batch.iter().filter(|(_, _, _, record)| record.is_err()).count() as u64;
     if malformed == 0 {
         match target.apply(&records, from, to) {
             Ok(true) => return Ok(Some((records.len() as u64, 0))),
@@ -308,16 +336,18 @@ fn deliver_batch(
             Err(other) => return Err(other),
         }
     }
-    // One record (or dead letter) per transaction, each moving the
-    // position past itself.
+    // One record (or dead letter) per transaction, each moving its
+    // partition's position past itself.
     let (mut delivered, mut failed) = (0, 0);
-    let mut at = from;
-    for (offset, next, record) in batch {
+    let mut at = from.clone();
+    for (partition, offset, next, record) in batch {
+        let mut past = at.clone();
+        past.insert(*partition, *next);
         let refusal = match record {
-            Ok(record) => match target.apply(std::slice::from_ref(record), at, *next) {
+            Ok(record) => match target.apply(std::slice::from_ref(record), &at, &past) {
                 Ok(true) => {
                     delivered += 1;
-                    at = *next;
+                    at = past;
                     continue;
                 }
                 Ok(false) => return Ok(None),
@@ -326,10 +356,11 @@ fn deliver_batch(
                 }
                 Err(other) => return Err(other),
             },
-            Err(reason) => (format!("offset/{offset}"), format!("malformed: {reason}")),
+            Err(reason) => (malformed_key(*partition, *offset), format!("malformed: {reason}")),
         };
         let letter = DeadLetter {
             idempotency_key: refusal.0,
+            partition: *partition,
             offset: *offset,
             reason: refusal.1,
             status: None,
@@ -339,11 +370,11 @@ fn deliver_batch(
         dead_letters
             .write(&letter)
             .map_err(|err| DbFailure::Fatal(format!("cannot write a dead letter: {err}")))?;
-        if !target.apply(&[], at, *next)? {
+        if !target.apply(&[], &at, &past)? {
             return Ok(None);
         }
         failed += 1;
-        at = *next;
+        at = past;
     }
     Ok(Some((delivered, failed)))
 }

@@ -20,6 +20,8 @@ struct DeliverFile {
     state_dir: PathBuf,
     #[serde(default)]
     dead_letters: Option<PathBuf>,
+    #[serde(default)]
+    ledger_topic: Option<String>,
     http: Option<HttpTable>,
     postgres: Option<PostgresTable>,
 }
@@ -90,6 +92,10 @@ pub struct DeliverSettings {
     pub state_dir: PathBuf,
     /// Where records the target refused for good are written.
     pub dead_letters: PathBuf,
+    /// A Kafka job's delivery: the compacted topic its ledger is mirrored
+    /// to (default: `tally-<job>-<output>-delivery-ledger`, set by the
+    /// caller).
+    pub ledger_topic: Option<String>,
     /// Where the records go.
     pub target: Target,
 }
@@ -244,11 +250,22 @@ impl DeliverSettings {
             Some(path) => resolve(path),
             None => state_dir.join("dead-letters.ndjson"),
         };
+        if let Some(topic) = &file.ledger_topic {
+            let legal = |b: u8| b.is_ascii_alphanumeric() || b"._-".contains(&b);
+            if topic.is_empty() || topic.len() > 249 || !topic.bytes().all(legal) {
+                return Err(invalid(
+                    "ledger_topic",
+                    topic,
+                    "give a Kafka topic name: 1 to 249 letters, digits, '.', '_' or '-'",
+                ));
+            }
+        }
         Ok(DeliverSettings {
             job: resolve(file.job),
             output: file.output,
             state_dir,
             dead_letters,
+            ledger_topic: file.ledger_topic,
             target,
         })
     }

@@ -12,8 +12,9 @@ use crate::ledger::{Entry, Ledger, LedgerError, Outcome, Stats};
 /// A delivery's status.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Status {
-    /// The offset before which every record is settled.
-    pub position: u64,
+    /// Per output partition (0 for a local output), the offset before
+    /// which every record is settled.
+    pub positions: crate::source::Positions,
     /// Records the receiver applied.
     pub delivered: u64,
     /// Records whose last request failed, to be retried (or in flight).
@@ -44,7 +45,7 @@ pub fn status(state_dir: &Path) -> Result<(Status, Vec<UnknownRecord>), LedgerEr
     let view_dir = tempfile_dir(state_dir)?;
     let ledger = Ledger::view(&state_dir.join("ledger"), view_dir.path())?;
     let mut status =
-        Status { position: ledger.position()?, stats: ledger.stats()?, ..Status::default() };
+        Status { positions: ledger.positions()?, stats: ledger.stats()?, ..Status::default() };
     let mut unknown = Vec::new();
     let now = crate::deliverer::now_ms();
     let mut oldest: Option<i64> = None;

@@ -10,8 +10,10 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use tally_deliver::resolve::{Inbox, Resolution, Verdict};
 use tally_deliver::settings::Target;
-use tally_deliver::{DeliverSettings, LocalOutput, RunOptions};
+use tally_deliver::{DeliverSettings, LocalOutput, Mirror, Positions, RunOptions, Source};
 use tally_host::config::{JobConfig, Mode};
+
+use crate::deliver_kafka::{KafkaLedgerMirror, KafkaOutput, default_ledger_topic};
 
 /// `tally deliver`'s arguments.
 #[derive(Args)]
@@ -87,26 +89,47 @@ pub fn deliver(
         None => {
             let file = args.file.context("give the delivery file")?;
             let mut settings = DeliverSettings::from_file(&file)?;
-            let source = local_output(&mut settings)?;
+            let (mut source, mirror) = committed_output(&mut settings)?;
             let stop = stop()?;
             let summary = tally_deliver::run(
                 &settings,
-                source,
+                source.as_mut(),
+                mirror,
                 stop,
                 RunOptions { until_caught_up: args.until_caught_up },
             )?;
             println!(
-                "delivered {}, dead-lettered {}, waiting as unknown {}; position {}",
-                summary.delivered, summary.failed, summary.unknown, summary.position
+                "delivered {}, dead-lettered {}, waiting as unknown {}; positions {}",
+                summary.delivered,
+                summary.failed,
+                summary.unknown,
+                show_positions(&summary.positions)
             );
             Ok(())
         }
     }
 }
 
-/// The committed output the delivery reads: its job's output file and
-/// store. A PostgreSQL delivery's name defaults to `<job>/<output>`.
-fn local_output(settings: &mut DeliverSettings) -> anyhow::Result<LocalOutput> {
+/// A Kafka job's delivery ledger mirror, or none.
+type MaybeMirror = Option<Arc<dyn Mirror>>;
+
+/// Positions as `partition:offset`, in partition order.
+fn show_positions(positions: &Positions) -> String {
+    if positions.is_empty() {
+        return "-".into();
+    }
+    let shown: Vec<String> =
+        positions.iter().map(|(partition, offset)| format!("{partition}:{offset}")).collect();
+    shown.join(" ")
+}
+
+/// The committed output the delivery reads — a local job's output file
+/// and store, or a Kafka job's output topic — and, for a Kafka job, the
+/// topic its ledger is mirrored to. A PostgreSQL delivery's name defaults
+/// to `<job>/<output>`.
+fn committed_output(
+    settings: &mut DeliverSettings,
+) -> anyhow::Result<(Box<dyn Source>, MaybeMirror)> {
     let job = JobConfig::from_file(&settings.job).with_context(|| {
         format!("reading the job of this delivery, `{}`", settings.job.display())
     })?;
@@ -123,16 +146,39 @@ fn local_output(settings: &mut DeliverSettings) -> anyhow::Result<LocalOutput> {
         );
     }
     match &job.mode {
-        Mode::Local(local) => Ok(LocalOutput::new(
-            local.output_dir.join(format!("{}.ndjson", settings.output)),
-            local.state_dir.join("db"),
-            settings.state_dir.join("job-view"),
-            settings.output.clone(),
-        )),
-        Mode::Kafka(_) => bail!(
-            "job `{}` runs in Kafka mode; this build delivers the outputs of local jobs only (see docs/delivery.md)",
-            job.settings.name
-        ),
+        Mode::Local(local) => {
+            if let Some(topic) = &settings.ledger_topic {
+                bail!(
+                    "ledger_topic = {topic:?} is for the delivery of a Kafka job; job `{}` runs in local mode: remove it",
+                    job.settings.name
+                );
+            }
+            let output = LocalOutput::new(
+                local.output_dir.join(format!("{}.ndjson", settings.output)),
+                local.state_dir.join("db"),
+                settings.state_dir.join("job-view"),
+                settings.output.clone(),
+            );
+            Ok((Box::new(output), None))
+        }
+        Mode::Kafka(kafka) => {
+            let topic = kafka.output_topic(&settings.output).with_context(|| {
+                format!(
+                    "job `{}` names no topic for output {:?}",
+                    job.settings.name, settings.output
+                )
+            })?;
+            let ledger_topic = settings
+                .ledger_topic
+                .get_or_insert_with(|| default_ledger_topic(&job.settings.name, &settings.output))
+                .clone();
+            let consumer = tally_kafka::base_config(kafka, tally_kafka::ClientRole::Consumer);
+            let output = KafkaOutput::new(consumer, topic, &format!("{ledger_topic}-reader"))?;
+            let producer = tally_kafka::base_config(kafka, tally_kafka::ClientRole::Producer);
+            let mirror = KafkaLedgerMirror::open(&producer, &ledger_topic)
+                .with_context(|| format!("opening the delivery ledger's topic `{ledger_topic}`"))?;
+            Ok((Box::new(output), Some(Arc::new(mirror))))
+        }
     }
 }
 
@@ -143,7 +189,7 @@ fn status(file: &Path, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
     }
-    println!("position   {}", status.position);
+    println!("positions  {}", show_positions(&status.positions));
     println!("delivered  {}", status.delivered);
     println!("retrying   {}", status.retrying);
     println!("unknown    {}", status.unknown);
@@ -172,8 +218,9 @@ fn unknown(file: &Path, json: bool) -> anyhow::Result<()> {
                 .map(|at| at.to_string())
                 .unwrap_or_default();
             println!(
-                "{}  offset {}  {} attempts since {first}  last: {}",
+                "{}  partition {} offset {}  {} attempts since {first}  last: {}",
                 record.key,
+                record.entry.partition,
                 record.entry.offset,
                 record.entry.attempts,
                 record.entry.last_error.as_deref().unwrap_or("-")

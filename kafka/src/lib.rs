@@ -45,13 +45,16 @@ mod topics;
 pub mod transaction;
 mod watermarks;
 
+pub use collector::HEADER_IDEMPOTENCY_KEY;
 pub use config::{
     DEFAULT_CREATE_PARTITIONS, DEFAULT_RESTORE_CHECKPOINT_BYTES, DEFAULT_RESTORE_STALL_MS,
     DEFAULT_TRANSACTION_TIMEOUT_MS, Guarantee, KafkaConfig, RestoreFetch, default_restore_stall_ms,
 };
 pub use job::{InstanceIdError, KafkaJob, KafkaRunOptions};
 pub use restore::RestoreError;
-pub use topics::{RESTORE_DEFAULTS, TopicLayout, prepare as prepare_topics};
+pub use topics::{
+    ClientRole, RESTORE_DEFAULTS, TopicLayout, base_config, prepare as prepare_topics,
+};
 
 /// Why a Kafka job stopped.
 #[derive(Debug, thiserror::Error)]

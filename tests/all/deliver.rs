@@ -38,11 +38,23 @@ fn period_job(dir: &Path, per_partition: usize) -> (PathBuf, Vec<(String, String
 }
 
 fn write_delivery(dir: &Path, job: &Path, http: &str) -> PathBuf {
-    let path = dir.join("deliver.toml");
+    write_delivery_file(dir, "deliver.toml", job, "deliver-state", &format!("[http]\n{http}"))
+}
+
+/// Writes delivery file `name` in `dir`: job `job`'s `periods` output, its
+/// state in `state_dir`, to `target` (an `[http]` or `[postgres]` table).
+pub(crate) fn write_delivery_file(
+    dir: &Path,
+    name: &str,
+    job: &Path,
+    state_dir: &str,
+    target: &str,
+) -> PathBuf {
+    let path = dir.join(name);
     std::fs::write(
         &path,
         format!(
-            "job = {:?}\noutput = \"periods\"\nstate_dir = \"deliver-state\"\n[http]\n{http}\n",
+            "job = {:?}\noutput = \"periods\"\nstate_dir = {state_dir:?}\n{target}\n",
             job.display().to_string()
         ),
     )
@@ -50,7 +62,7 @@ fn write_delivery(dir: &Path, job: &Path, http: &str) -> PathBuf {
     path
 }
 
-fn deliver(args: &[&str], file: &Path) -> std::process::Output {
+pub(crate) fn deliver(args: &[&str], file: &Path) -> std::process::Output {
     Command::new(tally_binary())
         .arg("deliver")
         .args(args)
@@ -60,7 +72,7 @@ fn deliver(args: &[&str], file: &Path) -> std::process::Output {
         .unwrap()
 }
 
-fn deliver_to_the_end(file: &Path) -> String {
+pub(crate) fn deliver_to_the_end(file: &Path) -> String {
     let output = deliver(&["--until-caught-up"], file);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8(output.stdout).unwrap()
@@ -83,6 +95,105 @@ fn dead_letter_keys(dir: &Path) -> Vec<String> {
                 .to_string()
         })
         .collect()
+}
+
+/// How far a delivery got: a count of what its target holds or was sent.
+pub(crate) type Progress<'a> = dyn FnMut() -> u64 + 'a;
+
+/// Runs `tally deliver --until-caught-up file` again and again, each run
+/// SIGKILLed once `progress` (a count of what the target holds or was
+/// sent) moved and then a random pause of up to `pause_ms` passed, until
+/// `kills` kills landed; then one last run to its end. `after_progress`
+/// runs once progress is seen in each run to be killed, with the kills so
+/// far (a database restart, say). Returns the kills that landed.
+pub(crate) fn deliver_with_kills(
+    file: &Path,
+    kills: u32,
+    pause_ms: u64,
+    progress: &mut Progress<'_>,
+    after_progress: &mut dyn FnMut(u32, &mut std::process::Child, &mut Progress<'_>),
+) -> u32 {
+    let mut rng = Rng::new(9);
+    let mut landed = 0;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        assert!(Instant::now() < deadline, "the delivery never finished ({landed} kills)");
+        let mut child = Command::new(tally_binary())
+            .args(["deliver", "--until-caught-up"])
+            .arg(file)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        if landed < kills {
+            let before = progress();
+            while progress() == before && child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "the delivery made no progress");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            after_progress(landed, &mut child, progress);
+            std::thread::sleep(Duration::from_millis(rng.below(pause_ms)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                landed += 1;
+                continue;
+            }
+        }
+        assert!(child.wait().unwrap().success(), "the last delivery failed");
+        return landed;
+    }
+}
+
+/// Checks what `receiver` saw of `records` (idempotency key, the line's
+/// key, value): each applied once, except `refused`, every request for a
+/// record with the same body (its value), the records of one key applied
+/// in the job's order; and that enough needed a retry for the faults to
+/// have bitten.
+pub(crate) fn check_applied_once(
+    receiver: &Receiver,
+    records: &[(String, String, Value)],
+    refused: Option<&str>,
+    retried_at_least: usize,
+) {
+    let mut order_of_group: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    receiver.seen(|seen| {
+        assert_eq!(seen.without_key, 0);
+        for (key, group, value) in records {
+            // Every request for a record carried the same bytes: its value
+            // as the job wrote it.
+            let requests = &seen.requests[key];
+            let body = requests[0].clone();
+            assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), *value, "{key}");
+            assert!(
+                requests.iter().all(|sent| *sent == body),
+                "{key}: a request carried another body"
+            );
+            if Some(key.as_str()) == refused {
+                assert!(!seen.applied.contains_key(key));
+                continue;
+            }
+            let (applied, order) = &seen.applied[key];
+            assert_eq!(*applied, body, "{key}");
+            order_of_group.entry(group.clone()).or_default().push(*order);
+        }
+        let expected = records.len() - usize::from(refused.is_some());
+        assert_eq!(seen.applied.len(), expected, "a key the job never wrote was applied");
+        let retried = seen.requests.values().filter(|requests| requests.len() > 1).count();
+        assert!(
+            retried >= retried_at_least,
+            "only {retried} records needed a retry: the faults did not bite"
+        );
+    });
+    // Records of one key (a period's FINAL, then its ADJUSTMENTs) were
+    // applied in the order the job wrote them.
+    for (group, orders) in order_of_group {
+        assert!(
+            orders.windows(2).all(|pair| pair[0] < pair[1]),
+            "{group}: applied out of order: {orders:?}"
+        );
+    }
 }
 
 #[test]
@@ -116,73 +227,16 @@ fn killed_again_and_again_a_delivery_applies_every_record_once_in_order() {
             receiver.url()
         ),
     );
-    let mut rng = Rng::new(9);
-    let mut kills = 0;
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        assert!(Instant::now() < deadline, "the delivery never finished ({kills} kills)");
-        let mut child = Command::new(tally_binary())
-            .args(["deliver", "--until-caught-up"])
-            .arg(&file)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        if kills < 24 {
-            // Killed once it has made progress, a little later.
-            let posts = receiver.seen(|seen| seen.posts);
-            while receiver.seen(|seen| seen.posts) == posts && child.try_wait().unwrap().is_none() {
-                assert!(Instant::now() < deadline, "the delivery made no progress");
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            std::thread::sleep(Duration::from_millis(rng.below(120)));
-            if child.try_wait().unwrap().is_none() {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                kills += 1;
-                continue;
-            }
-        }
-        assert!(child.wait().unwrap().success(), "the last delivery failed");
-        break;
-    }
+    let kills = deliver_with_kills(
+        &file,
+        24,
+        120,
+        &mut || receiver.seen(|seen| seen.posts),
+        &mut |_, _, _| {},
+    );
     eprintln!("{kills} kills, {} records, {:?}", records.len(), receiver.seen(|seen| seen.posts));
     assert!(kills >= 20, "only {kills} kills landed mid-delivery");
-
-    let mut order_of_group: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    receiver.seen(|seen| {
-        assert_eq!(seen.without_key, 0);
-        for (key, group, value) in &records {
-            // Every request for a record carried the same bytes: its value
-            // as the job wrote it.
-            let requests = &seen.requests[key];
-            let body = requests[0].clone();
-            assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), *value, "{key}");
-            assert!(
-                requests.iter().all(|sent| *sent == body),
-                "{key}: a request carried another body"
-            );
-            if *key == refused {
-                assert!(!seen.applied.contains_key(key));
-                continue;
-            }
-            let (applied, order) = &seen.applied[key];
-            assert_eq!(*applied, body, "{key}");
-            order_of_group.entry(group.clone()).or_default().push(*order);
-        }
-        assert_eq!(seen.applied.len(), records.len() - 1, "a key the job never wrote was applied");
-        let retried = seen.requests.values().filter(|requests| requests.len() > 1).count();
-        assert!(retried >= 20, "only {retried} records needed a retry: the faults did not bite");
-    });
-    // Records of one key (a period's FINAL, then its ADJUSTMENTs) were
-    // applied in the order the job wrote them.
-    for (group, orders) in order_of_group {
-        assert!(
-            orders.windows(2).all(|pair| pair[0] < pair[1]),
-            "{group}: applied out of order: {orders:?}"
-        );
-    }
+    check_applied_once(&receiver, &records, Some(&refused), 20);
     assert_eq!(dead_letter_keys(dir.path()), vec![refused]);
     let status = delivery_status(&file);
     assert_eq!(status["delivered"], records.len() as u64 - 1, "{status}");
@@ -190,7 +244,7 @@ fn killed_again_and_again_a_delivery_applies_every_record_once_in_order() {
     assert_eq!(status["unknown"], 0, "{status}");
     assert_eq!(status["retrying"], 0, "{status}");
     let committed = std::fs::metadata(dir.path().join("out/periods.ndjson")).unwrap().len();
-    assert_eq!(status["position"], committed, "{status}");
+    assert_eq!(status["positions"]["0"], committed, "{status}");
 }
 
 #[test]
@@ -291,7 +345,7 @@ fn a_bad_delivery_file_is_refused_saying_how_to_fix_it() {
 }
 
 /// The test database (`scripts/postgres`, started by `scripts/test`).
-fn postgres_url() -> String {
+pub(crate) fn postgres_url() -> String {
     std::env::var("TALLY_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://tally:tally@127.0.0.1:55432/tally".into())
 }
@@ -307,7 +361,7 @@ fn scripts_postgres(command: &str) {
 }
 
 /// A connection to the test database, retried while it restarts.
-fn database() -> postgres::Client {
+pub(crate) fn database() -> postgres::Client {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match postgres::Client::connect(&postgres_url(), postgres::NoTls) {
@@ -375,58 +429,38 @@ fn killed_again_and_again_and_across_a_database_restart_postgres_holds_each_reco
     database()
         .batch_execute(&format!(
             "CREATE TABLE {table} (idempotency_key text PRIMARY KEY, record_key jsonb NOT NULL, \
-             value jsonb NOT NULL, output_offset bigint NOT NULL, delivered_at timestamptz NOT NULL DEFAULT now());
+             value jsonb NOT NULL, output_partition integer NOT NULL, output_offset bigint NOT NULL, \
+             delivered_at timestamptz NOT NULL DEFAULT now());
              CREATE OR REPLACE FUNCTION tally_test_slow_row() RETURNS trigger LANGUAGE plpgsql AS
                $$ BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$;
              CREATE TRIGGER slow BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION tally_test_slow_row();"
         ))
         .unwrap();
-    let mut rng = Rng::new(5);
-    let (mut kills, mut restarted) = (0, false);
-    let mut rows = RowCount::of(&table);
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        assert!(Instant::now() < deadline, "the delivery never finished ({kills} kills)");
-        let mut child = Command::new(tally_binary())
-            .args(["deliver", "--until-caught-up"])
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        if kills < 24 {
-            let before = rows.now();
-            while rows.now() == before && child.try_wait().unwrap().is_none() {
-                assert!(Instant::now() < deadline, "the delivery made no progress");
-                std::thread::sleep(Duration::from_millis(5));
-            }
+    let mut restarted = false;
+    let rows = std::cell::RefCell::new(RowCount::of(&table));
+    let kills = deliver_with_kills(
+        &path,
+        24,
+        30,
+        &mut || rows.borrow_mut().now() as u64,
+        &mut |kills, child, progress| {
             if kills == 10 && !restarted {
                 // The database goes down under the deliverer, and comes back.
                 scripts_postgres("kill");
                 std::thread::sleep(Duration::from_millis(300));
                 scripts_postgres("start");
                 restarted = true;
-                let before = rows.now();
-                while rows.now() == before && child.try_wait().unwrap().is_none() {
+                let (before, until) = (progress(), Instant::now() + Duration::from_secs(60));
+                while progress() == before && child.try_wait().unwrap().is_none() {
                     assert!(
-                        Instant::now() < deadline,
+                        Instant::now() < until,
                         "the delivery did not resume after the restart"
                     );
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
-            std::thread::sleep(Duration::from_millis(rng.below(30)));
-            if child.try_wait().unwrap().is_none() {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                kills += 1;
-                continue;
-            }
-        }
-        assert!(child.wait().unwrap().success(), "the last delivery failed");
-        break;
-    }
+        },
+    );
     eprintln!("{kills} kills, {} records", records.len());
     assert!(kills >= 20 && restarted, "only {kills} kills landed mid-delivery");
 
@@ -451,7 +485,7 @@ fn killed_again_and_again_and_across_a_database_restart_postgres_holds_each_reco
     }
     let committed = std::fs::metadata(dir.path().join("out/periods.ndjson")).unwrap().len() as i64;
     let position: i64 = client
-        .query_one("SELECT output_offset FROM tally_delivery_positions WHERE delivery = 'billing/periods' AND target_table = $1", &[&table])
+        .query_one("SELECT output_offset FROM tally_delivery_positions WHERE delivery = 'billing/periods' AND target_table = $1 AND output_partition = 0", &[&table])
         .map(|row| row.get(0))
         .unwrap_or(-1);
     assert_eq!(position, committed);

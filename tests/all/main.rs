@@ -9,6 +9,7 @@ mod plugins {
 mod closed_wasi;
 mod crash;
 mod deliver;
+mod deliver_kafka;
 mod hostile;
 mod hostile_api;
 mod hostile_uploads;

@@ -25,13 +25,13 @@ use crate::kafka_restore::run as run_to_end;
 use crate::periods::{Record, check_dead_letters, check_facts, counts, first_run};
 use crate::plugins::BILLING_PERIODS;
 
-const PARTITIONS: usize = 5;
+pub(crate) const PARTITIONS: usize = 5;
 /// Lines of each of partitions 0 to 2 sent again in the second run.
 const RETRIED: usize = 150;
 
 /// The job file of one process of a period job over `job`'s topics (its
 /// `totals` topic takes the FINAL and ADJUSTMENT records).
-fn write_job_file(
+pub(crate) fn write_job_file(
     job: &KafkaBillingJob,
     dir: &Path,
     state: &Path,
@@ -56,7 +56,7 @@ fn write_job_file(
 }
 
 /// Produces `lines` (partition, line), keyed by customer.
-fn produce(job: &KafkaBillingJob, lines: &[(usize, &PeriodLine)]) {
+pub(crate) fn produce(job: &KafkaBillingJob, lines: &[(usize, &PeriodLine)]) {
     let records: Vec<(i32, &str, &str)> = lines
         .iter()
         .map(|(partition, line)| {
@@ -104,7 +104,7 @@ fn check_topics(job: &KafkaBillingJob, expected: &Expected) -> BTreeSet<String> 
     finals
 }
 
-fn input_checked(seed: u64, per_partition: usize) -> (PeriodInput, Expected) {
+pub(crate) fn input_checked(seed: u64, per_partition: usize) -> (PeriodInput, Expected) {
     let input = generate(seed, per_partition);
     let expected = expect(&runs(&input));
     let kinds = counts(&expected);
@@ -114,11 +114,11 @@ fn input_checked(seed: u64, per_partition: usize) -> (PeriodInput, Expected) {
     (input, expected)
 }
 
-fn first_run_lines(input: &PeriodInput) -> Vec<(usize, &PeriodLine)> {
+pub(crate) fn first_run_lines(input: &PeriodInput) -> Vec<(usize, &PeriodLine)> {
     first_run(input).into_iter().map(|(partition, _, line)| (partition, line)).collect()
 }
 
-fn second_run_lines(input: &PeriodInput) -> Vec<(usize, &PeriodLine)> {
+pub(crate) fn second_run_lines(input: &PeriodInput) -> Vec<(usize, &PeriodLine)> {
     runs(input)[1].iter().map(|&(partition, _, line)| (partition, line)).collect()
 }
 

@@ -117,9 +117,10 @@ fn tally(
         output: "totals".into(),
         dead_letters: state_dir.join("dead-letters.ndjson"),
         state_dir: state_dir.clone(),
+        ledger_topic: None,
         target,
     };
-    let source = LocalOutput::new(
+    let mut source = LocalOutput::new(
         output.to_path_buf(),
         store.to_path_buf(),
         state_dir.join("job-view"),
@@ -128,7 +129,8 @@ fn tally(
     let started = Instant::now();
     let summary = tally_deliver::run(
         &settings,
-        source,
+        &mut source,
+        None,
         Arc::new(AtomicBool::new(false)),
         RunOptions { until_caught_up: true },
     )
@@ -147,6 +149,7 @@ fn bare_http(url: &str, records: &[Record]) -> f64 {
         .iter()
         .enumerate()
         .map(|(offset, record)| OutputRecord {
+            partition: 0,
             offset: offset as u64,
             idempotency_key: record.key.clone(),
             order_key: record.order_key.clone(),
@@ -167,6 +170,9 @@ fn bare_http(url: &str, records: &[Record]) -> f64 {
     records.len() as f64 / started.elapsed().as_secs_f64()
 }
 
+/// The output partition of every row (a local output has one).
+const PARTITION: i32 = 0;
+
 /// A bare PostgreSQL client: the same rows, in transactions of 500, with
 /// no position: its records/s.
 fn bare_postgres(url: &str, table: &str, records: &[Record]) -> f64 {
@@ -174,33 +180,35 @@ fn bare_postgres(url: &str, table: &str, records: &[Record]) -> f64 {
     client
         .batch_execute(&format!(
             "CREATE TABLE {table} (idempotency_key text PRIMARY KEY, record_key jsonb NOT NULL, value jsonb NOT NULL, \
-             output_offset bigint NOT NULL, delivered_at timestamptz NOT NULL DEFAULT now())"
+             output_partition integer NOT NULL, output_offset bigint NOT NULL, delivered_at timestamptz NOT NULL DEFAULT now())"
         ))
         .unwrap();
     let started = Instant::now();
     for (chunk_index, chunk) in records.chunks(BATCH).enumerate() {
         let mut sql = format!(
-            "INSERT INTO {table} (idempotency_key, record_key, value, output_offset) VALUES "
+            "INSERT INTO {table} (idempotency_key, record_key, value, output_partition, output_offset) VALUES "
         );
         let offsets: Vec<i64> =
             (0..chunk.len()).map(|i| (chunk_index * BATCH + i) as i64).collect();
         let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
         for (index, record) in chunk.iter().enumerate() {
-            let base = index * 4;
+            let base = index * 5;
             if index > 0 {
                 sql.push_str(", ");
             }
             sql.push_str(&format!(
-                "(${}, ${}::text::jsonb, ${}::text::jsonb, ${})",
+                "(${}, ${}::text::jsonb, ${}::text::jsonb, ${}, ${})",
                 base + 1,
                 base + 2,
                 base + 3,
-                base + 4
+                base + 4,
+                base + 5
             ));
             params.extend([
                 &record.key as &(dyn postgres::types::ToSql + Sync),
                 &record.order_key,
                 &record.body,
+                &PARTITION,
                 &offsets[index],
             ]);
         }
