@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
+use crate::attempts::AttemptWriter;
 use crate::dead_letters::{DeadLetter, DeadLetters};
 use crate::http::{Attempt, HttpTarget, Lookup};
 use crate::ledger::{Entry, Ledger, LedgerError, Mirror, Outcome, Stats};
@@ -42,6 +43,14 @@ const REPORT_BATCH: Duration = Duration::from_millis(1);
 const SLEEP_STEP: Duration = Duration::from_millis(50);
 /// Delivery latencies kept for the percentiles in the ledger's stats.
 const LATENCY_SAMPLES: usize = 1024;
+/// Most records a lane claims in one ledger write: before it sends a
+/// record the ledger has no entry for, it writes the first attempt of the
+/// next ones queued behind it too (each "may be applied" from then on: a
+/// little early, which only shortens its re-send window).
+const CLAIM_AHEAD: usize = 4;
+/// A claim older than this when its record's turn comes (the lane was
+/// busy retrying an earlier record) is written anew before the request.
+const CLAIM_FRESH_MS: i64 = 100;
 
 /// A delivery that cannot go on.
 #[derive(Debug, thiserror::Error)]
@@ -108,21 +117,18 @@ enum ToLane {
     /// Deliver a record (unless its key is held back), with its ledger
     /// entry if it has one.
     Deliver(OutputRecord, Option<Entry>),
+    /// Deliver a record whose first attempt this lane already wrote (a
+    /// claim ahead of its send): its entry as written.
+    Claimed(OutputRecord, Entry),
     /// A parked record of this key is settled: its key goes on.
     Release(String),
 }
 
 /// What a lane reports.
 enum FromLane {
-    /// The record at this partition and offset is settled; its entry,
-    /// when the main thread is to write it (a delivery, written in
-    /// batches).
-    Settled {
-        at: (u32, u64),
-        outcome: Outcome,
-        latency: Option<Duration>,
-        write: Option<(String, Entry)>,
-    },
+    /// The record at this partition and offset is settled (its entry is
+    /// written, or queued with the attempt writer).
+    Settled { at: (u32, u64), outcome: Outcome, latency: Option<Duration> },
     /// The record is parked as `unknown`; its key is held back.
     Parked(OutputRecord),
     /// The record came after a parked one of its key: held back.
@@ -168,6 +174,7 @@ pub fn run(
         }
     };
     let target = Arc::new(HttpTarget::new(http.clone()));
+    let attempts = Arc::new(AttemptWriter::start(ledger.clone()));
     let lane_count = http.max_in_flight;
     let (report, reports) = mpsc::channel();
     let mut lanes = Vec::with_capacity(lane_count);
@@ -178,6 +185,7 @@ pub fn run(
             http: http.clone(),
             target: target.clone(),
             ledger: ledger.clone(),
+            attempts: attempts.clone(),
             dead_letters: dead_letters.clone(),
             stop: stop.clone(),
             report: report.clone(),
@@ -200,7 +208,7 @@ pub fn run(
         held: HashMap::new(),
         latencies: VecDeque::new(),
         summary: RunSummary::default(),
-        writes: Vec::new(),
+        attempts: attempts.clone(),
     };
     let resolutions = crate::resolve::Inbox::new(&settings.state_dir);
     let result = main.run(source, &reports, &resolutions, &stop, options);
@@ -210,15 +218,12 @@ pub fn run(
     for worker in workers {
         let _ = worker.join();
     }
-    let mut writes = Vec::new();
     while let Ok(report) = reports.try_recv() {
-        if let FromLane::Settled { outcome, write, .. } = report {
+        if let FromLane::Settled { outcome, .. } = report {
             main.summary.count(outcome);
-            writes.extend(write);
         }
     }
-    writes.append(&mut main.writes);
-    ledger.put_many(&writes)?;
+    attempts.flush()?;
     let mut summary = result?;
     summary.delivered = main.summary.delivered;
     summary.failed = main.summary.failed;
@@ -255,8 +260,8 @@ struct Main {
     held: HashMap<String, VecDeque<OutputRecord>>,
     latencies: VecDeque<u64>,
     summary: RunSummary,
-    /// Deliveries the lanes reported, to write in one batch.
-    writes: Vec<(String, Entry)>,
+    /// The writer of the lanes' entries (deliveries among them).
+    attempts: Arc<AttemptWriter>,
 }
 
 impl Main {
@@ -322,13 +327,13 @@ impl Main {
                     break;
                 }
             }
-            // Deliveries are in the ledger before the position passes them.
-            self.ledger.put_many(&std::mem::take(&mut self.writes))?;
             let positions = self.positions(&read_to);
             let idle = source.caught_up() && self.pending.is_empty();
             // Synced at most each poll while busy (a lost position only
             // means settled records are read again and skipped).
             if positions != written && (idle || position_written.elapsed() >= POLL) {
+                // Deliveries are in the ledger before the position passes them.
+                self.attempts.flush()?;
                 self.ledger.set_positions(&positions)?;
                 written = positions.clone();
                 position_written = Instant::now();
@@ -343,6 +348,7 @@ impl Main {
                 || (options.until_caught_up && source.caught_up() && waiting_only)
             {
                 if positions != written {
+                    self.attempts.flush()?;
                     self.ledger.set_positions(&positions)?;
                 }
                 self.write_stats()?;
@@ -438,9 +444,8 @@ impl Main {
 
     fn on_report(&mut self, report: FromLane) -> Result<(), DeliverError> {
         match report {
-            FromLane::Settled { at, outcome, latency, write } => {
+            FromLane::Settled { at, outcome, latency } => {
                 self.pending.remove(&at);
-                self.writes.extend(write);
                 self.summary.count(outcome);
                 if let Some(latency) = latency {
                     if self.latencies.len() == LATENCY_SAMPLES {
@@ -511,6 +516,7 @@ struct Lane {
     http: HttpSettings,
     target: Arc<HttpTarget>,
     ledger: Arc<Ledger>,
+    attempts: Arc<AttemptWriter>,
     dead_letters: Arc<DeadLetters>,
     stop: Arc<AtomicBool>,
     report: Sender<FromLane>,
@@ -521,49 +527,109 @@ struct Lane {
 
 /// How one record's delivery ended in a lane.
 enum Ended {
-    /// Settled, with the entry the main thread writes (a delivery).
-    Settled(Outcome, Option<Duration>, Option<(String, Entry)>),
+    /// Settled (a delivery, with its latency).
+    Settled(Outcome, Option<Duration>),
     Parked,
     Stopped,
 }
 
 impl Lane {
     fn run(mut self, inbox: Receiver<ToLane>) {
-        for message in inbox {
-            match message {
+        // Messages taken from the inbox ahead of their turn (to claim).
+        let mut ahead: VecDeque<ToLane> = VecDeque::new();
+        loop {
+            let message = match ahead.pop_front() {
+                Some(message) => message,
+                None => match inbox.recv() {
+                    Ok(message) => message,
+                    Err(_) => return,
+                },
+            };
+            let (record, mut known, mut claimed) = match message {
                 ToLane::Release(order_key) => {
                     self.held_back.remove(&order_key);
+                    continue;
                 }
-                ToLane::Deliver(record, first) => {
-                    if self.held_back.contains(&record.order_key) {
-                        let _ = self.report.send(FromLane::Held(record));
-                        continue;
-                    }
-                    let report = match self.deliver(&record, first) {
-                        Ok(Ended::Settled(outcome, latency, write)) => FromLane::Settled {
-                            at: (record.partition, record.offset),
-                            outcome,
-                            latency,
-                            write,
-                        },
-                        Ok(Ended::Parked) => {
-                            self.held_back.insert(record.order_key.clone());
-                            FromLane::Parked(record)
-                        }
-                        Ok(Ended::Stopped) => return,
-                        Err(err) => FromLane::Fatal(err),
-                    };
-                    if self.report.send(report).is_err() {
-                        return;
+                ToLane::Deliver(record, known) => (record, known, false),
+                ToLane::Claimed(record, entry) => (record, Some(entry), true),
+            };
+            if self.held_back.contains(&record.order_key) {
+                let _ = self.report.send(FromLane::Held(record));
+                continue;
+            }
+            if known.is_none() {
+                // Its first attempt, and those of the next ones the ledger
+                // does not know, in one write.
+                let entry = first_attempt(&record);
+                let mut claims = vec![(record.idempotency_key.clone(), entry.clone())];
+                let later = self.claim_ahead(&inbox, &mut ahead, &mut claims);
+                if let Err(err) = self.attempts.write_many(&claims) {
+                    let _ = self.report.send(FromLane::Fatal(err.into()));
+                    return;
+                }
+                for (index, (_, entry)) in later.into_iter().zip(&claims[1..]) {
+                    let taken =
+                        std::mem::replace(&mut ahead[index], ToLane::Release(String::new()));
+                    if let ToLane::Deliver(next, None) = taken {
+                        ahead[index] = ToLane::Claimed(next, entry.clone());
                     }
                 }
+                (known, claimed) = (Some(entry), true);
+            }
+            let report = match self.deliver(&record, known, claimed) {
+                Ok(Ended::Settled(outcome, latency)) => {
+                    FromLane::Settled { at: (record.partition, record.offset), outcome, latency }
+                }
+                Ok(Ended::Parked) => {
+                    self.held_back.insert(record.order_key.clone());
+                    FromLane::Parked(record)
+                }
+                Ok(Ended::Stopped) => return,
+                Err(err) => FromLane::Fatal(err),
+            };
+            if self.report.send(report).is_err() {
+                return;
             }
         }
     }
 
+    /// Adds to `claims` the first attempts of the records queued behind
+    /// the current one (up to [`CLAIM_AHEAD`] in all, taken from the
+    /// inbox; none of a key held back) that the ledger has no entry for;
+    /// returns their places in `ahead`.
+    fn claim_ahead(
+        &self,
+        inbox: &Receiver<ToLane>,
+        ahead: &mut VecDeque<ToLane>,
+        claims: &mut Vec<(String, Entry)>,
+    ) -> Vec<usize> {
+        while ahead.len() < CLAIM_AHEAD - 1 {
+            match inbox.try_recv() {
+                Ok(message) => ahead.push_back(message),
+                Err(_) => break,
+            }
+        }
+        let mut claimed = Vec::new();
+        for (index, message) in ahead.iter().enumerate() {
+            if let ToLane::Deliver(next, None) = message
+                && !self.held_back.contains(&next.order_key)
+            {
+                claims.push((next.idempotency_key.clone(), first_attempt(next)));
+                claimed.push(index);
+            }
+        }
+        claimed
+    }
+
     /// Sends `record` until it settles, parks, or the run stops; `known`
-    /// is its ledger entry, if it has one.
-    fn deliver(&self, record: &OutputRecord, known: Option<Entry>) -> Result<Ended, DeliverError> {
+    /// is its ledger entry, if it has one (`claimed`: its first attempt,
+    /// already written).
+    fn deliver(
+        &self,
+        record: &OutputRecord,
+        known: Option<Entry>,
+        mut claimed: bool,
+    ) -> Result<Ended, DeliverError> {
         let key = &record.idempotency_key;
         let digest = body_digest(&record.body);
         let mut entry =
@@ -577,6 +643,12 @@ impl Lane {
                 now: digest,
             });
         }
+        // The lane knows a record it claimed was not sent yet: a claim that
+        // has aged is renewed at the send, so the retention counts from it.
+        if claimed && now_ms() - entry.first_attempt_ms > CLAIM_FRESH_MS {
+            entry = Entry::unsent(record.partition, record.offset, digest.clone());
+            claimed = false;
+        }
         let started = Instant::now();
         let mut failures_here: u32 = 0;
         loop {
@@ -588,7 +660,7 @@ impl Lane {
                 && let Some(current) = self.ledger.entry(key)?
             {
                 if current.outcome == Outcome::Delivered {
-                    return Ok(Ended::Settled(Outcome::Delivered, None, None));
+                    return Ok(Ended::Settled(Outcome::Delivered, None));
                 }
                 entry = current;
             }
@@ -608,7 +680,7 @@ impl Lane {
                         entry.outcome = Outcome::Delivered;
                         entry.last_error = None;
                         self.ledger.put(key, &entry)?;
-                        return Ok(Ended::Settled(Outcome::Delivered, None, None));
+                        return Ok(Ended::Settled(Outcome::Delivered, None));
                     }
                     Some(Lookup::NeverApplied) => {
                         entry.maybe_applied_since_ms = None;
@@ -631,15 +703,20 @@ impl Lane {
             // record as possibly applied, its retention running. (Its
             // delivery is written by the main thread, with others.)
             let since_before = entry.maybe_applied_since_ms;
-            entry.attempting(now_ms());
-            self.ledger.put(key, &entry)?;
-            self.ledger.mirror_flush()?;
+            if std::mem::take(&mut claimed) {
+                entry.last_attempt_ms = now_ms();
+            } else {
+                entry.attempting(now_ms());
+                self.attempts.write_many(&[(key.clone(), entry.clone())])?;
+            }
             match self.target.send(record) {
                 Attempt::Delivered => {
                     entry.outcome = Outcome::Delivered;
                     entry.last_error = None;
-                    let write = Some((key.clone(), entry));
-                    return Ok(Ended::Settled(Outcome::Delivered, Some(started.elapsed()), write));
+                    // Written by the attempt writer with the next batch;
+                    // the position waits for it.
+                    self.attempts.submit(&[(key.clone(), entry)]);
+                    return Ok(Ended::Settled(Outcome::Delivered, Some(started.elapsed())));
                 }
                 Attempt::Refused { status, answer } => {
                     let letter = DeadLetter {
@@ -663,7 +740,7 @@ impl Lane {
                     entry.outcome = Outcome::Failed;
                     entry.last_error = Some(format!("refused with {status}"));
                     self.ledger.put(key, &entry)?;
-                    return Ok(Ended::Settled(Outcome::Failed, None, None));
+                    return Ok(Ended::Settled(Outcome::Failed, None));
                 }
                 Attempt::Retry { reason, maybe_applied, retry_after } => {
                     if !maybe_applied {
@@ -708,6 +785,13 @@ impl Lane {
         }
         !self.stop.load(Ordering::SeqCst)
     }
+}
+
+/// The entry of `record`'s first request, about to go out.
+fn first_attempt(record: &OutputRecord) -> Entry {
+    let mut entry = Entry::unsent(record.partition, record.offset, body_digest(&record.body));
+    entry.attempting(now_ms());
+    entry
 }
 
 /// SHA-256 of a body, in hex.

@@ -264,6 +264,11 @@ impl Ledger {
         self.mirror_flush()
     }
 
+    /// A failure of this ledger, for `reason`.
+    pub(crate) fn failed(&self, reason: String) -> LedgerError {
+        LedgerError::new(&self.path, reason)
+    }
+
     /// Makes every write so far durable.
     pub fn sync(&self) -> Result<(), LedgerError> {
         self.db.flush_wal(true).map_err(|err| error(&self.path, err))

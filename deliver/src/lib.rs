@@ -7,6 +7,7 @@
 //! See `docs/delivery.md`.
 #![warn(missing_docs)]
 
+pub mod attempts;
 pub mod dead_letters;
 pub mod deliverer;
 pub mod http;

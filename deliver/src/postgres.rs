@@ -122,26 +122,35 @@ impl Target {
         to: &Positions,
     ) -> Result<bool, DbFailure> {
         let mut transaction = self.client.transaction()?;
-        // One transaction of this delivery at a time, new partitions too.
-        transaction.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-            &[&format!("{POSITIONS_TABLE}/{}/{}", self.delivery, self.table_name)],
-        )?;
-        let rows = transaction.query(
-            &format!(
-                "SELECT output_partition, output_offset FROM {POSITIONS_TABLE} WHERE delivery = $1 AND target_table = $2"
-            ),
-            &[&self.delivery, &self.table_name],
-        )?;
-        let now: Positions = rows
-            .iter()
-            .map(|row| (row.get::<_, i32>(0) as u32, row.get::<_, i64>(1) as u64))
-            .collect();
-        let moved = |partition: &u32| {
-            now.get(partition).copied().unwrap_or(0) != from.get(partition).copied().unwrap_or(0)
-        };
-        if to.keys().any(moved) {
-            return Ok(false);
+        // Each partition's position moves from `from` to `to` only if it
+        // is still `from` (a compare-and-set that locks its row; a
+        // partition new to the delivery gets a row only if no one else
+        // made it).
+        for (&partition, &offset) in to {
+            let was = from.get(&partition).copied();
+            if was == Some(offset) {
+                continue;
+            }
+            let (partition, offset) = (partition as i32, offset as i64);
+            let moved = match was {
+                Some(was) => transaction.execute(
+                    &format!(
+                        "UPDATE {POSITIONS_TABLE} SET output_offset = $4, updated_at = now() \
+                         WHERE delivery = $1 AND target_table = $2 AND output_partition = $3 AND output_offset = $5"
+                    ),
+                    &[&self.delivery, &self.table_name, &partition, &offset, &(was as i64)],
+                )?,
+                None => transaction.execute(
+                    &format!(
+                        "INSERT INTO {POSITIONS_TABLE} (delivery, target_table, output_partition, output_offset) \
+                         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"
+                    ),
+                    &[&self.delivery, &self.table_name, &partition, &offset],
+                )?,
+            };
+            if moved != 1 {
+                return Ok(false);
+            }
         }
         if !records.is_empty() {
             let mut sql = format!(
@@ -189,18 +198,6 @@ impl Target {
                 params.push(offset);
             }
             transaction.execute(&sql, &params)?;
-        }
-        for (&partition, &offset) in to {
-            if from.get(&partition) == Some(&offset) {
-                continue;
-            }
-            transaction.execute(
-                &format!(
-                    "INSERT INTO {POSITIONS_TABLE} (delivery, target_table, output_partition, output_offset) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (delivery, target_table, output_partition) DO UPDATE SET output_offset = EXCLUDED.output_offset, updated_at = now()"
-                ),
-                &[&self.delivery, &self.table_name, &(partition as i32), &(offset as i64)],
-            )?;
         }
         transaction.commit()?;
         Ok(true)

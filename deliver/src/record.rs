@@ -12,7 +12,7 @@ use crate::source::{KafkaRecord, Payload};
 pub const MAX_RECORD_BYTES: usize = 1 << 20;
 
 /// A committed output record, ready to deliver.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutputRecord {
     /// Its partition (0 for a local output).
     pub partition: u32,
