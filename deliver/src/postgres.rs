@@ -6,11 +6,16 @@
 //! not, by reading the positions back. The schema is in `docs/delivery.md`.
 
 use std::str::FromStr as _;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use postgres::config::SslMode;
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject as _;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::dead_letters::{DeadLetter, DeadLetters, malformed_key};
 use crate::deliverer::{DeliverError, RunOptions, RunSummary};
@@ -37,6 +42,11 @@ enum DbFailure {
 
 impl From<postgres::Error> for DbFailure {
     fn from(err: postgres::Error) -> DbFailure {
+        if let Some(refused) = tls_refusal(&err) {
+            return DbFailure::Fatal(format!(
+                "TLS to PostgreSQL failed: {refused}; set postgres.ca_file to the certificate (PEM) that signs the server's"
+            ));
+        }
         let Some(db) = err.as_db_error() else {
             return DbFailure::Retry(err.to_string());
         };
@@ -54,6 +64,26 @@ impl From<postgres::Error> for DbFailure {
     }
 }
 
+/// The TLS error in `err`'s causes, if a handshake failed: a certificate
+/// that does not verify is a setting to fix, not a failure to retry.
+fn tls_refusal(err: &postgres::Error) -> Option<String> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    while let Some(error) = cause {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(tls) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls.to_string());
+        }
+        cause = error.source();
+    }
+    None
+}
+
 /// A connection to the target database.
 struct Target {
     client: Client,
@@ -69,12 +99,12 @@ impl Target {
         let mut config = postgres::Config::from_str(&settings.url)
             .map_err(|err| DbFailure::Fatal(format!("postgres.url does not parse: {err}")))?;
         config.connect_timeout(Duration::from_secs(10));
-        if config.get_ssl_mode() == postgres::config::SslMode::Require {
-            return Err(DbFailure::Fatal(
-                "postgres.url asks for TLS (sslmode=require), which this build does not do yet; connect over loopback or a tunnel with sslmode=disable".into(),
-            ));
-        }
-        let mut client = config.connect(NoTls)?;
+        // The operator sees the deliverer in pg_stat_activity.
+        config.application_name(&format!("tally deliver {delivery}"));
+        let mut client = match config.get_ssl_mode() {
+            SslMode::Require => config.connect(tls(settings).map_err(DbFailure::Fatal)?)?,
+            _ => config.connect(NoTls)?,
+        };
         let table = quoted(&settings.table);
         client.batch_execute(&format!(
             "CREATE TABLE IF NOT EXISTS {table} (
@@ -202,6 +232,45 @@ impl Target {
         transaction.commit()?;
         Ok(true)
     }
+}
+
+/// TLS for `sslmode=require`: the server's certificate verified against
+/// `ca_file`, or the system's roots.
+fn tls(settings: &PostgresSettings) -> Result<MakeRustlsConnect, String> {
+    // ring, as the HTTP target's TLS (ureq) uses: the only provider in
+    // the tree (aws-lc-rs would add a C build). rustls deprecates it for
+    // lacking post-quantum key exchange.
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|err| format!("TLS to PostgreSQL: {err}"))?;
+    let config = match &settings.ca_file {
+        Some(path) => {
+            let unreadable = |err: &dyn std::fmt::Display| {
+                format!(
+                    "postgres.ca_file `{}` cannot be read as PEM certificates: {err}",
+                    path.display()
+                )
+            };
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(path).map_err(|err| unreadable(&err))? {
+                roots.add(cert.map_err(|err| unreadable(&err))?).map_err(|err| unreadable(&err))?;
+            }
+            if roots.is_empty() {
+                return Err(unreadable(&"it holds no certificate"));
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+        None => {
+            use rustls_platform_verifier::BuilderVerifierExt as _;
+            builder
+                .with_platform_verifier()
+                .map_err(|err| format!("TLS to PostgreSQL: the system's roots: {err}"))?
+                .with_no_client_auth()
+        }
+    };
+    Ok(MakeRustlsConnect::new(config))
 }
 
 /// `name` or `schema.name` as quoted identifiers (the settings checked

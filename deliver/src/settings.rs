@@ -36,6 +36,8 @@ struct PostgresTable {
     delivery: Option<String>,
     #[serde(default)]
     batch_size: Option<usize>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
 }
 
 /// The `[http]` table as written.
@@ -124,6 +126,9 @@ pub struct PostgresSettings {
     pub delivery: Option<String>,
     /// Records per transaction.
     pub batch_size: usize,
+    /// The certificates (PEM) that sign the server's, for `sslmode=require`
+    /// (default: the system's roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for PostgresSettings {
@@ -229,7 +234,10 @@ impl DeliverSettings {
         let resolve = |path: PathBuf| if path.is_relative() { base.join(path) } else { path };
         let target = match (file.http, file.postgres) {
             (Some(http), None) => Target::Http(HttpSettings::from_table(http)?),
-            (None, Some(postgres)) => Target::Postgres(PostgresSettings::from_table(postgres)?),
+            (None, Some(mut postgres)) => {
+                postgres.ca_file = postgres.ca_file.map(resolve);
+                Target::Postgres(PostgresSettings::from_table(postgres)?)
+            }
             (None, None) => {
                 return Err(invalid(
                     "http",
@@ -310,6 +318,7 @@ impl PostgresSettings {
             table: table.table,
             delivery: table.delivery,
             batch_size,
+            ca_file: table.ca_file,
         })
     }
 }

@@ -413,7 +413,8 @@ pub(crate) fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://tally:tally@127.0.0.1:55432/tally".into())
 }
 
-fn scripts_postgres(command: &str) {
+/// Runs `scripts/postgres command`: what it printed.
+fn scripts_postgres(command: &str) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/postgres");
     let output = Command::new(script).arg(command).output().unwrap();
     assert!(
@@ -421,6 +422,7 @@ fn scripts_postgres(command: &str) {
         "scripts/postgres {command}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
+    String::from_utf8(output.stdout).unwrap()
 }
 
 /// A connection to the test database, retried while it restarts.
@@ -553,5 +555,72 @@ fn killed_again_and_again_and_across_a_database_restart_postgres_holds_each_reco
         .unwrap_or(-1);
     assert_eq!(position, committed);
     assert!(dead_letter_keys(dir.path()).is_empty());
+    client.batch_execute(&format!("DROP TABLE {table}")).unwrap();
+}
+
+#[test]
+fn into_postgres_over_tls_the_servers_certificate_is_verified() {
+    let _serial = tally_tests::kafka::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (job, records) = period_job(dir.path(), 150);
+    let ca = scripts_postgres("ca").trim().to_string();
+    let table = format!("tls_periods_{}", std::process::id());
+    let url = format!("{}?sslmode=require", postgres_url());
+    let target = |ca_file: &str| {
+        format!("[postgres]\nurl = {url:?}\ntable = {table:?}\nca_file = {ca_file:?}")
+    };
+    // A certificate that signs nothing of the server's: refused at once,
+    // saying what to set.
+    let other = dir.path().join("other");
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=other"])
+        .arg("-keyout")
+        .arg(other.with_extension("key"))
+        .arg("-out")
+        .arg(other.with_extension("crt"))
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let other_ca = other.with_extension("crt").display().to_string();
+    let wrong =
+        write_delivery_file(dir.path(), "wrong.toml", &job, "wrong-state", &target(&other_ca));
+    let refused = deliver(&["--until-caught-up"], &wrong);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("postgres.ca_file"), "{stderr}");
+
+    // The right one: every record lands, over TLS.
+    let file = write_delivery_file(dir.path(), "tls.toml", &job, "tls-state", &target(&ca));
+    let log = dir.path().join("deliver.log");
+    let mut child = Command::new(tally_binary())
+        .arg("deliver")
+        .arg(&file)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut client = database();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let count = format!("SELECT count(*) FROM {table}");
+    while client.query_one(&count, &[]).map_or(0, |row| row.get::<_, i64>(0)) < records.len() as i64
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the records did not land: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let over_tls: Vec<bool> = client
+        .query(
+            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = 'tally deliver billing/periods'",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(over_tls, vec![true], "the deliverer's connections");
     client.batch_execute(&format!("DROP TABLE {table}")).unwrap();
 }

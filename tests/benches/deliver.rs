@@ -279,6 +279,7 @@ fn main() {
                 table: table.clone(),
                 delivery: Some(table.clone()),
                 batch_size: BATCH,
+                ca_file: None,
             });
             let rate =
                 tally(dir.path(), &format!("pg-{round}"), &output, &store, target, records.len());
