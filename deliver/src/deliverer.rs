@@ -562,17 +562,11 @@ impl Lane {
                 // does not know, in one write.
                 let entry = first_attempt(&record);
                 let mut claims = vec![(record.idempotency_key.clone(), entry.clone())];
-                let later = self.claim_ahead(&inbox, &mut ahead, &mut claims);
+                self.claim_ahead(&inbox, &mut ahead, &mut claims);
+                // (A failed write ends the lane: the claims go with it.)
                 if let Err(err) = self.attempts.write_many(&claims) {
                     let _ = self.report.send(FromLane::Fatal(err.into()));
                     return;
-                }
-                for (index, (_, entry)) in later.into_iter().zip(&claims[1..]) {
-                    let taken =
-                        std::mem::replace(&mut ahead[index], ToLane::Release(String::new()));
-                    if let ToLane::Deliver(next, None) = taken {
-                        ahead[index] = ToLane::Claimed(next, entry.clone());
-                    }
                 }
                 (known, claimed) = (Some(entry), true);
             }
@@ -593,32 +587,31 @@ impl Lane {
         }
     }
 
-    /// Adds to `claims` the first attempts of the records queued behind
-    /// the current one (up to [`CLAIM_AHEAD`] in all, taken from the
-    /// inbox; none of a key held back) that the ledger has no entry for;
-    /// returns their places in `ahead`.
+    /// Turns the records queued behind the current one (up to
+    /// [`CLAIM_AHEAD`] in all, taken from the inbox; none of a key held
+    /// back) that the ledger has no entry for into claimed deliveries,
+    /// their first attempts added to `claims` (written by the caller).
     fn claim_ahead(
         &self,
         inbox: &Receiver<ToLane>,
         ahead: &mut VecDeque<ToLane>,
         claims: &mut Vec<(String, Entry)>,
-    ) -> Vec<usize> {
+    ) {
         while ahead.len() < CLAIM_AHEAD - 1 {
             match inbox.try_recv() {
                 Ok(message) => ahead.push_back(message),
                 Err(_) => break,
             }
         }
-        let mut claimed = Vec::new();
-        for (index, message) in ahead.iter().enumerate() {
+        for message in ahead.iter_mut() {
             if let ToLane::Deliver(next, None) = message
                 && !self.held_back.contains(&next.order_key)
             {
-                claims.push((next.idempotency_key.clone(), first_attempt(next)));
-                claimed.push(index);
+                let entry = first_attempt(next);
+                claims.push((next.idempotency_key.clone(), entry.clone()));
+                *message = ToLane::Claimed(std::mem::take(next), entry);
             }
         }
-        claimed
     }
 
     /// Sends `record` until it settles, parks, or the run stops; `known`
