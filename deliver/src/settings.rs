@@ -71,8 +71,37 @@ struct HttpTable {
     secret_env: Option<String>,
 }
 
+/// The `[http]` settings a tenant of `tally serve` gives in a served
+/// job's `[[deliver]]` section: everything but the secret header, which
+/// only the operator sets (the host file's `[tenants.<name>.deliver]`).
+/// Each field means what it means in a delivery file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct TenantHttpTable {
+    pub url: String,
+    #[serde(default)]
+    pub idempotency_header: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub connect_timeout: Option<String>,
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
+    #[serde(default)]
+    pub key_retention: Option<String>,
+    #[serde(default)]
+    pub lookup_url: Option<String>,
+    #[serde(default)]
+    pub body: Option<Body>,
+    #[serde(default)]
+    pub retry_initial: Option<String>,
+    #[serde(default)]
+    pub retry_max: Option<String>,
+}
+
 /// What a request's body is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Body {
     /// The record's `value`, as the job wrote it (the default).
@@ -280,6 +309,23 @@ impl DeliverSettings {
 }
 
 impl PostgresSettings {
+    /// A served job's PostgreSQL target: the operator's database (`url`,
+    /// `ca_file`), the tenant's `table` and `batch_size`.
+    pub fn for_tenant(
+        url: &str,
+        table: &str,
+        batch_size: Option<usize>,
+        ca_file: Option<PathBuf>,
+    ) -> Result<PostgresSettings, SettingsError> {
+        PostgresSettings::from_table(PostgresTable {
+            url: url.to_string(),
+            table: table.to_string(),
+            delivery: None,
+            batch_size,
+            ca_file,
+        })
+    }
+
     fn from_table(table: PostgresTable) -> Result<PostgresSettings, SettingsError> {
         if !(table.url.starts_with("postgres://") || table.url.starts_with("postgresql://")) {
             return Err(invalid(
@@ -324,6 +370,30 @@ impl PostgresSettings {
 }
 
 impl HttpSettings {
+    /// A served job's HTTP target: the tenant's settings, with the secret
+    /// header the operator configured for the tenant (if any).
+    pub fn for_tenant(
+        table: TenantHttpTable,
+        secret: Option<(String, String)>,
+    ) -> Result<HttpSettings, SettingsError> {
+        let settings = HttpSettings::from_table(HttpTable {
+            url: table.url,
+            idempotency_header: table.idempotency_header,
+            timeout: table.timeout,
+            connect_timeout: table.connect_timeout,
+            max_in_flight: table.max_in_flight,
+            key_retention: table.key_retention,
+            lookup_url: table.lookup_url,
+            body: table.body,
+            retry_initial: table.retry_initial,
+            retry_max: table.retry_max,
+            secret_header: None,
+            secret_file: None,
+            secret_env: None,
+        })?;
+        Ok(HttpSettings { secret, ..settings })
+    }
+
     fn from_table(table: HttpTable) -> Result<HttpSettings, SettingsError> {
         check_url("http.url", &table.url)?;
         if let Some(lookup) = &table.lookup_url {
@@ -346,11 +416,7 @@ impl HttpSettings {
         }
         let header = |key: &str, value: Option<String>, default: &str| {
             let name = value.unwrap_or_else(|| default.to_string());
-            let token = !name.is_empty()
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-            if token {
+            if is_header_name(&name) {
                 Ok(name)
             } else {
                 Err(invalid(key, &name, "give an HTTP header name, such as \"Idempotency-Key\""))
@@ -360,17 +426,7 @@ impl HttpSettings {
             header("http.idempotency_header", table.idempotency_header, "Idempotency-Key")?;
         let secret = match (table.secret_header, table.secret_file, table.secret_env) {
             (None, None, None) => None,
-            (name, Some(file), None) => {
-                let name = header("http.secret_header", name, "Authorization")?;
-                let value = std::fs::read_to_string(&file).map_err(|err| {
-                    invalid(
-                        "http.secret_file",
-                        &file.display().to_string(),
-                        &format!("it cannot be read ({err}); give a readable file holding the header's value"),
-                    )
-                })?;
-                Some((name, secret_value("http.secret_file", value)?))
-            }
+            (name, Some(file), None) => Some(secret_from_file("http", name, &file)?),
             (name, None, Some(variable)) => {
                 let name = header("http.secret_header", name, "Authorization")?;
                 let value = std::env::var(&variable).map_err(|_| {
@@ -433,6 +489,35 @@ fn check_url(key: &str, url: &str) -> Result<(), SettingsError> {
         Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
         _ => Err(invalid(key, url, "give an http:// or https:// URL with a host")),
     }
+}
+
+/// A secret header (`name`, default `Authorization`) whose value is the
+/// one line of `file`; `section` names the settings' table in errors.
+pub fn secret_from_file(
+    section: &str,
+    name: Option<String>,
+    file: &Path,
+) -> Result<(String, String), SettingsError> {
+    let key = format!("{section}.secret_header");
+    let name = name.unwrap_or_else(|| "Authorization".to_string());
+    if !is_header_name(&name) {
+        return Err(invalid(&key, &name, "give an HTTP header name, such as \"Authorization\""));
+    }
+    let key = format!("{section}.secret_file");
+    let value = std::fs::read_to_string(file).map_err(|err| {
+        invalid(
+            &key,
+            &file.display().to_string(),
+            &format!("it cannot be read ({err}); give a readable file holding the header's value"),
+        )
+    })?;
+    Ok((name, secret_value(&key, value)?))
+}
+
+/// An HTTP header name (RFC 9110's token).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// A secret header's value: one line, without its line end.

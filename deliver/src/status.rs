@@ -5,12 +5,12 @@
 
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ledger::{Entry, Ledger, LedgerError, Outcome, Stats};
 
 /// A delivery's status.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
     /// Per output partition (0 for a local output), the offset before
     /// which every record is settled.

@@ -6,14 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use tally_deliver::resolve::{Inbox, Resolution, Verdict};
-use tally_deliver::settings::Target;
-use tally_deliver::{DeliverSettings, LocalOutput, Mirror, Positions, RunOptions, Source};
-use tally_host::config::{JobConfig, Mode};
-
-use crate::deliver_kafka::{KafkaLedgerMirror, KafkaOutput, default_ledger_topic};
+use tally_deliver::{DeliverSettings, Positions, RunOptions};
+use tally_host::config::JobConfig;
+use tally_host::delivery::committed_output;
 
 /// `tally deliver`'s arguments.
 #[derive(Args)]
@@ -89,7 +87,10 @@ pub fn deliver(
         None => {
             let file = args.file.context("give the delivery file")?;
             let mut settings = DeliverSettings::from_file(&file)?;
-            let (mut source, mirror) = committed_output(&mut settings)?;
+            let job = JobConfig::from_file(&settings.job).with_context(|| {
+                format!("reading the job of this delivery, `{}`", settings.job.display())
+            })?;
+            let (mut source, mirror) = committed_output(&job, &mut settings)?;
             let stop = stop()?;
             let summary = tally_deliver::run(
                 &settings,
@@ -110,9 +111,6 @@ pub fn deliver(
     }
 }
 
-/// A Kafka job's delivery ledger mirror, or none.
-type MaybeMirror = Option<Arc<dyn Mirror>>;
-
 /// Positions as `partition:offset`, in partition order.
 fn show_positions(positions: &Positions) -> String {
     if positions.is_empty() {
@@ -121,65 +119,6 @@ fn show_positions(positions: &Positions) -> String {
     let shown: Vec<String> =
         positions.iter().map(|(partition, offset)| format!("{partition}:{offset}")).collect();
     shown.join(" ")
-}
-
-/// The committed output the delivery reads — a local job's output file
-/// and store, or a Kafka job's output topic — and, for a Kafka job, the
-/// topic its ledger is mirrored to. A PostgreSQL delivery's name defaults
-/// to `<job>/<output>`.
-fn committed_output(
-    settings: &mut DeliverSettings,
-) -> anyhow::Result<(Box<dyn Source>, MaybeMirror)> {
-    let job = JobConfig::from_file(&settings.job).with_context(|| {
-        format!("reading the job of this delivery, `{}`", settings.job.display())
-    })?;
-    let default_name = format!("{}/{}", job.settings.name, settings.output);
-    if let Target::Postgres(postgres) = &mut settings.target {
-        postgres.delivery.get_or_insert(default_name);
-    }
-    if !job.settings.outputs.contains(&settings.output) {
-        bail!(
-            "job `{}` has no output {:?} (its outputs: {}); set `output` to one of them",
-            job.settings.name,
-            settings.output,
-            job.settings.outputs.join(", ")
-        );
-    }
-    match &job.mode {
-        Mode::Local(local) => {
-            if let Some(topic) = &settings.ledger_topic {
-                bail!(
-                    "ledger_topic = {topic:?} is for the delivery of a Kafka job; job `{}` runs in local mode: remove it",
-                    job.settings.name
-                );
-            }
-            let output = LocalOutput::new(
-                local.output_dir.join(format!("{}.ndjson", settings.output)),
-                local.state_dir.join("db"),
-                settings.state_dir.join("job-view"),
-                settings.output.clone(),
-            );
-            Ok((Box::new(output), None))
-        }
-        Mode::Kafka(kafka) => {
-            let topic = kafka.output_topic(&settings.output).with_context(|| {
-                format!(
-                    "job `{}` names no topic for output {:?}",
-                    job.settings.name, settings.output
-                )
-            })?;
-            let ledger_topic = settings
-                .ledger_topic
-                .get_or_insert_with(|| default_ledger_topic(&job.settings.name, &settings.output))
-                .clone();
-            let consumer = tally_kafka::base_config(kafka, tally_kafka::ClientRole::Consumer);
-            let output = KafkaOutput::new(consumer, topic, &format!("{ledger_topic}-reader"))?;
-            let producer = tally_kafka::base_config(kafka, tally_kafka::ClientRole::Producer);
-            let mirror = KafkaLedgerMirror::open(&producer, &ledger_topic)
-                .with_context(|| format!("opening the delivery ledger's topic `{ledger_topic}`"))?;
-            Ok((Box::new(output), Some(Arc::new(mirror))))
-        }
-    }
 }
 
 fn status(file: &Path, json: bool) -> anyhow::Result<()> {

@@ -4,6 +4,8 @@
 //! - The job file, its mode-independent settings and its mode: [`config`].
 //! - Many tenants' jobs in one process, with an admin API: [`serve`].
 //! - The admin API's client: [`client`].
+//! - Where a delivery (`tally deliver`, a served job's `[[deliver]]`)
+//!   reads a job's committed output from: [`delivery`], [`deliver_kafka`].
 //! - `/metrics` for the one job `tally run` runs: [`run_metrics`].
 //!
 //! The dependencies point one way: the `tally` binary → [`serve`] → the
@@ -26,6 +28,8 @@
 
 pub mod client;
 pub mod config;
+pub mod deliver_kafka;
+pub mod delivery;
 pub mod job;
 mod metrics;
 pub mod run_metrics;

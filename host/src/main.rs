@@ -2,7 +2,6 @@
 
 mod admin_cli;
 mod deliver_cli;
-mod deliver_kafka;
 mod scaffold;
 
 use std::io::Write as _;

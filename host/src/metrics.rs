@@ -161,6 +161,116 @@ impl PeriodFamilies {
     }
 }
 
+/// Labels of a served job's delivery metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryLabels {
+    tenant: String,
+    job: String,
+    output: String,
+}
+
+/// Labels of a delivery's records in one state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryStateLabels {
+    tenant: String,
+    job: String,
+    output: String,
+    state: &'static str,
+}
+
+/// A delivery's records, by the `state` label.
+const DELIVERY_STATES: [&str; 4] = ["delivered", "retrying", "unknown", "failed"];
+
+/// The per-output families of served jobs' deliveries, set from each
+/// delivery's status when `/metrics` is read.
+#[derive(Clone, Default)]
+struct DeliveryFamilies {
+    records: Family<DeliveryStateLabels, Gauge>,
+    oldest_unsettled: Family<DeliveryLabels, Gauge>,
+    latency_p50: Family<DeliveryLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    latency_p99: Family<DeliveryLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    running: Family<DeliveryLabels, Gauge>,
+    /// The outputs each job reported, to forget them with the job.
+    reported: Arc<Mutex<std::collections::HashMap<JobLabels, std::collections::BTreeSet<String>>>>,
+}
+
+impl DeliveryFamilies {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "delivery_records",
+            "Served jobs' deliveries: records by state in the delivery's ledger (delivered, retrying, unknown: waiting for an operator, failed: dead letters)",
+            self.records.clone(),
+        );
+        registry.register(
+            "delivery_oldest_unsettled_seconds",
+            "Served jobs' deliveries: age of the oldest record sent and not settled (0: none)",
+            self.oldest_unsettled.clone(),
+        );
+        registry.register(
+            "delivery_latency_p50_seconds",
+            "Served jobs' deliveries: median time from a record's first request to its delivery, over the last 1,024",
+            self.latency_p50.clone(),
+        );
+        registry.register(
+            "delivery_latency_p99_seconds",
+            "Served jobs' deliveries: 99th percentile of the same",
+            self.latency_p99.clone(),
+        );
+        registry.register(
+            "delivery_running",
+            "Served jobs' deliveries: 1 while the deliverer runs, 0 while it waits to restart after a failure",
+            self.running.clone(),
+        );
+    }
+
+    fn set(&self, job: &JobLabels, status: &crate::serve::delivery_runner::DeliveryStatus) {
+        lock(&self.reported).entry(job.clone()).or_default().insert(status.output.clone());
+        let labels = DeliveryLabels {
+            tenant: job.tenant.clone(),
+            job: job.job.clone(),
+            output: status.output.clone(),
+        };
+        let ledger = &status.ledger;
+        let counts = [ledger.delivered, ledger.retrying, ledger.unknown, ledger.failed];
+        for (state, count) in DELIVERY_STATES.into_iter().zip(counts) {
+            let labels = DeliveryStateLabels {
+                tenant: job.tenant.clone(),
+                job: job.job.clone(),
+                output: status.output.clone(),
+                state,
+            };
+            self.records.get_or_create(&labels).set(count.min(i64::MAX as u64) as i64);
+        }
+        let oldest = ledger.oldest_unsettled_age_s.unwrap_or(0);
+        self.oldest_unsettled.get_or_create(&labels).set(oldest.min(i64::MAX as u64) as i64);
+        if let Some(stats) = &ledger.stats {
+            self.latency_p50.get_or_create(&labels).set(stats.latency_p50_ms as f64 / 1000.0);
+            self.latency_p99.get_or_create(&labels).set(stats.latency_p99_ms as f64 / 1000.0);
+        }
+        self.running.get_or_create(&labels).set(i64::from(status.state == "running"));
+    }
+
+    fn remove(&self, job: &JobLabels) {
+        let Some(outputs) = lock(&self.reported).remove(job) else { return };
+        for output in outputs {
+            let labels =
+                DeliveryLabels { tenant: job.tenant.clone(), job: job.job.clone(), output };
+            for state in DELIVERY_STATES {
+                self.records.remove(&DeliveryStateLabels {
+                    tenant: labels.tenant.clone(),
+                    job: labels.job.clone(),
+                    output: labels.output.clone(),
+                    state,
+                });
+            }
+            self.oldest_unsettled.remove(&labels);
+            self.latency_p50.remove(&labels);
+            self.latency_p99.remove(&labels);
+            self.running.remove(&labels);
+        }
+    }
+}
+
 type Counters = Family<JobLabels, Counter>;
 type Gauges = Family<JobLabels, Gauge>;
 
@@ -194,6 +304,7 @@ pub struct HostMetrics {
     restore_records_to_go: Gauges,
     restore_records_per_second: Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     periods: PeriodFamilies,
+    deliveries: DeliveryFamilies,
 }
 
 impl Default for HostMetrics {
@@ -229,6 +340,7 @@ impl HostMetrics {
             restore_records_to_go: Gauges::default(),
             restore_records_per_second: Family::default(),
             periods: PeriodFamilies::default(),
+            deliveries: DeliveryFamilies::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -329,6 +441,7 @@ impl HostMetrics {
             metrics.restore_records_per_second.clone(),
         );
         metrics.periods.register(&mut registry);
+        metrics.deliveries.register(&mut registry);
         HostMetrics { registry, ..metrics }
     }
 
@@ -368,6 +481,7 @@ impl HostMetrics {
                 self.restore_records_per_second.get_or_create(&labels).clone(),
             )),
             periods: self.periods.clone(),
+            deliveries: self.deliveries.clone(),
             labels,
             pending: Mutex::default(),
         }
@@ -405,6 +519,7 @@ impl HostMetrics {
         self.restore_records_per_second.remove(labels);
         self.plugin_info.remove(&plugin_labels(labels, digest));
         self.periods.remove(labels);
+        self.deliveries.remove(labels);
     }
 }
 
@@ -442,6 +557,7 @@ pub struct JobMetrics {
     /// Counts of the open transaction.
     pending: Mutex<Pending>,
     periods: PeriodFamilies,
+    deliveries: DeliveryFamilies,
 }
 
 #[derive(Default)]
@@ -528,6 +644,11 @@ impl JobMetrics {
     /// A period job's partitions after a commit.
     pub fn periods(&self, partitions: &[tally_core::periods::PartitionStatus]) {
         self.periods.set(&self.labels, partitions);
+    }
+
+    /// Sets the metrics of one of the job's deliveries from its status.
+    pub fn delivery(&self, status: &crate::serve::delivery_runner::DeliveryStatus) {
+        self.deliveries.set(&self.labels, status);
     }
 
     /// Whether the job is processing.

@@ -29,4 +29,5 @@ mod refusals;
 mod sandbox;
 mod scaffold;
 mod serve;
+mod serve_deliver;
 mod serve_kafka;

@@ -47,7 +47,7 @@ use http_body_util::BodyExt as _;
 use tokio::sync::Semaphore;
 
 use super::error::ServeError;
-use super::wire::{Deleted, DeployRequest};
+use super::wire::{Deleted, DeployRequest, ResolveRequest};
 use super::{ApiError, Host};
 use tally_core::sync::lock;
 
@@ -241,6 +241,8 @@ fn router(api: Api) -> Router {
         .route("/v1/jobs/{job}/plugin/history", get(history))
         .route("/v1/jobs/{job}/plugin/rollback", post(rollback))
         .route("/v1/jobs/{job}/state", get(state))
+        .route("/v1/jobs/{job}/deliveries/{output}/unknown", get(unknown))
+        .route("/v1/jobs/{job}/deliveries/{output}/resolve", post(resolve))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(api)
@@ -467,6 +469,36 @@ async fn state(
         .and_then(|query| query_param(query, "key"))
         .ok_or_else(|| ApiError::bad_request("give the key as ?key=<url-encoded key>"))?;
     Ok(json(StatusCode::OK, &api.run(move |host| host.state_get(&tenant, &job, &key)).await?))
+}
+
+async fn unknown(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path((job, output)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let records = api.run(move |host| host.delivery_unknown(&tenant, &job, &output)).await?;
+    Ok(json(StatusCode::OK, &records))
+}
+
+async fn resolve(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path((job, output)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&api, &headers, body).await?;
+    let request: ResolveRequest = serde_json::from_slice(&body).map_err(|err| {
+        ApiError::bad_request(format!(
+            "the request must be JSON {{\"key\": \"<idempotency key>\", \"applied\": true|false}} (applied: the receiver applied it; false: send it again): {err}"
+        ))
+    })?;
+    let resolved = api
+        .run(move |host| {
+            host.delivery_resolve(&tenant, &job, &output, request.key, request.applied)
+        })
+        .await?;
+    Ok(json(StatusCode::ACCEPTED, &resolved))
 }
 
 async fn not_found(uri: Uri) -> ApiError {

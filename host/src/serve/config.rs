@@ -109,6 +109,10 @@ pub struct TenantConfig {
     /// remember (`periods.max_seen_ids`, and its value when unset).
     #[serde(default = "default_max_seen_ids")]
     pub max_seen_ids: u64,
+    /// Where the tenant's jobs may deliver their outputs (`[[deliver]]`),
+    /// and with what secret; nowhere unless set.
+    #[serde(default)]
+    pub deliver: super::delivery_spec::TenantDelivery,
 }
 
 fn default_max_seen_ids() -> u64 {
@@ -223,8 +227,11 @@ impl HostConfig {
         };
         resolve(&mut config.data_dir);
         for tenant in config.tenants.values_mut() {
-            if let Some(dir) = &mut tenant.input_dir {
-                resolve(dir);
+            let deliver = &mut tenant.deliver;
+            let paths =
+                [&mut tenant.input_dir, &mut deliver.secret_file, &mut deliver.postgres_ca_file];
+            for path in paths.into_iter().flatten() {
+                resolve(path);
             }
         }
         config
@@ -287,6 +294,7 @@ impl HostConfig {
                     "tenant `{name}`: max_seen_ids must be at least 1 (its period jobs could count no event)"
                 )));
             }
+            tenant.deliver.validate(name)?;
             if tenant.max_total_memory_bytes < 1 << 20 {
                 return Err(InvalidHostFile(format!(
                     "tenant `{name}`: max_total_memory_bytes must be at least 1048576 (1 MiB)"

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
+use tally_deliver::DeliverSettings;
 
 use crate::config::{
     ConfigError, DEFAULT_MAX_OUTPUT_BYTES_PER_BATCH, DEFAULT_MAX_STATE_BYTES_PER_BATCH, Emit,
@@ -28,6 +29,7 @@ use tally_core::hot_swap::SwapPolicy;
 use tally_local::SourceError;
 
 use super::config::{HostConfig, TenantConfig};
+use super::delivery_spec::{self, DeliverySpecError, ServedDelivery};
 use super::registry::JobDir;
 
 /// Most partitions a served job may have its topics created with.
@@ -59,6 +61,25 @@ const HOST_OWNED: &[(&str, &str)] = &[
     ),
     ("group", "the host names each job's consumer group (tally-<tenant>.<job>)"),
     ("client", "the host owns the Kafka client settings of the jobs it runs"),
+    (
+        "secret_file",
+        "the operator sets a tenant's secret header (deliver.secret_file of the tenant in the host file)",
+    ),
+    (
+        "secret_env",
+        "the operator sets a tenant's secret header (deliver.secret_file of the tenant in the host file)",
+    ),
+    (
+        "secret_header",
+        "the operator sets a tenant's secret header (deliver.secret_header of the tenant in the host file)",
+    ),
+    (
+        "url",
+        "a PostgreSQL delivery writes into the database the operator gives the tenant (deliver.postgres_url in the host file)",
+    ),
+    ("ca_file", "the operator sets the tenant's database certificates (deliver.postgres_ca_file)"),
+    ("ledger_topic", "the host names each delivery's ledger topic"),
+    ("dead_letters", "the host keeps each delivery's dead letters in the job's directory"),
 ];
 
 /// A job as its tenant may write it: everything but what the host owns.
@@ -100,6 +121,10 @@ pub struct ServedJob {
     /// Handed to a period plugin, as JSON, when it is instantiated.
     #[serde(default)]
     pub plugin_config: Option<toml::Table>,
+    /// Outputs delivered to a billing API or a database, each beside the
+    /// job (see `docs/delivery.md`).
+    #[serde(default)]
+    pub deliver: Vec<ServedDelivery>,
 }
 
 /// A served local job's inputs; outputs and state live in the job's directory.
@@ -231,6 +256,9 @@ pub enum JobSpecError {
         "this host does not create tenants' topics (kafka_create_topics in the host file): ask the operator to create them, and remove kafka.create_topics"
     )]
     CreateTopicsRefused,
+    /// A `[[deliver]]` section the host does not run.
+    #[error(transparent)]
+    Delivery(#[from] DeliverySpecError),
     /// A setting over the host's cap.
     #[error("{setting} may be at most {max} on this host{why}, got {got}")]
     OverCap {
@@ -266,23 +294,36 @@ fn explain(err: toml::de::Error) -> JobSpecError {
     JobSpecError::Invalid(err)
 }
 
-/// Parses `text` as `tenant`'s job; returns the job's name as the tenant
-/// calls it and the config the host runs. The host runs it as
-/// `<tenant>.<name>`, so Kafka groups, transactional ids and changelogs of
-/// two tenants' same-named jobs never meet.
+/// A tenant's job as the host runs it.
+#[derive(Debug)]
+pub struct ParsedJob {
+    /// The job's name as the tenant calls it.
+    pub name: String,
+    /// The config the host runs.
+    pub config: JobConfig,
+    /// Its deliveries, each run beside the job.
+    pub deliveries: Vec<DeliverSettings>,
+}
+
+/// Parses `text` as `tenant`'s job. The host runs it as `<tenant>.<name>`,
+/// so Kafka groups, transactional ids and changelogs of two tenants'
+/// same-named jobs never meet.
 pub fn parse(
     text: &str,
     tenant_name: &str,
     tenant: &TenantConfig,
     host: &HostConfig,
-) -> Result<(String, JobConfig), JobSpecError> {
-    let served = ServedJob::parse(text)?;
+) -> Result<ParsedJob, JobSpecError> {
+    let mut served = ServedJob::parse(text)?;
     let name = served.name.clone();
     if !super::config::valid_name(&name) {
         return Err(JobSpecError::BadName(name));
     }
     let dir = JobDir::new(&host.data_dir, tenant_name, &name);
+    let sections = std::mem::take(&mut served.deliver);
     let config = served.into_config(tenant_name, tenant, host, &dir)?;
+    let deliveries =
+        delivery_spec::deliveries(&sections, &config, tenant_name, &tenant.deliver, &dir)?;
     // Said in the tenant's terms: the job's name without the tenant prefix.
     config.validate().map_err(|InvalidJob { message, .. }| {
         ConfigError::Invalid(InvalidJob { job: name.clone(), message })
@@ -291,7 +332,7 @@ pub fn parse(
     if let (Mode::Local(local), Some(input_dir)) = (&config.mode, tenant.input_dir.as_deref()) {
         check_inputs(input_dir, &local.inputs)?;
     }
-    Ok((name, config))
+    Ok(ParsedJob { name, config, deliveries })
 }
 
 impl ServedJob {
@@ -538,7 +579,8 @@ mod tests {
     fn the_host_places_files_and_qualifies_the_name() {
         let inputs = tempfile::tempdir().unwrap();
         std::fs::write(inputs.path().join("usage-0.ndjson"), "").unwrap();
-        let (name, config) = parse(LOCAL, "acme", &tenant(Some(inputs.path())), &host()).unwrap();
+        let ParsedJob { name, config, .. } =
+            parse(LOCAL, "acme", &tenant(Some(inputs.path())), &host()).unwrap();
         assert_eq!(name, "billing");
         assert_eq!(config.settings.name, "acme.billing");
         let local = config.local().unwrap().clone();
@@ -614,7 +656,7 @@ mod tests {
         ];
         for text in &attempts {
             match parse(text, "acme", &tenant, &host()) {
-                Ok((_, config)) => panic!("accepted {text:?} as {config:?}"),
+                Ok(parsed) => panic!("accepted {text:?} as {:?}", parsed.config),
                 Err(err) => assert!(!err.to_string().is_empty(), "{text}"),
             }
         }
@@ -627,7 +669,7 @@ mod tests {
 
     #[test]
     fn kafka_jobs_use_the_hosts_brokers_and_only_their_tenants_topics() {
-        let (_, config) = parse(KAFKA, "acme", &tenant(None), &host()).unwrap();
+        let config = parse(KAFKA, "acme", &tenant(None), &host()).unwrap().config;
         let kafka = config.kafka().unwrap().clone();
         assert_eq!(kafka.brokers, "127.0.0.1:9092");
         assert!(
@@ -736,7 +778,7 @@ mod tests {
                 std::fs::write(dir.path().join("usage.ndjson"), "").unwrap();
                 let inputs = dir.path().to_path_buf();
                 let tenant = tenant(Some(&inputs));
-                if let Ok((name, config)) = parse(&text, "acme", &tenant, &host()) {
+                if let Ok(ParsedJob { name, config, .. }) = parse(&text, "acme", &tenant, &host()) {
                     prop_assert!(crate::serve::config::valid_name(&name));
                     prop_assert_eq!(&config.settings.name, &format!("acme.{name}"));
                     prop_assert_eq!(&config.settings.plugin, &Path::new("/data/jobs/acme").join(&name).join("plugins"));

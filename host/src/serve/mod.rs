@@ -8,6 +8,8 @@
 
 pub mod api;
 pub mod config;
+pub mod delivery_runner;
+pub mod delivery_spec;
 pub mod error;
 pub mod job_spec;
 pub mod registry;
@@ -185,6 +187,12 @@ impl Host {
 
     /// Every job's metrics in Prometheus text format.
     pub fn render_metrics(&self) -> String {
+        let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs).values().cloned().collect();
+        for job in jobs {
+            for delivery in job.deliveries() {
+                job.metrics.delivery(&delivery.status());
+            }
+        }
         self.metrics.render()
     }
 
@@ -196,7 +204,7 @@ impl Host {
             .ok_or_else(|| ServeError::TenantGone { tenant: tenant.to_string() })?;
         let text = std::fs::read_to_string(dir.job_file())
             .map_err(ServeError::file("read", dir.job_file()))?;
-        let (_, config) = job_spec::parse(&text, tenant, tenant_config, &self.config)?;
+        let parsed = job_spec::parse(&text, tenant, tenant_config, &self.config)?;
         let mut record = dir.read_record()?;
         let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
         let plugin = self.load_version(tenant, &dir, &active.digest)?;
@@ -215,7 +223,7 @@ impl Host {
                 }
             }
         }
-        let runtime = self.runtime(tenant, name, config, dir, record, plugin);
+        let runtime = self.runtime(tenant, name, parsed, dir, record, plugin);
         runtime.metrics.set_plugin_info("", &active.digest);
         if let Some(plugin) = pending {
             runtime.offer(plugin);
@@ -229,7 +237,7 @@ impl Host {
         &self,
         tenant: &str,
         name: &str,
-        config: crate::config::JobConfig,
+        parsed: job_spec::ParsedJob,
         dir: JobDir,
         record: JobRecord,
         plugin: LoadedPlugin,
@@ -238,13 +246,14 @@ impl Host {
         JobRuntime::new(
             tenant,
             name,
-            config,
+            parsed.config,
             dir,
             record,
             plugin,
             metrics,
             self.cpu.seat(tenant),
             self.config.log_limits(),
+            parsed.deliveries,
         )
     }
 
@@ -317,8 +326,9 @@ impl Host {
     pub fn deploy(&self, tenant: &str, text: &str, plugin: &[u8]) -> Result<JobStatus, ApiError> {
         let tenant_config =
             self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
-        let (name, config) = job_spec::parse(text, tenant, tenant_config, &self.config)
+        let parsed = job_spec::parse(text, tenant, tenant_config, &self.config)
             .map_err(|err| ApiError::bad_request(err.to_string()))?;
+        let name = parsed.name.clone();
         let key = (tenant.to_string(), name.clone());
         if let Some(reason) = lock(&self.broken).get(&key) {
             return Err(ApiError::new(
@@ -352,7 +362,7 @@ impl Host {
                         .map(|(_, memory)| *memory),
                 )
                 .sum();
-            let asked = config.settings.limits.memory_bytes;
+            let asked = parsed.config.settings.limits.memory_bytes;
             if memory + asked > tenant_config.max_total_memory_bytes {
                 return Err(ApiError::new(
                     409,
@@ -371,7 +381,7 @@ impl Host {
                 ));
             }
         }
-        let result = self.create(tenant, &name, config, text, plugin);
+        let result = self.create(tenant, &name, parsed, text, plugin);
         lock(&self.deploying).remove(&key);
         result
     }
@@ -380,11 +390,12 @@ impl Host {
         &self,
         tenant: &str,
         name: &str,
-        config: crate::config::JobConfig,
+        parsed: job_spec::ParsedJob,
         text: &str,
         bytes: &[u8],
     ) -> Result<JobStatus, ApiError> {
         let plugin = self.compile(tenant, name, bytes)?;
+        let config = &parsed.config;
         if let crate::config::Mode::Kafka(kafka) = &config.mode {
             // Missing topics are a bad deploy, said now, not a job failing later.
             tally_kafka::prepare_topics(&config.settings, kafka)
@@ -423,7 +434,7 @@ impl Host {
                 "the host cannot write job `{name}`'s files (its disk?); nothing was deployed"
             )));
         }
-        let runtime = self.runtime(tenant, name, config, dir, record, plugin.clone());
+        let runtime = self.runtime(tenant, name, parsed, dir, record, plugin.clone());
         runtime.metrics.set_plugin_info("", plugin.digest());
         let status = runtime.status();
         self.start(tenant, name, runtime);
@@ -480,6 +491,7 @@ impl Host {
                 if let Some(thread) = thread {
                     let _ = thread.join();
                 }
+                job.join_deliveries();
                 let removed = job.dir.remove();
                 lock(&host.jobs).remove(&key);
                 host.metrics.remove(&job.metrics.labels, &job.status().plugin);
@@ -609,6 +621,68 @@ impl Host {
         ))
     }
 
+    /// The delivery of `output` of `tenant`'s job `name`.
+    fn delivery(
+        &self,
+        tenant: &str,
+        name: &str,
+        output: &str,
+    ) -> Result<Arc<delivery_runner::DeliveryRunner>, ApiError> {
+        let job = self.job(tenant, name)?;
+        job.delivery(output).cloned().ok_or_else(|| {
+            let delivered: Vec<&str> = job.deliveries().iter().map(|d| d.output()).collect();
+            ApiError::new(
+                404,
+                format!(
+                    "job `{name}` delivers no output {output:?} (delivered: {}); add a [[deliver]] section to its job file",
+                    if delivered.is_empty() { "none".to_string() } else { delivered.join(", ") }
+                ),
+            )
+        })
+    }
+
+    /// The records of a delivery waiting as `unknown` for the tenant.
+    pub fn delivery_unknown(
+        &self,
+        tenant: &str,
+        name: &str,
+        output: &str,
+    ) -> Result<Vec<tally_deliver::status::UnknownRecord>, ApiError> {
+        Ok(self.delivery(tenant, name, output)?.unknown())
+    }
+
+    /// Settles a delivery's record waiting as `unknown`: `applied` after
+    /// the tenant checked its receiver applied it, or not (sent again).
+    pub fn delivery_resolve(
+        &self,
+        tenant: &str,
+        name: &str,
+        output: &str,
+        key: String,
+        applied: bool,
+    ) -> Result<wire::Resolved, ApiError> {
+        let delivery = self.delivery(tenant, name, output)?;
+        if !delivery.unknown().iter().any(|record| record.key == key) {
+            return Err(ApiError::new(
+                404,
+                format!(
+                    "no record of job `{name}`'s delivery of {output:?} waits as unknown with key {:?}; list them with GET /v1/jobs/{name}/deliveries/{output}/unknown",
+                    tally_core::text::sanitize(&key, 200)
+                ),
+            ));
+        }
+        delivery.resolve(key.clone(), applied).map_err(|err| {
+            tracing::error!(%tenant, job = %name, %output, error = %err, "cannot queue a resolution");
+            ApiError::internal("the host cannot write the resolution (its disk?); try again")
+        })?;
+        let then = if applied {
+            "counts as delivered within a second"
+        } else {
+            "is sent again within a second, with the same key and body"
+        };
+        Ok(wire::Resolved { key, then: then.to_string() })
+    }
+
     /// Stops every job, each committing what it processed.
     pub fn shutdown(&self) {
         let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs).values().cloned().collect();
@@ -619,6 +693,9 @@ impl Host {
             lock(&self.threads).drain().map(|(_, thread)| thread).collect();
         for thread in threads {
             let _ = thread.join();
+        }
+        for job in &jobs {
+            job.join_deliveries();
         }
         tracing::info!(jobs = jobs.len(), "every job stopped");
     }

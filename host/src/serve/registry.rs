@@ -262,6 +262,12 @@ impl JobDir {
         self.path.join("out")
     }
 
+    /// The state (position, ledger, dead letters) of the delivery of
+    /// `output` (prefixed: an output may be named `..`).
+    pub fn delivery_dir(&self, output: &str) -> PathBuf {
+        self.path.join("deliver").join(format!("output-{output}"))
+    }
+
     /// Creates the job's directories (deploy only: nothing else creates them).
     pub fn create(&self) -> Result<(), ServeError> {
         let plugins = self.path.join("plugins");

@@ -24,6 +24,7 @@ use crate::metrics::JobMetrics;
 use tally_kafka::KafkaJob;
 use tally_local::LocalTask;
 
+use super::delivery_runner::DeliveryRunner;
 use super::error::ServeError;
 use super::registry::{JobDir, JobRecord, VersionStatus};
 use super::wire::{JobMode, JobState, JobStatus, LagUnit, PeriodPartition};
@@ -58,6 +59,7 @@ impl JobStatus {
             demoted: false,
             restore: None,
             periods: None,
+            deliveries: Vec::new(),
         }
     }
 }
@@ -93,6 +95,8 @@ pub struct JobRuntime {
     plugins: Mutex<HashMap<String, LoadedPlugin>>,
     /// The committed state, while the job is open.
     store: Mutex<Option<(Arc<dyn StateStore>, i32)>>,
+    /// Its deliveries, each beside the job with a thread of its own.
+    deliveries: Vec<Arc<DeliveryRunner>>,
 }
 
 #[derive(Default)]
@@ -161,6 +165,7 @@ impl JobRuntime {
         metrics: JobMetrics,
         seat: Arc<CpuSeat>,
         log_limits: LogLimits,
+        deliveries: Vec<tally_deliver::DeliverSettings>,
     ) -> Arc<JobRuntime> {
         let paused = record.paused;
         let log = PluginLog::new(Some(tenant), name, log_limits)
@@ -206,11 +211,18 @@ impl JobRuntime {
             record: Mutex::new(record),
             plugins: Mutex::new(HashMap::from([(plugin.digest().to_string(), plugin)])),
             store: Mutex::new(None),
+            deliveries: deliveries.into_iter().map(DeliveryRunner::new).collect(),
         })
     }
 
-    /// Starts the job's thread.
+    /// Starts the job's thread, and its deliveries'.
     pub fn spawn(self: &Arc<Self>) -> JoinHandle<()> {
+        for delivery in &self.deliveries {
+            let redactions = self.redactions.clone();
+            delivery.start(self.config.clone(), &self.tenant, move |message| {
+                redact_paths(message, &redactions)
+            });
+        }
         let runtime = self.clone();
         std::thread::Builder::new()
             .name(format!("job-{}", self.config.settings.name))
@@ -227,6 +239,8 @@ impl JobRuntime {
         // Never holds both locks: the observer takes record, then status.
         let pending_plugin = lock(&self.record).pending().map(|version| version.digest.clone());
         let meters = &self.context.meters;
+        // Read before the status lock: a ledger is on disk.
+        let deliveries = self.deliveries.iter().map(|delivery| delivery.status()).collect();
         let status = lock(&self.status);
         let restore = self.metrics.restore.snapshot();
         JobStatus {
@@ -263,6 +277,7 @@ impl JobRuntime {
             demoted: self.context.seat.as_ref().is_some_and(|seat| seat.is_demoted()),
             restore,
             periods: status.periods.clone(),
+            deliveries,
         }
     }
 
@@ -365,8 +380,29 @@ impl JobRuntime {
         Ok(())
     }
 
-    /// Makes the job commit what it processed and its thread return.
+    /// The delivery of `output`, if the job delivers it.
+    pub fn delivery(&self, output: &str) -> Option<&Arc<DeliveryRunner>> {
+        self.deliveries.iter().find(|delivery| delivery.output() == output)
+    }
+
+    /// Its deliveries.
+    pub fn deliveries(&self) -> &[Arc<DeliveryRunner>] {
+        &self.deliveries
+    }
+
+    /// Waits for the deliveries' threads to end (after [`JobRuntime::end`]).
+    pub fn join_deliveries(&self) {
+        for delivery in &self.deliveries {
+            delivery.join();
+        }
+    }
+
+    /// Makes the job commit what it processed and its thread return, and
+    /// its deliveries stop after their requests in flight.
     pub fn end(&self) {
+        for delivery in &self.deliveries {
+            delivery.stop();
+        }
         lock(&self.control).ended = true;
         self.context.stop_now();
         self.wake.notify_all();

@@ -82,6 +82,9 @@ pub struct JobStatus {
     /// A period job's partitions after its last commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub periods: Option<Vec<PeriodPartition>>,
+    /// Its deliveries (`[[deliver]]`), one per delivered output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deliveries: Vec<super::delivery_runner::DeliveryStatus>,
 }
 
 /// One partition of a period job, as its status shows it.
@@ -180,6 +183,26 @@ pub struct DeployRequest {
     pub job: String,
     /// The plugin component, base64-encoded.
     pub plugin: String,
+}
+
+/// Body of a request settling a delivery's record waiting as `unknown`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveRequest {
+    /// The record's idempotency key.
+    pub key: String,
+    /// `true`: the receiver applied it (it counts as delivered); `false`:
+    /// it never did (it is sent again).
+    pub applied: bool,
+}
+
+/// What a resolve request answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolved {
+    /// The record's idempotency key.
+    pub key: String,
+    /// What happens next.
+    pub then: String,
 }
 
 /// What a delete answers.

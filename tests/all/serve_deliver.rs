@@ -1,0 +1,223 @@
+//! A served job's `[[deliver]]` section: its committed output delivered to
+//! a real HTTP receiver on loopback (`tally_tests::receiver`, failing on
+//! purpose) beside the job, through a SIGKILL of the host; the status and
+//! `/metrics` show it; a tenant reaches only the URLs the operator allows
+//! it, and never sets the secret header.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tally_tests::receiver::{Faults, Receiver};
+use tally_tests::serve::{ACME, METRICS, ServeHost, local_job, number, wait_for};
+use tally_tests::{expected_totals, final_totals, read_totals, usage_lines};
+
+use crate::deliver::check_applied_once;
+use crate::plugins;
+use crate::serve::{plugin, wait_caught_up, write_input};
+
+/// A served local job's committed output lines: (idempotency key, the
+/// line's key, value) in order.
+fn committed_records(host: &ServeHost, job: &str) -> Vec<(String, String, Value)> {
+    let text = std::fs::read_to_string(host.output("acme", job, "totals")).unwrap();
+    text.lines()
+        .map(|line| {
+            let line: Value = serde_json::from_str(line).unwrap();
+            let key = line["idempotency_key"].as_str().unwrap().to_string();
+            (key, line["key"].to_string(), line["value"].clone())
+        })
+        .collect()
+}
+
+/// Waits until the job's delivery of `totals` has delivered `records`.
+fn wait_delivered(host: &ServeHost, job: &str, records: u64) -> Value {
+    let acme = host.client(ACME);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let last = acme.status(job).unwrap()["deliveries"][0].clone();
+        if last["delivered"].as_u64() == Some(records) && last["retrying"].as_u64() == Some(0) {
+            return last;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {records} records delivered: {last}\n{}",
+            host.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_served_job_delivers_its_output_once_through_a_host_kill() {
+    let receiver = Receiver::start(Faults {
+        error_500: 100,
+        too_many: 50,
+        drop_after_apply: 100,
+        ..Faults::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let acme_lines = format!("[tenants.acme.deliver]\nurls = [{:?}]\n", receiver.url());
+    let mut host = ServeHost::start_with(dir.path(), "", &acme_lines, "");
+    let lines = usage_lines(51, 1_500, 0);
+    let (first, rest) = lines.split_at(900);
+    let (second, third) = rest.split_at(500);
+    write_input(&host, "acme", "usage.ndjson", first);
+    let delivery = format!(
+        "[[deliver]]\noutput = \"totals\"\n[deliver.http]\nurl = {:?}\ntimeout = \"2s\"\nretry_initial = \"50ms\"\nretry_max = \"200ms\"\n",
+        receiver.url()
+    );
+    let acme = host.client(ACME);
+    acme.deploy(
+        &local_job("billing", &["usage.ndjson"], &delivery),
+        &plugin(plugins::USAGE_BILLING),
+    )
+    .unwrap();
+    wait_caught_up(&acme, "billing", first.len() as u64, &host);
+    let delivered_first = committed_records(&host, "billing").len() as u64;
+    wait_delivered(&host, "billing", delivered_first);
+
+    // Killed once the second part is being delivered.
+    write_input(&host, "acme", "usage.ndjson", second);
+    wait_for("the second part to be delivered in part", Duration::from_secs(120), || {
+        number(&acme.status("billing").unwrap()["deliveries"][0], "delivered") > delivered_first
+    });
+    host.kill();
+    write_input(&host, "acme", "usage.ndjson", third);
+    host.launch();
+    let acme = host.client(ACME);
+    wait_caught_up(&acme, "billing", third.len() as u64, &host);
+    let totals = read_totals(&host.output("acme", "billing", "totals"));
+    assert_eq!(final_totals(&totals), expected_totals(&lines));
+    let records = committed_records(&host, "billing");
+    let status = wait_delivered(&host, "billing", records.len() as u64);
+    assert_eq!(status["output"], "totals");
+    assert_eq!(status["target"], "http");
+    assert_eq!(status["state"], "running", "{status}");
+    assert_eq!(status["unknown"], 0, "{status}");
+    assert_eq!(status["failed"], 0, "{status}");
+    check_applied_once(&receiver, &records, None, 10);
+
+    let metrics = host.client(METRICS).metrics().unwrap();
+    let delivered = format!(
+        "tally_delivery_records{{tenant=\"acme\",job=\"billing\",output=\"totals\",state=\"delivered\"}} {}",
+        records.len()
+    );
+    assert!(metrics.contains(&delivered), "/metrics lacks `{delivered}`:\n{metrics}");
+    assert!(
+        metrics.contains(
+            "tally_delivery_running{tenant=\"acme\",job=\"billing\",output=\"totals\"} 1"
+        )
+    );
+
+    // Nothing waits as unknown; a resolve of a key that does not wait is refused.
+    let unknown = acme.request("GET", "/v1/jobs/billing/deliveries/totals/unknown", None).unwrap();
+    assert_eq!(unknown, serde_json::json!([]));
+    let body = serde_json::json!({"key": records[0].0, "applied": false}).to_string();
+    let refused = acme
+        .request(
+            "POST",
+            "/v1/jobs/billing/deliveries/totals/resolve",
+            Some(("application/json", body.into_bytes())),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("waits as unknown"), "{refused}");
+
+    // A deleted job's delivery stops with it; its files go too.
+    acme.delete("billing").unwrap();
+    let posts = receiver.seen(|seen| seen.posts);
+    write_input(&host, "acme", "usage.ndjson", &usage_lines(52, 50, 0));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(receiver.seen(|seen| seen.posts), posts, "a deleted job's delivery kept sending");
+    assert!(!host.dir.join("data/jobs/acme/billing").exists());
+    let metrics = host.client(METRICS).metrics().unwrap();
+    assert!(!metrics.contains("job=\"billing\",output=\"totals\""), "{metrics}");
+}
+
+#[test]
+fn a_tenant_delivers_only_where_the_operator_allows_it() {
+    let receiver = Receiver::start(Faults::default());
+    let dir = tempfile::tempdir().unwrap();
+    let acme_lines = format!("[tenants.acme.deliver]\nurls = [{:?}]\n", receiver.url());
+    let host = ServeHost::start_with(dir.path(), "", &acme_lines, "");
+    write_input(&host, "acme", "usage.ndjson", &usage_lines(53, 10, 0));
+    let acme = host.client(ACME);
+    let billing = plugin(plugins::USAGE_BILLING);
+    let job = |deliver: &str| local_job("billing", &["usage.ndjson"], deliver);
+    let http =
+        |url: &str| format!("[[deliver]]\noutput = \"totals\"\n[deliver.http]\nurl = {url:?}\n");
+    let admin = format!("{}/v1/jobs", host.server);
+    let sideways = receiver.url().replace("/usage", "/usage/../admin");
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("the host's own admin API", http(&admin), "is not under a URL tenant `acme` may deliver to"),
+        ("a path that climbs out", http(&sideways), "is not under a URL tenant `acme` may deliver to"),
+        ("another port", http(&receiver.url().replace(&receiver.address, "127.0.0.1:1")), "deliver.urls"),
+        (
+            "a lookup elsewhere",
+            format!("{}lookup_url = {:?}\n", http(&receiver.url()), format!("{admin}/{{key}}")),
+            "http.lookup_url",
+        ),
+        (
+            "a secret file of the host's",
+            format!("{}secret_file = \"/etc/shadow\"\n", http(&receiver.url())),
+            "remove `secret_file`",
+        ),
+        ("a database of its own", "[[deliver]]\noutput = \"totals\"\n[deliver.postgres]\ntable = \"t\"\nurl = \"postgres://x@127.0.0.1/db\"\n".into(), "remove `url`"),
+        ("no database from the operator", "[[deliver]]\noutput = \"totals\"\n[deliver.postgres]\ntable = \"t\"\n".into(), "no deliver.postgres_url"),
+        ("an output the job does not have", "[[deliver]]\noutput = \"nope\"\n[deliver.http]\nurl = \"x\"\n".into(), "must be one of the job's outputs"),
+        ("too many requests in flight", format!("{}max_in_flight = 200\n", http(&receiver.url())), "max_in_flight may be at most 32"),
+    ];
+    for (what, deliver, expected) in cases {
+        let err = acme.deploy(&job(&deliver), &billing).unwrap_err().to_string();
+        assert!(err.contains(expected), "{what}: {err}");
+    }
+    assert_eq!(acme.list().unwrap(), serde_json::json!([]), "a refused deploy deployed nothing");
+    assert_eq!(receiver.seen(|seen| seen.posts), 0);
+}
+
+#[test]
+fn a_served_job_delivers_into_the_tenants_database_once() {
+    let table = format!("served_totals_{}", std::process::id());
+    let mut database = crate::deliver::database();
+    database.batch_execute(&format!("DROP TABLE IF EXISTS {table}")).unwrap();
+    database
+        .execute("DELETE FROM tally_delivery_positions WHERE delivery = 'acme.billing/totals'", &[])
+        .ok();
+    let dir = tempfile::tempdir().unwrap();
+    let acme_lines =
+        format!("[tenants.acme.deliver]\npostgres_url = {:?}\n", crate::deliver::postgres_url());
+    let host = ServeHost::start_with(dir.path(), "", &acme_lines, "");
+    let lines = usage_lines(54, 700, 0);
+    write_input(&host, "acme", "usage.ndjson", &lines);
+    let delivery =
+        format!("[[deliver]]\noutput = \"totals\"\n[deliver.postgres]\ntable = {table:?}\n");
+    let acme = host.client(ACME);
+    acme.deploy(
+        &local_job("billing", &["usage.ndjson"], &delivery),
+        &plugin(plugins::USAGE_BILLING),
+    )
+    .unwrap();
+    wait_caught_up(&acme, "billing", lines.len() as u64, &host);
+    let records = committed_records(&host, "billing");
+    // A PostgreSQL delivery's rows are counted in the database; its status
+    // has the position, which reaches the committed output's end.
+    let end = std::fs::metadata(host.output("acme", "billing", "totals")).unwrap().len();
+    wait_for("the delivery's position to reach the output's end", Duration::from_secs(120), || {
+        let status = acme.status("billing").unwrap()["deliveries"][0].clone();
+        assert_eq!(status["target"], "postgres");
+        status["positions"]["0"].as_u64() == Some(end)
+    });
+    let row = database
+        .query_one(&format!("SELECT count(*), count(DISTINCT idempotency_key) FROM {table}"), &[])
+        .unwrap();
+    let (rows, keys): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!((rows, keys), (records.len() as i64, records.len() as i64));
+    let position: i64 = database
+        .query_one(
+            "SELECT max(output_offset) FROM tally_delivery_positions WHERE delivery = 'acme.billing/totals'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(position > 0, "the delivery's position is in the tenant's database");
+    database.batch_execute(&format!("DROP TABLE {table}")).unwrap();
+}
