@@ -185,7 +185,7 @@ pub(crate) fn period_settings(
 
 /// The job's `[plugin_config]` as the JSON its plugin gets: refused where
 /// JSON would change a value (a date or time, a float that is not finite).
-fn plugin_config_json(table: &toml::Table) -> Result<String, ModeError> {
+pub fn plugin_config_json(table: &toml::Table) -> Result<String, ModeError> {
     fn check(path: &str, value: &toml::Value) -> Result<(), ModeError> {
         match value {
             toml::Value::Datetime(at) => Err(ModeError::PluginConfig(format!(

@@ -43,12 +43,7 @@ pub fn committed_output(
                     job.settings.name
                 );
             }
-            let output = LocalOutput::new(
-                local.output_dir.join(format!("{}.ndjson", settings.output)),
-                local.state_dir.join("db"),
-                settings.state_dir.join("job-view"),
-                settings.output.clone(),
-            );
+            let output = local_output(local, &settings.output, settings.state_dir.join("job-view"));
             Ok((Box::new(output), None))
         }
         Mode::Kafka(kafka) => {
@@ -62,12 +57,65 @@ pub fn committed_output(
                 .ledger_topic
                 .get_or_insert_with(|| default_ledger_topic(&job.settings.name, &settings.output))
                 .clone();
-            let consumer = tally_kafka::base_config(kafka, tally_kafka::ClientRole::Consumer);
-            let output = KafkaOutput::new(consumer, topic, &format!("{ledger_topic}-reader"))?;
+            let output = kafka_output(kafka, topic, &format!("{ledger_topic}-reader"))?;
             let producer = tally_kafka::base_config(kafka, tally_kafka::ClientRole::Producer);
             let mirror = KafkaLedgerMirror::open(&producer, &ledger_topic)
                 .with_context(|| format!("opening the delivery ledger's topic `{ledger_topic}`"))?;
             Ok((Box::new(output), Some(Arc::new(mirror))))
         }
     }
+}
+
+/// `job`'s committed output `output`, read from its start: the local
+/// output file up to its committed length (through a view of the job's
+/// store kept in `view_dir`), or the output topic `read_committed` by a
+/// client named `reader`.
+pub fn output_source(
+    job: &JobConfig,
+    output: &str,
+    view_dir: &std::path::Path,
+    reader: &str,
+) -> anyhow::Result<Box<dyn Source>> {
+    if !job.settings.outputs.iter().chain([&job.settings.dead_letter_output]).any(|o| o == output) {
+        bail!(
+            "job `{}` has no output {output:?} (its outputs: {})",
+            job.settings.name,
+            job.settings.outputs.join(", ")
+        );
+    }
+    Ok(match &job.mode {
+        Mode::Local(local) => Box::new(local_output(local, output, view_dir.to_path_buf())),
+        Mode::Kafka(kafka) => {
+            let topic = match kafka.output_topic(output) {
+                Some(topic) => topic,
+                None => &kafka.dead_letter_topic,
+            };
+            Box::new(kafka_output(kafka, topic, reader)?)
+        }
+    })
+}
+
+/// A local job's output file `output`, read up to its committed length.
+fn local_output(
+    local: &tally_local::LocalConfig,
+    output: &str,
+    view_dir: std::path::PathBuf,
+) -> LocalOutput {
+    let file_name = format!("{output}{}", local.output_suffix);
+    LocalOutput::new(
+        local.output_dir.join(format!("{file_name}.ndjson")),
+        local.state_dir.join("db"),
+        view_dir,
+        file_name,
+    )
+}
+
+/// A Kafka job's output topic, read `read_committed` by a client named `reader`.
+fn kafka_output(
+    kafka: &tally_kafka::KafkaConfig,
+    topic: &str,
+    reader: &str,
+) -> Result<KafkaOutput, tally_deliver::SourceError> {
+    let consumer = tally_kafka::base_config(kafka, tally_kafka::ClientRole::Consumer);
+    KafkaOutput::new(consumer, topic, reader)
 }

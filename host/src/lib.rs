@@ -6,6 +6,7 @@
 //! - The admin API's client: [`client`].
 //! - Where a delivery (`tally deliver`, a served job's `[[deliver]]`)
 //!   reads a job's committed output from: [`delivery`], [`deliver_kafka`].
+//! - Output versions (`tally replay`, `tally diff`): [`versions`], [`diff`].
 //! - `/metrics` for the one job `tally run` runs: [`run_metrics`].
 //!
 //! The dependencies point one way: the `tally` binary → [`serve`] → the
@@ -30,7 +31,9 @@ pub mod client;
 pub mod config;
 pub mod deliver_kafka;
 pub mod delivery;
+pub mod diff;
 pub mod job;
 mod metrics;
 pub mod run_metrics;
 pub mod serve;
+pub mod versions;

@@ -3,6 +3,7 @@
 mod admin_cli;
 mod deliver_cli;
 mod scaffold;
+mod versions_cli;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -86,6 +87,21 @@ enum Command {
     /// Manage your jobs on a `tally serve` host.
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// Run a job's history again into a version of its own (`<output>.vN`), beside the live one.
+    ///
+    /// Example: tally replay billing.toml --version v2 --from earliest --plugin fixed.wasm
+    #[command(verbatim_doc_comment)]
+    Replay(versions_cli::ReplayArgs),
+    /// Compare two versions of a job's output, key by key.
+    ///
+    /// Example: tally diff billing.toml v1 v2 [--json]
+    #[command(verbatim_doc_comment)]
+    Diff(versions_cli::DiffArgs),
+    /// List a job's versions and how far each output is committed.
+    ///
+    /// Example: tally versions billing.toml
+    #[command(verbatim_doc_comment)]
+    Versions(versions_cli::VersionsArgs),
     /// (Internal) compiles one upload for `tally serve`, in a process of
     /// its own under the host's compile limits.
     #[command(hide = true)]
@@ -326,6 +342,9 @@ fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
         Command::Serve { config } => serve(&config, stop_on_signals()?),
         Command::Deliver(args) => deliver_cli::deliver(args, stop_on_signals),
         Command::Jobs(command) => admin_cli::jobs(admin, command),
+        Command::Replay(args) => versions_cli::replay(args, &stop_on_signals()?),
+        Command::Diff(args) => versions_cli::diff(args),
+        Command::Versions(args) => versions_cli::versions(args),
         Command::Plugin(PluginCommand::Push { job, file, json }) => {
             admin_cli::push(admin, &job, &file, json)
         }
@@ -382,23 +401,32 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     output_dir: args.output_dir.ok_or_else(|| missing("output-dir"))?,
                     state_dir: args.state_dir.ok_or_else(|| missing("state-dir"))?,
                     confine_to: None,
+                    output_suffix: String::new(),
                 }),
             };
             job.validate()?;
             job
         }
     };
+    run_config(&job, args.metrics.as_deref(), args.until_caught_up, &stop)
+}
+
+/// Runs `job`: a local job to the end of its inputs, a Kafka job until
+/// stopped (or caught up), serving its metrics at `metrics` if given.
+pub(crate) fn run_config(
+    job: &JobConfig,
+    metrics: Option<&str>,
+    until_caught_up: bool,
+    stop: &Arc<AtomicBool>,
+) -> anyhow::Result<()> {
     let runtime = PluginRuntime::new()?;
     let plugin = match compile_cache_dir() {
         Some(cache) => runtime.load_file_cached(&job.settings.plugin, &cache)?,
         None => runtime.load_file(&job.settings.plugin)?,
     };
     let kafka = matches!(job.mode, Mode::Kafka(_));
-    let metrics = args
-        .metrics
-        .as_deref()
-        .map(|listen| RunMetrics::serve(listen, &job.settings.name, kafka))
-        .transpose()?;
+    let metrics =
+        metrics.map(|listen| RunMetrics::serve(listen, &job.settings.name, kafka)).transpose()?;
     if let Some(metrics) = &metrics {
         metrics.started(plugin.digest());
         eprintln!("metrics: http://{}/metrics", metrics.address());
@@ -418,11 +446,11 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             if let Some(observer) = observer {
                 kafka_job.attach(PluginSlot::new(), job.settings.hot_swap, observer);
             }
-            return run_kafka_job(&job.settings, kafka_job, args.until_caught_up, &stop);
+            return run_kafka_job(&job.settings, kafka_job, until_caught_up, stop);
         }
         Mode::Local(local) => local,
     };
-    if args.until_caught_up {
+    if until_caught_up {
         bail!(
             "--until-caught-up is for Kafka jobs; a local job always stops at the end of its inputs"
         );
@@ -432,7 +460,7 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     if let Some(observer) = observer {
         task.attach(PluginSlot::new(), job.hot_swap, observer);
     }
-    let summary = task.run_until(&stop)?;
+    let summary = task.run_until(stop)?;
     if summary.stopped_early {
         println!(
             "stopped on request; everything processed so far is committed, and the next run resumes there"

@@ -20,6 +20,10 @@ pub struct LocalConfig {
     /// inside this directory (the tenant's `input_dir`).
     #[serde(skip)]
     pub confine_to: Option<PathBuf>,
+    /// Set for a replayed version (`.v2`): each output's file is
+    /// `<output><suffix>.ndjson`, so a file says whose it is.
+    #[serde(skip)]
+    pub output_suffix: String,
 }
 
 impl LocalConfig {

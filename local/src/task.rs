@@ -225,8 +225,10 @@ impl LocalTask {
         }
         let partitions = local.inputs.iter().map(|path| partition_name(path)).collect();
         let lineage = Lineage::new(&config.name, partitions, processor.digest());
+        let file_names: Vec<String> =
+            output_names.iter().map(|name| format!("{name}{}", local.output_suffix)).collect();
         let (committer, recovered) =
-            LocalCommitter::recover(store.clone(), &local.output_dir, &output_names, lineage)?;
+            LocalCommitter::recover(store.clone(), &local.output_dir, &file_names, lineage)?;
         let source = Files::open_source(config, local, &recovered.positions)?;
         tracing::info!(job = %config.name, plugin = %processor.digest(), resumed_from = ?recovered.positions, "local job opened");
         Ok(LocalTask {

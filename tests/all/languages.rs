@@ -154,6 +154,7 @@ fn run(plugin: &str, dir: &Path, inputs: &[PathBuf], batch_size: usize) -> Outco
         output_dir: dir.join("out"),
         state_dir: dir.join("state"),
         confine_to: None,
+        output_suffix: String::new(),
     };
     let mut task = LocalTask::open(&settings, &local, &loaded).unwrap();
     let summary = task.run().unwrap();

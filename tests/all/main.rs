@@ -31,3 +31,4 @@ mod scaffold;
 mod serve;
 mod serve_deliver;
 mod serve_kafka;
+mod versions;

@@ -65,6 +65,7 @@ fn job_output(dir: &Path, events: usize) -> (PathBuf, PathBuf) {
         output_dir: dir.join("out"),
         state_dir: dir.join("state"),
         confine_to: None,
+        output_suffix: String::new(),
     };
     let summary = LocalTask::open(&settings, &local, &plugin).unwrap().run().unwrap();
     assert_eq!(summary.records as usize, events);

@@ -72,6 +72,7 @@ fn main() {
         output_dir: dir.path().join("out"),
         state_dir: dir.path().join("state"),
         confine_to: None,
+        output_suffix: String::new(),
     };
     let feed = move |stop: &AtomicBool, lines: &[tally_tests::UsageLine]| {
         let mut file = std::fs::OpenOptions::new().append(true).open(&input).unwrap();

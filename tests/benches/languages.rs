@@ -107,6 +107,7 @@ fn main() {
                 output_dir: dir.path().join(&run).join("out"),
                 state_dir: dir.path().join(&run).join("state"),
                 confine_to: None,
+                output_suffix: String::new(),
             };
             let mut task = match plugin {
                 Some(plugin) => LocalTask::open(&settings, &local, plugin).unwrap(),
@@ -176,6 +177,7 @@ fn period_plugins(runtime: &PluginRuntime, dir: &Path, events: usize, rounds: us
                 output_dir: run.join("out"),
                 state_dir: run.join("state"),
                 confine_to: None,
+                output_suffix: String::new(),
             };
             let mut task = LocalTask::open(&settings, &local, plugin).unwrap();
             let before = process_cpu_seconds();

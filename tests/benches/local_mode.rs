@@ -43,6 +43,7 @@ fn job(dir: &Path, inputs: Vec<std::path::PathBuf>, run: &str) -> (JobSettings, 
         output_dir: dir.join(run).join("out"),
         state_dir: dir.join(run).join("state"),
         confine_to: None,
+        output_suffix: String::new(),
     };
     (settings, local)
 }

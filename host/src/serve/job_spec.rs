@@ -363,6 +363,7 @@ impl ServedJob {
                     output_dir: dir.output_dir(),
                     state_dir: dir.state_dir(),
                     confine_to: Some(input_dir.clone()),
+                    output_suffix: String::new(),
                 })
             }
             (None, Some(kafka)) => {

@@ -1,0 +1,305 @@
+//! `tally diff`: two versions of a job's output compared key by key.
+//!
+//! Each version's committed output is read to its end (a local file up to
+//! its committed length, a Kafka topic `read_committed`); per key, the
+//! last record's value counts — for a period job, the period's FINAL with
+//! its ADJUSTMENTs applied (the last one's `value`), for a running total
+//! the latest total. Keys are compared as canonical JSON.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use serde::Serialize;
+use serde_json::Value;
+use tally_deliver::{Payload, Positions, Source};
+
+/// How long reading a version's output may go without a record before
+/// the read gives up (a Kafka topic that never reports its end).
+const READ_STALL: Duration = Duration::from_secs(60);
+
+/// Records read per call.
+const READ_BATCH: usize = 4096;
+
+/// One version's output: the value per key, and how far it was read.
+#[derive(Debug, Default)]
+pub struct OutputValues {
+    /// The value that counts per key (canonical JSON of the key).
+    pub values: BTreeMap<String, Value>,
+    /// Records read.
+    pub records: u64,
+    /// Where each partition's read ended.
+    pub positions: Positions,
+}
+
+/// Reads `source` to the end of what is committed.
+pub fn read_values(source: &mut dyn Source) -> anyhow::Result<OutputValues> {
+    let mut output = OutputValues::default();
+    source.start(&Positions::new())?;
+    let mut last_record = Instant::now();
+    loop {
+        let lines = source.read(READ_BATCH)?;
+        if lines.is_empty() {
+            if source.caught_up() {
+                return Ok(output);
+            }
+            if last_record.elapsed() > READ_STALL {
+                bail!("the output stopped before its end ({READ_STALL:?} without a record)");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        last_record = Instant::now();
+        for line in lines {
+            output.positions.insert(line.partition, line.next);
+            output.records += 1;
+            let (key, value) = match &line.payload {
+                Payload::Json(bytes) => {
+                    let mut record: Value = serde_json::from_slice(bytes).map_err(|err| {
+                        anyhow::anyhow!(
+                            "the output line at partition {} offset {} is not JSON: {err}",
+                            line.partition,
+                            line.offset
+                        )
+                    })?;
+                    (record["key"].take(), record["value"].take())
+                }
+                Payload::Kafka(record) => (json_or_text(&record.key), json_or_text(&record.value)),
+                Payload::TooLong(bytes) => bail!(
+                    "the output record at partition {} offset {} has {bytes} bytes, more than a diff reads",
+                    line.partition,
+                    line.offset
+                ),
+            };
+            output.values.insert(key.to_string(), counted_value(value));
+        }
+    }
+}
+
+/// A Kafka key or value as JSON when it is JSON, else as a string.
+fn json_or_text(bytes: &Option<Vec<u8>>) -> Value {
+    match bytes {
+        None => Value::Null,
+        Some(bytes) => serde_json::from_slice(bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned())),
+    }
+}
+
+/// What a record's value counts as: a FINAL's or ADJUSTMENT's `value`,
+/// anything else whole.
+fn counted_value(value: Value) -> Value {
+    let is_period_record =
+        matches!(value.get("type").and_then(Value::as_str), Some("final") | Some("adjustment"));
+    match value {
+        Value::Object(mut fields) if is_period_record && fields.contains_key("value") => {
+            fields.remove("value").unwrap_or(Value::Null)
+        }
+        other => other,
+    }
+}
+
+/// A key whose value differs between the versions.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Changed {
+    /// The key (JSON).
+    pub key: Value,
+    /// Its value in the first version.
+    pub a: Value,
+    /// Its value in the second.
+    pub b: Value,
+    /// `b - a`, when both are numbers.
+    pub delta: Option<Value>,
+}
+
+/// A key only one version has.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OnlyIn {
+    /// The key (JSON).
+    pub key: Value,
+    /// Its value.
+    pub value: Value,
+}
+
+/// One side of a diff: the version and how much of its output was read.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Side {
+    /// The version (`v1`).
+    pub version: String,
+    /// Records read.
+    pub records: u64,
+    /// Keys with a value.
+    pub keys: u64,
+    /// Where each partition's read ended.
+    pub positions: Positions,
+}
+
+/// Two versions' outputs compared.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Diff {
+    /// The job's output compared.
+    pub output: String,
+    /// The first version.
+    pub a: Side,
+    /// The second.
+    pub b: Side,
+    /// Keys with the same value in both.
+    pub equal: u64,
+    /// Keys whose values differ.
+    pub changed: Vec<Changed>,
+    /// Keys only the first has.
+    pub only_in_a: Vec<OnlyIn>,
+    /// Keys only the second has.
+    pub only_in_b: Vec<OnlyIn>,
+}
+
+/// Compares `a` (version `a_name`) with `b`.
+pub fn compare(
+    output: &str,
+    (a_name, a): (&str, OutputValues),
+    (b_name, b): (&str, OutputValues),
+) -> Diff {
+    let side = |name: &str, values: &OutputValues| Side {
+        version: name.to_string(),
+        records: values.records,
+        keys: values.values.len() as u64,
+        positions: values.positions.clone(),
+    };
+    let mut diff = Diff {
+        output: output.to_string(),
+        a: side(a_name, &a),
+        b: side(b_name, &b),
+        equal: 0,
+        changed: Vec::new(),
+        only_in_a: Vec::new(),
+        only_in_b: Vec::new(),
+    };
+    let key_value = |key: &str| serde_json::from_str(key).unwrap_or(Value::Null);
+    let mut b_values = b.values;
+    for (key, a_value) in a.values {
+        match b_values.remove(&key) {
+            Some(b_value) if b_value == a_value => diff.equal += 1,
+            Some(b_value) => diff.changed.push(Changed {
+                key: key_value(&key),
+                delta: delta(&a_value, &b_value),
+                a: a_value,
+                b: b_value,
+            }),
+            None => diff.only_in_a.push(OnlyIn { key: key_value(&key), value: a_value }),
+        }
+    }
+    for (key, value) in b_values {
+        diff.only_in_b.push(OnlyIn { key: key_value(&key), value });
+    }
+    diff
+}
+
+/// `b - a` for two numbers: exact for integers, else as floats.
+fn delta(a: &Value, b: &Value) -> Option<Value> {
+    let integer =
+        |value: &Value| value.as_i64().map(i128::from).or_else(|| value.as_u64().map(i128::from));
+    if let (Some(a), Some(b)) = (integer(a), integer(b)) {
+        let delta = b - a;
+        return Some(match i64::try_from(delta) {
+            Ok(delta) => Value::from(delta),
+            Err(_) => Value::String(delta.to_string()),
+        });
+    }
+    let (a, b) = (a.as_f64()?, b.as_f64()?);
+    serde_json::Number::from_f64(b - a).map(Value::Number)
+}
+
+impl Diff {
+    /// The diff as text: one line per changed or one-sided key, then totals.
+    pub fn render(&self) -> String {
+        let (a, b) = (&self.a.version, &self.b.version);
+        let mut text = String::new();
+        for side in [&self.a, &self.b] {
+            let positions: Vec<String> =
+                side.positions.iter().map(|(p, offset)| format!("{p}:{offset}")).collect();
+            text.push_str(&format!(
+                "{}: {} records, {} keys, read to {}\n",
+                side.version,
+                side.records,
+                side.keys,
+                if positions.is_empty() { "-".to_string() } else { positions.join(" ") }
+            ));
+        }
+        for changed in &self.changed {
+            let delta = changed.delta.as_ref().map(|d| format!("  delta {d}")).unwrap_or_default();
+            text.push_str(&format!(
+                "changed     {}  {a} {}  {b} {}{delta}\n",
+                changed.key, changed.a, changed.b
+            ));
+        }
+        for only in &self.only_in_a {
+            text.push_str(&format!("only in {a}  {}  {}\n", only.key, only.value));
+        }
+        for only in &self.only_in_b {
+            text.push_str(&format!("only in {b}  {}  {}\n", only.key, only.value));
+        }
+        text.push_str(&format!(
+            "output {}: equal {}, changed {}, only in {a} {}, only in {b} {}\n",
+            self.output,
+            self.equal,
+            self.changed.len(),
+            self.only_in_a.len(),
+            self.only_in_b.len()
+        ));
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn values(pairs: &[(Value, Value)]) -> OutputValues {
+        OutputValues {
+            values: pairs
+                .iter()
+                .map(|(key, value)| (key.to_string(), counted_value(value.clone())))
+                .collect(),
+            records: pairs.len() as u64,
+            positions: Positions::new(),
+        }
+    }
+
+    #[test]
+    fn periods_compare_by_their_latest_value_and_totals_whole() {
+        let period = |customer: &str| json!({"customer": customer, "period": "2026-11"});
+        let a = values(&[
+            (period("acme"), json!({"type": "adjustment", "value": 15, "previous": 12})),
+            (period("globex"), json!({"type": "final", "value": 7})),
+            (period("initech"), json!({"type": "final", "value": 1})),
+            (json!("plain"), json!({"total": 3})),
+        ]);
+        let b = values(&[
+            (period("acme"), json!({"type": "final", "value": 15})),
+            (period("globex"), json!({"type": "final", "value": 9})),
+            (period("umbrella"), json!({"type": "final", "value": 2})),
+            (json!("plain"), json!({"total": 4})),
+        ]);
+        let diff = compare("periods", ("v1", a), ("v2", b));
+        assert_eq!(diff.equal, 1, "FINAL 15 equals an ADJUSTMENT to 15");
+        assert_eq!(diff.changed.len(), 2);
+        let globex = diff.changed.iter().find(|c| c.key == period("globex")).unwrap();
+        assert_eq!((&globex.a, &globex.b, &globex.delta), (&json!(7), &json!(9), &Some(json!(2))));
+        let plain = diff.changed.iter().find(|c| c.key == json!("plain")).unwrap();
+        assert_eq!(plain.delta, None, "objects have no delta");
+        assert_eq!(diff.only_in_a, [OnlyIn { key: period("initech"), value: json!(1) }]);
+        assert_eq!(diff.only_in_b, [OnlyIn { key: period("umbrella"), value: json!(2) }]);
+        assert!(diff.render().ends_with("equal 1, changed 2, only in v1 1, only in v2 1\n"));
+    }
+
+    #[test]
+    fn deltas_are_exact_for_integers() {
+        assert_eq!(
+            delta(&json!(u64::MAX), &json!(0)),
+            Some(json!((-(u64::MAX as i128)).to_string()))
+        );
+        assert_eq!(delta(&json!(-5), &json!(3)), Some(json!(8)));
+        assert_eq!(delta(&json!(1.5), &json!(2)), Some(json!(0.5)));
+        assert_eq!(delta(&json!("a"), &json!(2)), None);
+    }
+}

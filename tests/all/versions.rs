@@ -1,0 +1,187 @@
+//! Output versions in local mode: a period job's history replayed into v2
+//! and v3 beside the live version (`tally replay`), compared with it
+//! (`tally diff`), and listed (`tally versions`); the live version's
+//! outputs stay byte for byte what they were.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use tally_tests::periods::generate;
+use tally_tests::tally_binary;
+
+use crate::periods::{run_to_end, write_job};
+
+/// Runs `tally <args>`: its stdout, or the test fails with its stderr.
+fn tally(args: &[&str]) -> String {
+    let output = Command::new(tally_binary()).args(args).output().unwrap();
+    assert!(output.status.success(), "tally {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Runs `tally <args>`, which must fail: its stderr.
+fn tally_refused(args: &[&str]) -> String {
+    let output = Command::new(tally_binary()).args(args).output().unwrap();
+    assert!(!output.status.success(), "tally {args:?} was accepted");
+    String::from_utf8(output.stderr).unwrap()
+}
+
+/// The last value per key of an output file, read by the test itself:
+/// (key as JSON, the record's `value` field) — a period's FINAL with its
+/// ADJUSTMENTs applied.
+fn settled(path: &Path) -> BTreeMap<String, Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut values = BTreeMap::new();
+    for line in text.lines() {
+        let line: Value = serde_json::from_str(line).unwrap();
+        values.insert(line["key"].to_string(), line["value"]["value"].clone());
+    }
+    values
+}
+
+#[test]
+fn a_replay_with_a_meter_defined_anew_diffs_exactly_the_periods_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = generate(77, 300);
+    let job = write_job(dir.path(), &input, "");
+    run_to_end(&job);
+    let job = job.to_str().unwrap();
+    let live_path = dir.path().join("out/periods.ndjson");
+    let live = std::fs::read(&live_path).unwrap();
+
+    // The same logic replayed: every period equal.
+    tally(&["replay", job, "--version", "v2", "--from", "earliest"]);
+    let v2_path = dir.path().join("out/versions/v2/periods.v2.ndjson");
+    let diff: Value = serde_json::from_str(&tally(&["diff", job, "v1", "v2", "--json"])).unwrap();
+    let keys = settled(&live_path).len() as u64;
+    assert!(keys > 20, "the job closed periods");
+    assert_eq!(diff["equal"], keys, "{diff}");
+    assert_eq!(diff["changed"], Value::Array(vec![]));
+    assert_eq!(diff["only_in_a"], Value::Array(vec![]));
+    assert_eq!(diff["only_in_b"], Value::Array(vec![]));
+    // Its records are its own: another job name in every idempotency key.
+    let v2_text = std::fs::read_to_string(&v2_path).unwrap();
+    let v2_line: Value = serde_json::from_str(v2_text.lines().next().unwrap()).unwrap();
+    assert!(v2_line["idempotency_key"].as_str().unwrap().starts_with("billing.v2/"), "{v2_line}");
+
+    // `calls` metered as the largest quantity instead of the sum.
+    let config = dir.path().join("max-calls.toml");
+    std::fs::write(
+        &config,
+        tally_tests::periods::PLUGIN_CONFIG.replace("calls = \"sum\"", "calls = \"max\""),
+    )
+    .unwrap();
+    tally(&["replay", job, "--version", "v3", "--plugin-config", config.to_str().unwrap()]);
+    let diff: Value = serde_json::from_str(&tally(&["diff", job, "v1", "v3", "--json"])).unwrap();
+    let (v1, v3) =
+        (settled(&live_path), settled(&dir.path().join("out/versions/v3/periods.v3.ndjson")));
+    let changed: BTreeMap<String, (Value, Value)> = v1
+        .iter()
+        .filter(|(key, value)| v3.get(*key) != Some(value))
+        .map(|(key, value)| (key.clone(), (value.clone(), v3[key].clone())))
+        .collect();
+    assert!(!changed.is_empty(), "some period's largest call count differs from its sum");
+    for (key, (sum, max)) in &changed {
+        assert!(key.contains("\"metric\":\"calls\""), "only calls changed: {key}");
+        assert!(max.as_u64().unwrap() < sum.as_u64().unwrap(), "{key}");
+    }
+    let reported: BTreeMap<String, (Value, Value)> = diff["changed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["key"].to_string(), (c["a"].clone(), c["b"].clone())))
+        .collect();
+    assert_eq!(reported, changed);
+    for c in diff["changed"].as_array().unwrap() {
+        let delta = c["b"].as_i64().unwrap() - c["a"].as_i64().unwrap();
+        assert_eq!(c["delta"], delta);
+    }
+    assert_eq!(diff["equal"], keys - changed.len() as u64);
+    let text = tally(&["diff", job, "v1", "v3"]);
+    assert!(
+        text.ends_with(&format!(
+            "output periods: equal {}, changed {}, only in v1 0, only in v3 0\n",
+            keys - changed.len() as u64,
+            changed.len()
+        )),
+        "{text}"
+    );
+
+    // The live version never changed.
+    assert_eq!(std::fs::read(&live_path).unwrap(), live, "a replay touched the live outputs");
+    let listed = tally(&["versions", job]);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 3, "{listed}");
+    assert!(lines[0].starts_with("v1 (live)  billing  periods:"), "{listed}");
+    assert!(lines[1].starts_with("v2  billing.v2"), "{listed}");
+
+    // A replay never runs into the live version, nor from where it cannot start.
+    let err = tally_refused(&["replay", job, "--version", "v1"]);
+    assert!(err.contains("v1 is the live version"), "{err}");
+    let err = tally_refused(&["replay", job, "--version", "v4", "--from", "2026-11-01T00:00:00Z"]);
+    assert!(err.contains("replays from `earliest` only"), "{err}");
+    let err = tally_refused(&["diff", job, "v1", "v0"]);
+    assert!(err.contains("give v1 to v999"), "{err}");
+    assert_eq!(std::fs::read(&live_path).unwrap(), live);
+}
+
+#[test]
+fn a_kafka_job_replays_into_topics_of_its_own_and_diffs_them() {
+    use crate::periods_kafka::{PARTITIONS, first_run_lines, produce, write_job_file};
+    use tally_tests::kafka::{KafkaBillingJob, delete_topics, serial};
+
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let input = generate(78, 200);
+    let job = KafkaBillingJob::create("versions", PARTITIONS as i32);
+    let state = dir.path().join("state");
+    let periods = format!("time_zones = {}", tally_tests::periods::time_zones_table());
+    let job_file = write_job_file(&job, dir.path(), &state, "", &periods);
+    produce(&job, &first_run_lines(&input));
+    crate::kafka_restore::run(&job_file);
+    let job_path = job_file.to_str().unwrap();
+    let before: Value =
+        serde_json::from_str(&tally(&["diff", job_path, "v1", "v1", "--json"])).unwrap();
+
+    let config = dir.path().join("max-calls.toml");
+    std::fs::write(
+        &config,
+        tally_tests::periods::PLUGIN_CONFIG.replace("calls = \"sum\"", "calls = \"max\""),
+    )
+    .unwrap();
+    let replayed = Command::new(tally_binary())
+        .args(["replay", job_path, "--version", "v2", "--plugin-config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let name = format!("{}.v2", job.name);
+    let cleanup = [
+        format!("{}.v2", job.totals),
+        format!("{}.v2", job.dead_letters),
+        format!("tally-{name}-state-changelog"),
+        format!("tally-{name}-watermarks"),
+    ];
+    let delete = || delete_topics(&cleanup.iter().map(String::as_str).collect::<Vec<_>>());
+    if !replayed.status.success() {
+        delete();
+        panic!("tally replay: {}", String::from_utf8_lossy(&replayed.stderr));
+    }
+    let diff: Value =
+        serde_json::from_str(&tally(&["diff", job_path, "v1", "v2", "--json"])).unwrap();
+    let after: Value =
+        serde_json::from_str(&tally(&["diff", job_path, "v1", "v1", "--json"])).unwrap();
+    delete();
+
+    let keys = before["equal"].as_u64().unwrap();
+    assert!(keys > 20, "the job closed periods: {before}");
+    assert_eq!(after, before, "the live version's output changed");
+    let changed = diff["changed"].as_array().unwrap();
+    assert!(!changed.is_empty(), "{diff}");
+    for c in changed {
+        assert_eq!(c["key"]["metric"], "calls", "only calls changed: {c}");
+        assert!(c["b"].as_u64().unwrap() < c["a"].as_u64().unwrap(), "{c}");
+    }
+    assert_eq!(diff["equal"].as_u64().unwrap() + changed.len() as u64, keys);
+    assert_eq!(diff["only_in_a"], Value::Array(vec![]));
+    assert_eq!(diff["only_in_b"], Value::Array(vec![]));
+}
