@@ -36,6 +36,8 @@ const MAX_PENDING: usize = 4096;
 /// How often the output, the resolutions and the position are looked at
 /// when nothing else happens.
 const POLL: Duration = Duration::from_millis(100);
+/// How often settled entries past their retention are pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// How often the main thread takes the lanes' reports while records are
 /// in flight.
 const REPORT_BATCH: Duration = Duration::from_millis(1);
@@ -209,6 +211,7 @@ pub fn run(
         latencies: VecDeque::new(),
         summary: RunSummary::default(),
         attempts: attempts.clone(),
+        ledger_retention: settings.ledger_retention,
     };
     let resolutions = crate::resolve::Inbox::new(&settings.state_dir);
     let result = main.run(source, &reports, &resolutions, &stop, options);
@@ -262,6 +265,8 @@ struct Main {
     summary: RunSummary,
     /// The writer of the lanes' entries (deliveries among them).
     attempts: Arc<AttemptWriter>,
+    /// How long a settled record's entry stays once the position passed it.
+    ledger_retention: Duration,
 }
 
 impl Main {
@@ -280,6 +285,7 @@ impl Main {
         let mut last_stats = Instant::now();
         let mut looked: Option<Instant> = None;
         let mut position_written = Instant::now();
+        let mut last_prune: Option<Instant> = None;
         loop {
             // The operators' verdicts, each poll.
             if looked.is_none_or(|at| at.elapsed() >= POLL) {
@@ -341,6 +347,19 @@ impl Main {
             if last_stats.elapsed() >= Duration::from_secs(1) {
                 self.write_stats()?;
                 last_stats = Instant::now();
+            }
+            // Only below the durable position: those records are never read again.
+            if last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+                let retention =
+                    i64::try_from(self.ledger_retention.as_millis()).unwrap_or(i64::MAX);
+                let pruned = self.ledger.prune(&written, now_ms().saturating_sub(retention))?;
+                if pruned > 0 {
+                    tracing::info!(
+                        entries = pruned,
+                        "pruned settled records' ledger entries past ledger_retention"
+                    );
+                }
+                last_prune = Some(Instant::now());
             }
             let waiting_only = self.pending.len()
                 == self.parked.len() + self.held.values().map(VecDeque::len).sum::<usize>();

@@ -25,6 +25,8 @@ const POSITIONS_KEY: &[u8] = b"positions";
 const ENTRY_PREFIX: &[u8] = b"entry/";
 /// Key of the running deliverer's statistics.
 const STATS_KEY: &[u8] = b"stats";
+/// The key of the counts of pruned entries.
+const PRUNED_KEY: &[u8] = b"pruned";
 
 /// A record's last outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,6 +131,17 @@ impl LedgerError {
     }
 }
 
+/// Settled entries removed from the ledger, by outcome: the status
+/// still counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pruned {
+    /// Delivered records whose entries were removed.
+    pub delivered: u64,
+    /// Dead-lettered records whose entries were removed (their dead
+    /// letters stay).
+    pub failed: u64,
+}
+
 /// A key and its value, as the ledger stores them.
 pub type Write = (Vec<u8>, Vec<u8>);
 
@@ -137,6 +150,8 @@ pub type Write = (Vec<u8>, Vec<u8>);
 pub trait Mirror: Send + Sync {
     /// Sends one write: the value of `key` now.
     fn send(&self, key: &[u8], value: &[u8]) -> Result<(), String>;
+    /// Sends the removal of `key` (a tombstone).
+    fn delete(&self, key: &[u8]) -> Result<(), String>;
     /// Waits until every write sent is stored.
     fn flush(&self) -> Result<(), String>;
     /// Every key's last value the mirror holds.
@@ -186,7 +201,7 @@ impl Ledger {
             }
             let mut batch = rocksdb::WriteBatch::default();
             for (key, value) in held {
-                if key == POSITIONS_KEY || key.starts_with(ENTRY_PREFIX) {
+                if key == POSITIONS_KEY || key == PRUNED_KEY || key.starts_with(ENTRY_PREFIX) {
                     batch.put(key, value);
                 }
             }
@@ -322,6 +337,62 @@ impl Ledger {
         Ok(entries)
     }
 
+    /// The counts of pruned entries.
+    pub fn pruned(&self) -> Result<Pruned, LedgerError> {
+        let value = self.db.get(PRUNED_KEY).map_err(|err| error(&self.path, err))?;
+        match value {
+            None => Ok(Pruned::default()),
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|_| self.damaged("pruned")),
+        }
+    }
+
+    /// Removes the entries of records settled (delivered or dead-lettered)
+    /// before `positions` — so never read again — whose last request was
+    /// before `before_ms`, counting them in [`Ledger::pruned`]; the mirror
+    /// gets a tombstone for each. Returns how many were removed.
+    pub fn prune(&self, positions: &Positions, before_ms: i64) -> Result<u64, LedgerError> {
+        let mut pruned = self.pruned()?;
+        let mut removed = Vec::new();
+        for item in self.db.prefix_iterator(ENTRY_PREFIX) {
+            let (key, value) = item.map_err(|err| error(&self.path, err))?;
+            if !key.starts_with(ENTRY_PREFIX) {
+                break;
+            }
+            let Ok(entry) = serde_json::from_slice::<Entry>(&value) else { continue };
+            let passed = positions.get(&entry.partition).is_some_and(|&at| entry.offset < at);
+            if !passed || entry.last_attempt_ms >= before_ms {
+                continue;
+            }
+            match entry.outcome {
+                Outcome::Delivered => pruned.delivered += 1,
+                Outcome::Failed => pruned.failed += 1,
+                Outcome::Sending | Outcome::Retrying | Outcome::Unknown => continue,
+            }
+            removed.push(key.to_vec());
+        }
+        if removed.is_empty() {
+            return Ok(0);
+        }
+        // The counts and the removals in one write: a crash loses neither half.
+        let counts = serde_json::to_vec(&pruned).expect("counts serialize");
+        let mut batch = rocksdb::WriteBatch::default();
+        batch.put(PRUNED_KEY, &counts);
+        for key in &removed {
+            batch.delete(key);
+        }
+        self.db.write(batch).map_err(|err| error(&self.path, err))?;
+        if let Some(mirror) = &self.mirror {
+            let failed = |reason| self.mirror_failed(mirror.as_ref(), reason);
+            mirror.send(PRUNED_KEY, &counts).map_err(failed)?;
+            for key in &removed {
+                mirror.delete(key).map_err(failed)?;
+            }
+        }
+        self.sync()?;
+        self.mirror_flush()?;
+        Ok(removed.len() as u64)
+    }
+
     /// The running deliverer's last counters.
     pub fn stats(&self) -> Result<Option<Stats>, LedgerError> {
         let value = self.db.get(STATS_KEY).map_err(|err| error(&self.path, err))?;
@@ -394,6 +465,10 @@ mod tests {
             self.0.lock().unwrap().insert(key.to_vec(), value.to_vec());
             Ok(())
         }
+        fn delete(&self, key: &[u8]) -> Result<(), String> {
+            self.0.lock().unwrap().remove(key);
+            Ok(())
+        }
         fn flush(&self) -> Result<(), String> {
             Ok(())
         }
@@ -403,6 +478,34 @@ mod tests {
         fn describe(&self) -> String {
             "memory".into()
         }
+    }
+
+    #[test]
+    fn only_settled_entries_the_position_passed_are_pruned_and_still_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mirror = Arc::new(Memory::default());
+        let ledger = Ledger::open_mirrored(&dir.path().join("a"), mirror.clone()).unwrap();
+        let entry = |offset: u64, outcome: Outcome, last_attempt_ms: i64| Entry {
+            outcome,
+            last_attempt_ms,
+            ..Entry::unsent(0, offset, "ab".into())
+        };
+        ledger.put("old-delivered", &entry(1, Outcome::Delivered, 100)).unwrap();
+        ledger.put("old-failed", &entry(2, Outcome::Failed, 100)).unwrap();
+        ledger.put("old-unknown", &entry(3, Outcome::Unknown, 100)).unwrap();
+        ledger.put("recent", &entry(4, Outcome::Delivered, 900)).unwrap();
+        ledger.put("past-the-position", &entry(10, Outcome::Delivered, 100)).unwrap();
+        let positions: Positions = [(0, 10)].into();
+        assert_eq!(ledger.prune(&positions, 500).unwrap(), 2);
+        let left: Vec<String> = ledger.entries().unwrap().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(left, ["old-unknown", "past-the-position", "recent"]);
+        assert_eq!(ledger.pruned().unwrap(), Pruned { delivered: 1, failed: 1 });
+        assert_eq!(ledger.prune(&positions, 500).unwrap(), 0, "nothing twice");
+        drop(ledger);
+        // A new machine starts from the mirror without the pruned entries, with their counts.
+        let second = Ledger::open_mirrored(&dir.path().join("b"), mirror).unwrap();
+        assert_eq!(second.entries().unwrap().len(), 3);
+        assert_eq!(second.pruned().unwrap(), Pruned { delivered: 1, failed: 1 });
     }
 
     #[test]

@@ -22,6 +22,8 @@ struct DeliverFile {
     dead_letters: Option<PathBuf>,
     #[serde(default)]
     ledger_topic: Option<String>,
+    #[serde(default)]
+    ledger_retention: Option<String>,
     http: Option<HttpTable>,
     postgres: Option<PostgresTable>,
 }
@@ -127,6 +129,9 @@ pub struct DeliverSettings {
     /// to (default: `tally-<job>-<output>-delivery-ledger`, set by the
     /// caller).
     pub ledger_topic: Option<String>,
+    /// How long a settled record's ledger entry stays once the position
+    /// has passed it (default 24 h); then only its count stays.
+    pub ledger_retention: Duration,
     /// Where the records go.
     pub target: Target,
 }
@@ -303,6 +308,7 @@ impl DeliverSettings {
             state_dir,
             dead_letters,
             ledger_topic: file.ledger_topic,
+            ledger_retention: duration("ledger_retention", file.ledger_retention, "24h")?,
             target,
         })
     }

@@ -44,8 +44,14 @@ pub struct UnknownRecord {
 pub fn status(state_dir: &Path) -> Result<(Status, Vec<UnknownRecord>), LedgerError> {
     let view_dir = tempfile_dir(state_dir)?;
     let ledger = Ledger::view(&state_dir.join("ledger"), view_dir.path())?;
-    let mut status =
-        Status { positions: ledger.positions()?, stats: ledger.stats()?, ..Status::default() };
+    let pruned = ledger.pruned()?;
+    let mut status = Status {
+        positions: ledger.positions()?,
+        stats: ledger.stats()?,
+        delivered: pruned.delivered,
+        failed: pruned.failed,
+        ..Status::default()
+    };
     let mut unknown = Vec::new();
     let now = crate::deliverer::now_ms();
     let mut oldest: Option<i64> = None;

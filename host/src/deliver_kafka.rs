@@ -228,13 +228,14 @@ impl KafkaLedgerMirror {
     }
 }
 
-impl Mirror for KafkaLedgerMirror {
-    fn send(&self, key: &[u8], value: &[u8]) -> Result<(), String> {
+impl KafkaLedgerMirror {
+    /// Queues `record`, waiting (up to the Kafka timeout) while the
+    /// producer's queue is full.
+    fn produce(&self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), String> {
         if let Some(failure) = self.failure() {
             return Err(failure);
         }
         let deadline = Instant::now() + KAFKA_TIMEOUT;
-        let mut record = BaseRecord::to(&self.topic).key(key).payload(value);
         loop {
             match self.producer.send(record) {
                 Ok(()) => {
@@ -250,6 +251,17 @@ impl Mirror for KafkaLedgerMirror {
                 Err((err, _)) => return Err(err.to_string()),
             }
         }
+    }
+}
+
+impl Mirror for KafkaLedgerMirror {
+    fn send(&self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        self.produce(BaseRecord::to(&self.topic).key(key).payload(value))
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<(), String> {
+        // No payload: a tombstone, which compaction removes with the key.
+        self.produce(BaseRecord::to(&self.topic).key(key))
     }
 
     fn flush(&self) -> Result<(), String> {
@@ -292,8 +304,15 @@ impl Mirror for KafkaLedgerMirror {
                 None => {}
                 Some(Ok(message)) => {
                     last_progress = Instant::now();
-                    if let (Some(key), Some(value)) = (message.key(), message.payload()) {
-                        held.insert(key.to_vec(), value.to_vec());
+                    match (message.key(), message.payload()) {
+                        (Some(key), Some(value)) => {
+                            held.insert(key.to_vec(), value.to_vec());
+                        }
+                        // A tombstone: the key was pruned.
+                        (Some(key), None) => {
+                            held.remove(key);
+                        }
+                        _ => {}
                     }
                     if message.offset() + 1 >= high {
                         return Ok(held.into_iter().collect());

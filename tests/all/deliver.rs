@@ -624,3 +624,46 @@ fn into_postgres_over_tls_the_servers_certificate_is_verified() {
     assert_eq!(over_tls, vec![true], "the deliverer's connections");
     client.batch_execute(&format!("DROP TABLE {table}")).unwrap();
 }
+
+#[test]
+fn settled_entries_are_pruned_past_their_retention_and_still_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, records) = period_job(dir.path(), 100);
+    let refused = records[3].0.clone();
+    let receiver =
+        Receiver::start(Faults { refuse: BTreeSet::from([refused.clone()]), ..Faults::default() });
+    let file = write_delivery_file(
+        dir.path(),
+        "deliver.toml",
+        &job,
+        "deliver-state",
+        &format!("ledger_retention = \"1s\"\n[http]\nurl = {:?}", receiver.url()),
+    );
+    deliver_to_the_end(&file);
+    let ledger_entries = || {
+        let view = tempfile::tempdir().unwrap();
+        let ledger = tally_deliver::ledger::Ledger::view(
+            &dir.path().join("deliver-state/ledger"),
+            view.path(),
+        )
+        .unwrap();
+        (ledger.entries().unwrap().len(), ledger.pruned().unwrap())
+    };
+    assert_eq!(ledger_entries().0, records.len(), "every record has its entry at first");
+    let posts = receiver.seen(|seen| seen.posts);
+
+    // The next run, past the retention, prunes them: only their counts stay.
+    std::thread::sleep(Duration::from_millis(1200));
+    deliver_to_the_end(&file);
+    let (entries, pruned) = ledger_entries();
+    assert_eq!(entries, 0);
+    assert_eq!((pruned.delivered, pruned.failed), (records.len() as u64 - 1, 1));
+    let status = delivery_status(&file);
+    assert_eq!(
+        (status["delivered"].as_u64(), status["failed"].as_u64()),
+        (Some(records.len() as u64 - 1), Some(1)),
+        "{status}"
+    );
+    assert_eq!(receiver.seen(|seen| seen.posts), posts, "a pruned record was sent again");
+    assert_eq!(dead_letter_keys(dir.path()), [refused], "its dead letter stays");
+}

@@ -119,6 +119,7 @@ fn tally(
         dead_letters: state_dir.join("dead-letters.ndjson"),
         state_dir: state_dir.clone(),
         ledger_topic: None,
+        ledger_retention: std::time::Duration::from_secs(24 * 3600),
         target,
     };
     let mut source = LocalOutput::new(

@@ -222,6 +222,7 @@ pub fn deliveries(
             ledger_topic: matches!(job.mode, Mode::Kafka(_))
                 .then(|| format!("tally-{}.{output}.delivery-ledger", job.settings.name)),
             output,
+            ledger_retention: std::time::Duration::from_secs(24 * 3600),
             target,
         });
     }
