@@ -138,6 +138,26 @@ pub fn default_restore_checkpoint_bytes() -> u64 {
     DEFAULT_RESTORE_CHECKPOINT_BYTES
 }
 
+/// Checks `[kafka.client]` settings (a job file's, or a `tally serve`
+/// host file's): none may set what the guarantee depends on, and each
+/// names a property; the message says which and why.
+pub fn check_client_settings(
+    client: &std::collections::BTreeMap<String, String>,
+) -> Result<(), String> {
+    use super::topics::{OWNED_PROPERTIES, property_name as property};
+    if let Some(key) = client.keys().find(|key| OWNED_PROPERTIES.contains(&property(key))) {
+        return Err(format!(
+            "kafka.client may not set `{key}`: Tally sets it itself, and the guarantee depends on it"
+        ));
+    }
+    if let Some(key) = client.keys().find(|key| property(key).is_empty()) {
+        return Err(format!(
+            "kafka.client key `{key}` names no property: write `{key}<property>`, e.g. `{key}linger.ms`"
+        ));
+    }
+    Ok(())
+}
+
 impl KafkaConfig {
     /// The consumer group of job `job`.
     pub fn group_id(&self, job: &str) -> String {
@@ -225,18 +245,8 @@ impl KafkaConfig {
                 ));
             }
         }
-        use super::topics::{OWNED_PROPERTIES, property_name as property};
-        if let Some(key) = kafka.client.keys().find(|key| OWNED_PROPERTIES.contains(&property(key)))
-        {
-            return invalid(format!(
-                "kafka.client may not set `{key}`: Tally sets it itself, and the guarantee depends on it"
-            ));
-        }
-        if let Some(key) = kafka.client.keys().find(|key| property(key).is_empty()) {
-            return invalid(format!(
-                "kafka.client key `{key}` names no property: write `{key}<property>`, e.g. `{key}linger.ms`"
-            ));
-        }
+        check_client_settings(&kafka.client)
+            .map_err(|message| InvalidJob { job: job.name.clone(), message })?;
         if kafka.create_partitions == 0 {
             return invalid("kafka.create_partitions must be at least 1".into());
         }

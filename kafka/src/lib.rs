@@ -48,7 +48,8 @@ mod watermarks;
 pub use collector::HEADER_IDEMPOTENCY_KEY;
 pub use config::{
     DEFAULT_CREATE_PARTITIONS, DEFAULT_RESTORE_CHECKPOINT_BYTES, DEFAULT_RESTORE_STALL_MS,
-    DEFAULT_TRANSACTION_TIMEOUT_MS, Guarantee, KafkaConfig, RestoreFetch, default_restore_stall_ms,
+    DEFAULT_TRANSACTION_TIMEOUT_MS, Guarantee, KafkaConfig, RestoreFetch, check_client_settings,
+    default_restore_stall_ms,
 };
 pub use job::{InstanceIdError, KafkaJob, KafkaRunOptions};
 pub use restore::RestoreError;

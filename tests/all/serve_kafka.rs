@@ -444,3 +444,51 @@ fn a_served_kafka_job_rebuilding_its_state_says_restoring_with_its_progress_in_s
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
     delete_topics(&[&changelog]);
 }
+
+#[test]
+fn a_host_runs_its_jobs_on_a_sasl_listener_with_its_own_client_settings() {
+    let _serial = serial();
+    let host_lines = |password: &str| {
+        format!(
+            "kafka_brokers = {:?}\n[kafka.client]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\
+             \"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"tally\"\n\"sasl.password\" = {password:?}\n",
+            tally_tests::kafka::sasl_bootstrap()
+        )
+    };
+    let job = KafkaBillingJob::create("acme.sasl", 2);
+    let name = unique("sasl");
+    let billing = std::fs::read(plugins::USAGE_BILLING).unwrap();
+
+    // Wrong credentials: the deploy is refused, saying why.
+    let wrong = tempfile::tempdir().unwrap();
+    let host = ServeHost::start_with(wrong.path(), &host_lines("not-the-password"), "", "");
+    let err = host.client(ACME).deploy(&kafka_job_file(&name, &job), &billing).unwrap_err();
+    let err = err.to_string();
+    assert!(err.to_lowercase().contains("authentication"), "{err}");
+    drop(host);
+
+    // The operator's settings reach every client of the job: it counts
+    // each record once over the secured listener.
+    let dir = tempfile::tempdir().unwrap();
+    let host =
+        ServeHost::start_with(dir.path(), &host_lines(tally_tests::kafka::SASL_PASSWORD), "", "");
+    let acme = host.client(ACME);
+    acme.deploy(&kafka_job_file(&name, &job), &billing).unwrap();
+    let lines = usage_lines(57, 3_000, 3);
+    let placed = produce_usage(&job.input, &lines, 2);
+    let group = group_reader(&format!("tally-acme.{name}"));
+    wait_for("the job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 2) == lines.len() as i64
+    });
+    let totals = read_topic(&job.totals, true);
+    let dead_letters = read_topic(&job.dead_letters, true);
+    let verdict = check(&job.input, &lines, &placed, &totals, &dead_letters);
+    assert_eq!(
+        (verdict.missing, verdict.doubled),
+        (0, 0),
+        "every input record counts exactly once"
+    );
+    assert_eq!(verdict.totals, expected_totals(&lines));
+    acme.delete(&name).unwrap();
+    delete_topics(&[&format!("tally-acme.{name}-state-changelog")]);
+}

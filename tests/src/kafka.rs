@@ -22,6 +22,18 @@ pub fn bootstrap() -> String {
     std::env::var("TALLY_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())
 }
 
+/// The test broker's SASL_PLAINTEXT listener (mechanism PLAIN, user
+/// `tally`, password [`SASL_PASSWORD`]; `scripts/kafka`).
+pub fn sasl_bootstrap() -> String {
+    format!(
+        "127.0.0.1:{}",
+        std::env::var("TALLY_KAFKA_SASL_PORT").unwrap_or_else(|_| "9094".into())
+    )
+}
+
+/// The test broker's SASL password for user `tally`: a test credential.
+pub const SASL_PASSWORD: &str = "tally-sasl-secret";
+
 /// Kafka tests share one broker and two cores: they run one at a time, and
 /// so do the heaviest other tests (a kill loop over an interpreted plugin,
 /// a swap through every language, the delivery kill loops), whose CPU

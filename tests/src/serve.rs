@@ -33,19 +33,25 @@ impl ServeHost {
     }
 
     /// Like [`ServeHost::start`], with `host` lines added to the host file's
-    /// top level and `acme`, `globex` lines to those tenants' sections
-    /// (globex may have 3 jobs unless its lines set `max_jobs`).
+    /// top level (the test broker unless they set `kafka_brokers`) and
+    /// `acme`, `globex` lines to those tenants' sections (globex may have 3
+    /// jobs unless its lines set `max_jobs`).
     pub fn start_with(dir: &Path, host: &str, acme: &str, globex: &str) -> ServeHost {
         let port = free_port();
         for tenant in ["acme", "globex"] {
             std::fs::create_dir_all(dir.join("inputs").join(tenant)).unwrap();
         }
+        // The host's lines may name other brokers.
+        let brokers = if host.contains("kafka_brokers") {
+            String::new()
+        } else {
+            format!("kafka_brokers = {:?}\n", crate::kafka::bootstrap())
+        };
         let config = format!(
             "listen = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\nmetrics_token = {METRICS:?}\n\
-             kafka_brokers = {brokers:?}\n{host}\n\
+             {brokers}{host}\n\
              [tenants.acme]\ntoken = {ACME:?}\ninput_dir = \"inputs/acme\"\n{acme}\n\
              [tenants.globex]\ntoken = {GLOBEX:?}\ninput_dir = \"inputs/globex\"\n{globex_jobs}{globex}\n",
-            brokers = crate::kafka::bootstrap(),
             globex_jobs = if globex.contains("max_jobs") { "" } else { "max_jobs = 3\n" },
         );
         std::fs::write(dir.join("host.toml"), config).unwrap();

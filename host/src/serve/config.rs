@@ -81,8 +81,22 @@ pub struct HostConfig {
     /// Most memory (address space) an upload's compile may use, in bytes.
     #[serde(default = "default_max_compile_memory_bytes")]
     pub max_compile_memory_bytes: u64,
+    /// The Kafka client settings of every job the host runs (TLS, SASL,
+    /// timeouts), as a job file's `[kafka.client]`; the operator's alone.
+    #[serde(default)]
+    pub kafka: HostKafka,
     /// Tenants by name.
     pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+/// The host file's `[kafka]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostKafka {
+    /// librdkafka properties for every client of the host's jobs (a
+    /// `producer.`, `consumer.` or `admin.` prefix: for those clients only).
+    #[serde(default)]
+    pub client: BTreeMap<String, String>,
 }
 
 /// One tenant.
@@ -300,6 +314,12 @@ impl HostConfig {
                     "tenant `{name}`: max_total_memory_bytes must be at least 1048576 (1 MiB)"
                 )));
             }
+        }
+        tally_kafka::check_client_settings(&self.kafka.client).map_err(InvalidHostFile)?;
+        if !self.kafka.client.is_empty() && self.kafka_brokers.is_none() {
+            return Err(InvalidHostFile(
+                "kafka.client is set but kafka_brokers is not: give the brokers the settings are for".into(),
+            ));
         }
         if self.plugin_versions_kept == 0 {
             return Err(InvalidHostFile("plugin_versions_kept must be at least 1".into()));

@@ -384,7 +384,7 @@ impl ServedJob {
                     restore_stall_ms: kafka.restore_stall_ms,
                     restore_checkpoint_bytes: tally_kafka::DEFAULT_RESTORE_CHECKPOINT_BYTES,
                     restore_fetch: tally_kafka::RestoreFetch::default(),
-                    client: BTreeMap::new(),
+                    client: host.kafka.client.clone(),
                 })
             }
         };
