@@ -149,7 +149,7 @@ pub enum SetupError {
     Client(#[source] rdkafka::error::KafkaError),
     /// The cluster's topics could not be listed.
     #[error(
-        "cannot read topic metadata from {brokers}: {source}; check that the brokers run and are reachable (locally: scripts/kafka start)"
+        "cannot read topic metadata from {brokers}: {source}; check that the brokers run and are reachable, and kafka.client's security settings (TLS, SASL) if the cluster needs them (locally: scripts/kafka start)"
     )]
     Metadata {
         /// The brokers asked.
