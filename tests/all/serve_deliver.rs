@@ -221,3 +221,52 @@ fn a_served_job_delivers_into_the_tenants_database_once() {
     assert!(position > 0, "the delivery's position is in the tenant's database");
     database.batch_execute(&format!("DROP TABLE {table}")).unwrap();
 }
+
+#[test]
+fn a_served_kafka_job_delivers_its_topic_with_its_ledger_mirrored() {
+    use tally_tests::kafka::{
+        KafkaBillingJob, committed_progress, delete_topics, group_reader, produce_usage,
+        read_topic, serial, unique,
+    };
+    let _serial = serial();
+    let receiver = Receiver::start(Faults { error_500: 100, ..Faults::default() });
+    let dir = tempfile::tempdir().unwrap();
+    let acme_lines = format!("[tenants.acme.deliver]\nurls = [{:?}]\n", receiver.url());
+    let host = ServeHost::start_with(dir.path(), "", &acme_lines, "");
+    let job = KafkaBillingJob::create("acme.deliver", 2);
+    let name = unique("deliver");
+    let job_file = format!(
+        "name = {name:?}\noutputs = [\"totals\"]\n[[deliver]]\noutput = \"totals\"\n[deliver.http]\n\
+         url = {url:?}\nretry_initial = \"50ms\"\nretry_max = \"200ms\"\n\
+         [kafka]\ninputs = [{input:?}]\noutputs = {{ totals = {totals:?} }}\ndead_letter_topic = {dead:?}\n",
+        url = receiver.url(),
+        input = job.input,
+        totals = job.totals,
+        dead = job.dead_letters,
+    );
+    let acme = host.client(ACME);
+    acme.deploy(&job_file, &plugin(plugins::USAGE_BILLING)).unwrap();
+    let lines = usage_lines(58, 1_000, 0);
+    produce_usage(&job.input, &lines, 2);
+    let group = group_reader(&format!("tally-acme.{name}"));
+    wait_for("the job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 2) == lines.len() as i64
+    });
+    let records: Vec<(String, String, Value)> = read_topic(&job.totals, true)
+        .iter()
+        .map(|record| {
+            let key: Value = serde_json::from_slice(record.key.as_deref().unwrap()).unwrap();
+            let value = serde_json::from_slice(&record.value).unwrap();
+            (record.header("tally.idempotency-key").to_string(), key.to_string(), value)
+        })
+        .collect();
+    let ledger_topic = format!("tally-acme.{name}.totals.delivery-ledger");
+    let status = wait_delivered(&host, &name, records.len() as u64);
+    let positions = status["positions"].as_object().unwrap().len();
+    acme.delete(&name).unwrap();
+    let mirrored = read_topic(&ledger_topic, false).len();
+    delete_topics(&[&ledger_topic, &format!("tally-acme.{name}-state-changelog")]);
+    assert_eq!(positions, 2, "a position per output partition: {status}");
+    check_applied_once(&receiver, &records, None, 5);
+    assert!(mirrored >= records.len(), "every entry is mirrored: {mirrored} records");
+}
