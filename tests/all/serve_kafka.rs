@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tally_tests::kafka::{
-    KafkaBillingJob, Placed, check, committed_progress, delete_topics, group_reader, produce_usage,
-    read_topic, serial, unique,
+    KafkaBillingJob, OutputRecord, Placed, check, committed_progress, delete_topics, group_reader,
+    produce_usage, read_topic, serial, unique,
 };
 use tally_tests::serve::{ACME, METRICS, ServeHost, number, wait_for};
 use tally_tests::{UsageLine, expected_totals, usage_lines};
@@ -29,6 +29,33 @@ fn kafka_job_file(name: &str, job: &KafkaBillingJob) -> String {
         totals = job.totals,
         dead = job.dead_letters,
     )
+}
+
+/// Waits until served job `name` (tenant acme) has committed every one of
+/// `lines` from its `partitions` input partitions, then checks, with an
+/// independent checker reading `read_committed`, that each counted exactly
+/// once; returns the totals and dead letters read.
+fn committed_exactly_once(
+    job: &KafkaBillingJob,
+    name: &str,
+    partitions: i32,
+    lines: &[UsageLine],
+    placed: &[Placed],
+) -> (Vec<OutputRecord>, Vec<OutputRecord>) {
+    let group = group_reader(&format!("tally-acme.{name}"));
+    wait_for("the job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, partitions) == lines.len() as i64
+    });
+    let totals = read_topic(&job.totals, true);
+    let dead_letters = read_topic(&job.dead_letters, true);
+    let verdict = check(&job.input, lines, placed, &totals, &dead_letters);
+    assert_eq!(
+        (verdict.missing, verdict.doubled),
+        (0, 0),
+        "every input record counts exactly once"
+    );
+    assert_eq!(verdict.totals, expected_totals(lines));
+    (totals, dead_letters)
 }
 
 fn digest_of(path: &str) -> String {
@@ -91,21 +118,7 @@ fn twenty_plugin_swaps_under_load_keep_totals_exact_and_change_the_digest_only_b
     stop.store(true, Ordering::Relaxed);
     let (lines, placed) = feeder.join().unwrap();
     assert!(lines.len() >= 4_000, "input kept arriving during the swaps ({} records)", lines.len());
-    let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit every record", Duration::from_secs(120), || {
-        committed_progress(&group, &job.input, 4) == lines.len() as i64
-    });
-
-    // Exactly once, by an independent checker reading read_committed.
-    let totals = read_topic(&job.totals, true);
-    let dead_letters = read_topic(&job.dead_letters, true);
-    let verdict = check(&job.input, &lines, &placed, &totals, &dead_letters);
-    assert_eq!(
-        (verdict.missing, verdict.doubled),
-        (0, 0),
-        "every input record counts exactly once"
-    );
-    assert_eq!(verdict.totals, expected_totals(&lines));
+    let (totals, dead_letters) = committed_exactly_once(&job, &name, 4, &lines, &placed);
 
     let digest_of_transaction =
         digests_by_transaction(&changelog, totals.iter().chain(&dead_letters));
@@ -253,20 +266,7 @@ fn hot_swaps_between_languages_under_load_keep_totals_exact() {
     }
     stop.store(true, Ordering::Relaxed);
     let (lines, placed) = feeder.join().unwrap();
-    let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit every record", Duration::from_secs(120), || {
-        committed_progress(&group, &job.input, 4) == lines.len() as i64
-    });
-
-    let totals = read_topic(&job.totals, true);
-    let dead_letters = read_topic(&job.dead_letters, true);
-    let verdict = check(&job.input, &lines, &placed, &totals, &dead_letters);
-    assert_eq!(
-        (verdict.missing, verdict.doubled),
-        (0, 0),
-        "every input record counts exactly once"
-    );
-    assert_eq!(verdict.totals, expected_totals(&lines));
+    let (totals, dead_letters) = committed_exactly_once(&job, &name, 4, &lines, &placed);
     let digests_seen: BTreeSet<String> =
         digests_by_transaction(&changelog, totals.iter().chain(&dead_letters))
             .into_values()
@@ -481,19 +481,7 @@ fn a_host_runs_its_jobs_on_a_sasl_listener_with_its_own_client_settings() {
     acme.deploy(&kafka_job_file(&name, &job), &billing).unwrap();
     let lines = usage_lines(57, 3_000, 3);
     let placed = produce_usage(&job.input, &lines, 2);
-    let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit every record", Duration::from_secs(120), || {
-        committed_progress(&group, &job.input, 2) == lines.len() as i64
-    });
-    let totals = read_topic(&job.totals, true);
-    let dead_letters = read_topic(&job.dead_letters, true);
-    let verdict = check(&job.input, &lines, &placed, &totals, &dead_letters);
-    assert_eq!(
-        (verdict.missing, verdict.doubled),
-        (0, 0),
-        "every input record counts exactly once"
-    );
-    assert_eq!(verdict.totals, expected_totals(&lines));
+    committed_exactly_once(&job, &name, 2, &lines, &placed);
     acme.delete(&name).unwrap();
     delete_topics(&[&format!("tally-acme.{name}-state-changelog")]);
 }
