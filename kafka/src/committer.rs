@@ -148,7 +148,9 @@ impl KafkaCommitter {
                 meta.push((checkpoint_key(partition), next.to_string().into_bytes()));
             }
         }
+        let applying = std::time::Instant::now();
         self.store.commit(StoreCommit { state: changes, meta })?;
+        tracing::debug!(store_us = applying.elapsed().as_micros() as u64, "state applied");
         Ok(())
     }
 

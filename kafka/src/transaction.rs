@@ -131,12 +131,21 @@ impl TransactionOwner {
         match self.guarantee {
             Guarantee::ExactlyOnce => {
                 let group = group.ok_or(KafkaError::Global(RDKafkaErrorCode::InvalidGroupId))?;
+                let started = Instant::now();
                 if offsets.count() > 0 {
                     self.producer.send_offsets_to_transaction(offsets, group, self.timeout)?;
                 }
+                let offsets_sent = Instant::now();
                 self.wait_delivered()?;
+                let delivered = Instant::now();
                 self.producer.commit_transaction(self.timeout)?;
                 self.open.store(false, Ordering::SeqCst);
+                tracing::debug!(
+                    offsets_us = (offsets_sent - started).as_micros() as u64,
+                    delivered_us = (delivered - offsets_sent).as_micros() as u64,
+                    commit_us = delivered.elapsed().as_micros() as u64,
+                    "transaction committed"
+                );
             }
             Guarantee::AtLeastOnce => {
                 self.wait_delivered()?;

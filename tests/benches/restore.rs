@@ -42,7 +42,9 @@ use std::time::{Duration, Instant};
 use rdkafka::bindings as rd;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tally_tests::kafka::{KafkaBillingJob, bootstrap, delete_topics, produce_usage};
+use tally_tests::kafka::{
+    KafkaBillingJob, bootstrap, delete_topics, delete_topics_starting_with, produce_usage,
+};
 use tally_tests::{distinct_key_lines, tally_binary};
 
 #[allow(dead_code)] // the benchmark uses only the billing plugin
@@ -378,20 +380,6 @@ impl Figures {
     fn rate(&self) -> f64 {
         self.records as f64 / self.seconds.max(1e-9)
     }
-}
-
-/// Deletes every topic whose name starts with `prefix` (the peer's changelog).
-fn delete_topics_starting_with(prefix: &str) {
-    let consumer: BaseConsumer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
-    let Ok(metadata) = consumer.fetch_metadata(None, Duration::from_secs(10)) else { return };
-    let names: Vec<String> = metadata
-        .topics()
-        .iter()
-        .map(|topic| topic.name().to_string())
-        .filter(|name| name.starts_with(prefix))
-        .collect();
-    delete_topics(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
 fn bench(keys: usize, rounds: usize, dir: &Path, peer_script: &Path) {

@@ -391,6 +391,20 @@ pub fn delete_topics(topics: &[&str]) {
     let _ = futures_executor::block_on(admin.delete_topics(topics, &options));
 }
 
+/// Deletes every topic whose name starts with `prefix` (a Kafka Streams
+/// peer's internal topics).
+pub fn delete_topics_starting_with(prefix: &str) {
+    let Ok(consumer) = client_config().create::<BaseConsumer>() else { return };
+    let Ok(metadata) = consumer.fetch_metadata(None, Duration::from_secs(10)) else { return };
+    let names: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|topic| topic.name().to_string())
+        .filter(|name| name.starts_with(prefix))
+        .collect();
+    delete_topics(&names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
 /// Deletes `topic` and creates it again, empty, with `partitions`
 /// partitions: what an operator does who "starts a topic over". Deletion
 /// finishes in the background, so creating is retried until it succeeds.

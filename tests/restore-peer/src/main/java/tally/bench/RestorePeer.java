@@ -3,6 +3,7 @@ package tally.bench;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.lang.management.ManagementFactory;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -23,6 +24,8 @@ import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.header.Headers;
+import org.apache.kafka.common.header.internals.RecordHeaders;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.streams.CloseOptions;
 import org.apache.kafka.streams.KafkaStreams;
@@ -33,6 +36,7 @@ import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.processor.api.Processor;
 import org.apache.kafka.streams.processor.api.ProcessorContext;
 import org.apache.kafka.streams.processor.api.Record;
+import org.apache.kafka.streams.processor.api.RecordMetadata;
 import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.Stores;
 
@@ -44,8 +48,11 @@ import org.apache.kafka.streams.state.Stores;
  * backed by a changelog topic and forwards (key, new total) to the output topic.
  *
  * <pre>
- * process --bootstrap B --input T --output T --app-id ID --state-dir D --expect N [--timeout-s S]
- *     runs until N input records are processed and committed; prints {"processed", "ms"}
+ * process --bootstrap B --input T --output T --app-id ID --state-dir D --expect N [--timeout-s S] [--lineage true]
+ *     runs until N input records are processed and committed; prints {"processed", "ms"}. With
+ *     --lineage, each output record carries its input's partition and offset in the headers
+ *     tally.source.partition and tally.source.offset, as Tally's outputs do (the latency benchmark
+ *     matches outputs to inputs by them)
  * restore --bootstrap B --input T --output T --app-id ID --state-dir D [--timeout-s S]
  *     starts on an empty state dir, waits until the store is restored from its changelog
  *     and the app runs; prints {"restore_ms", "records", "partitions", "cpu_s", "changelog_bytes"}
@@ -66,7 +73,7 @@ public final class RestorePeer {
         } catch (IllegalArgumentException e) {
             System.err.println("restore-peer: error: " + e.getMessage());
             System.err.println("usage: restore-peer process|restore --bootstrap B --input T --output T"
-                    + " --app-id ID --state-dir D [--expect N] [--timeout-s S]");
+                    + " --app-id ID --state-dir D [--expect N] [--timeout-s S] [--lineage true]");
             status = 2;
         } catch (Exception e) {
             System.err.println("restore-peer: error: " + e.getMessage());
@@ -87,7 +94,8 @@ public final class RestorePeer {
         long timeoutS = Long.parseLong(opts.getOrDefault("timeout-s", "600"));
         long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(timeoutS);
         Job job = new Job(required(opts, "bootstrap"), required(opts, "input"), required(opts, "output"),
-                required(opts, "app-id"), required(opts, "state-dir"), deadline, timeoutS);
+                required(opts, "app-id"), required(opts, "state-dir"), deadline, timeoutS,
+                Boolean.parseBoolean(opts.getOrDefault("lineage", "false")));
         switch (args[0]) {
             case "process":
                 return job.process(Long.parseLong(required(opts, "expect")));
@@ -106,12 +114,12 @@ public final class RestorePeer {
 
     /** One run of the billing job against Kafka. */
     record Job(String bootstrap, String input, String output, String appId, String stateDir,
-               long deadline, long timeoutS) {
+               long deadline, long timeoutS, boolean lineage) {
 
         Topology topology() {
             Topology t = new Topology();
             t.addSource("events", Serdes.String().deserializer(), Serdes.String().deserializer(), input);
-            t.addProcessor("billing", Billing::new, "events");
+            t.addProcessor("billing", () -> new Billing(lineage), "events");
             t.addStateStore(Stores.keyValueStoreBuilder(
                             Stores.persistentKeyValueStore(STORE), Serdes.String(), Serdes.Long())
                     .withLoggingEnabled(Map.of())
@@ -234,8 +242,13 @@ public final class RestorePeer {
 
     /** The billing job: one running total per customer, metric and month. */
     static final class Billing implements Processor<String, String, String, Long> {
+        private final boolean lineage;
         private ProcessorContext<String, Long> context;
         private KeyValueStore<String, Long> totals;
+
+        Billing(boolean lineage) {
+            this.lineage = lineage;
+        }
 
         @Override
         public void init(ProcessorContext<String, Long> context) {
@@ -262,7 +275,15 @@ public final class RestorePeer {
             Long old = totals.get(key);
             long total = (old == null ? 0 : old) + quantity.asLong();
             totals.put(key, total);
-            context.forward(record.withKey(key).withValue(total));
+            Record<String, Long> out = record.withKey(key).withValue(total);
+            if (lineage) {
+                RecordMetadata source = context.recordMetadata().orElseThrow();
+                Headers headers = new RecordHeaders()
+                        .add("tally.source.partition", Integer.toString(source.partition()).getBytes(StandardCharsets.UTF_8))
+                        .add("tally.source.offset", Long.toString(source.offset()).getBytes(StandardCharsets.UTF_8));
+                out = out.withHeaders(headers);
+            }
+            context.forward(out);
             PROCESSED.incrementAndGet();
         }
     }
