@@ -23,23 +23,54 @@ fn commit_error(err: rocksdb::Error) -> StateError {
     StateError::Commit(Box::new(err))
 }
 
+/// How a commit reaches the disk before [`StateStore::commit`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Written to RocksDB's write-ahead log and synced (fsync): the store is
+    /// the only durable copy of the state (local mode).
+    Fsync,
+    /// Written to RocksDB's write-ahead log, not synced: a killed process
+    /// loses nothing (the kernel holds the log), and a machine that loses
+    /// power may lose its last commits, whole (RocksDB recovers a prefix of
+    /// its writes, each commit's state with its checkpoint), which the
+    /// restore then reads again from the changelog. For Kafka mode, where
+    /// the Kafka transaction is the commit point and the changelog the
+    /// durable copy; an fsync per commit only delayed the next commit
+    /// (Kafka Streams writes its stores without a log at all).
+    ChangelogBacked,
+}
+
 /// The RocksDB backend: one column family per namespace, every commit one
-/// synced `WriteBatch`; bulk loads ingest SST files (see [`bulk_load`]).
+/// `WriteBatch` (synced or not: [`Durability`]); bulk loads ingest SST
+/// files (see [`bulk_load`]).
 pub struct RocksStore {
     /// Shared with a bulk load's writer thread.
     db: Arc<rocksdb::DB>,
+    /// Options of every commit's write.
+    commit_options: rocksdb::WriteOptions,
 }
 
 impl RocksStore {
-    /// Opens (creating if needed) the store in directory `path`.
+    /// Opens (creating if needed) the store in directory `path`; every
+    /// commit is synced ([`Durability::Fsync`]).
     pub fn open(path: &Path) -> Result<RocksStore, StateError> {
+        RocksStore::open_with(path, Durability::Fsync)
+    }
+
+    /// Opens (creating if needed) the store in directory `path`, committing
+    /// with `durability`.
+    pub fn open_with(path: &Path, durability: Durability) -> Result<RocksStore, StateError> {
         let mut options = rocksdb::Options::default();
         options.create_if_missing(true);
         options.create_missing_column_families(true);
         let families = [(STATE_CF, state_options()), (META_CF, rocksdb::Options::default())];
         let db = rocksdb::DB::open_cf_with_opts(&options, path, families)
             .map_err(|err| StateError::Open { path: path.to_path_buf(), source: Box::new(err) })?;
-        Ok(RocksStore { db: Arc::new(db) })
+        let commit_options = match durability {
+            Durability::Fsync => synced(),
+            Durability::ChangelogBacked => rocksdb::WriteOptions::default(),
+        };
+        Ok(RocksStore { db: Arc::new(db), commit_options })
     }
 
     fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<Entry>, StateError> {
@@ -153,7 +184,7 @@ impl StateStore for RocksStore {
         for (key, value) in &commit.meta {
             batch.put_cf(meta, key, value);
         }
-        self.db.write_opt(batch, &synced()).map_err(commit_error)
+        self.db.write_opt(batch, &self.commit_options).map_err(commit_error)
     }
 
     fn bulk_load(&self) -> Box<dyn BulkLoad + '_> {
@@ -234,6 +265,28 @@ mod tests {
             crashed.scan_state().unwrap().len(),
             25_000,
             "every write before the checkpoint is on disk"
+        );
+    }
+
+    #[test]
+    fn a_changelog_backed_commit_is_in_the_write_ahead_log_when_it_returns() {
+        let (dir, image) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let store = RocksStore::open_with(dir.path(), Durability::ChangelogBacked).unwrap();
+        for n in 0..3u8 {
+            store
+                .commit(StoreCommit {
+                    state: vec![(vec![b'k', n], Some(vec![n]))],
+                    meta: vec![(b"checkpoint".to_vec(), vec![n])],
+                })
+                .unwrap();
+        }
+        // A killed process leaves its log with the kernel: every commit is there.
+        crash_image(dir.path(), image.path());
+        let crashed = RocksStore::open(image.path()).unwrap();
+        assert_eq!(crashed.get_meta(b"checkpoint").unwrap(), Some(vec![2]));
+        assert_eq!(
+            crashed.get_many(&[b"k\x00", b"k\x01", b"k\x02"]).unwrap(),
+            vec![Some(vec![0]), Some(vec![1]), Some(vec![2])]
         );
     }
 

@@ -11,7 +11,7 @@ mod rebalance;
 mod session;
 mod state_updater;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ use tally_core::plugin::{JobContext, LoadedPlugin, PluginError, Processor};
 use tally_core::state::StateStore;
 use tally_core::task::{Finish, RunError, Task};
 use tally_core::transaction::Transaction;
-use tally_state_rocks::RocksStore;
+use tally_state_rocks::{Durability, RocksStore};
 
 use crate::config::{Guarantee, KafkaConfig};
 use tally_core::lock::DirLock;
@@ -238,7 +238,12 @@ impl KafkaJob {
         let instance = instance_id::instance_id(&kafka.state_dir)
             .map_err(|err| KafkaJobError::Setup { job: config.name.clone(), source: err.into() })?;
         let layout = topics::prepare(config, &kafka)?;
-        let store: Arc<dyn StateStore> = Arc::new(RocksStore::open(&kafka.state_dir.join("db"))?);
+        // The Kafka transaction is the commit point and the changelog the
+        // durable copy: RocksDB's commits need no fsync (see `Durability`).
+        let store: Arc<dyn StateStore> = Arc::new(RocksStore::open_with(
+            &kafka.state_dir.join("db"),
+            Durability::ChangelogBacked,
+        )?);
         let mut limits = config.limits;
         limits.max_value_bytes = limits.max_value_bytes.min(MAX_KAFKA_VALUE_BYTES);
         let mut txn = Transaction::new(store.clone(), config.outputs.clone().into(), limits)
@@ -474,6 +479,7 @@ impl KafkaJob {
                 context: task.context().clone(),
                 watermarks,
                 shared: BTreeMap::new(),
+                registered: BTreeSet::new(),
             };
             task.drive(&mut session, stop, summary)
         });

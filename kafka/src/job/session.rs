@@ -3,7 +3,7 @@
 //! holds, and commits in two phases, the commit point on a thread of its
 //! own while the next transaction runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -56,6 +56,9 @@ pub(super) struct Session<'s, 'scope, 'env> {
     /// The own watermarks sent to the watermark topic, per partition, in
     /// a commit that took effect or in the open transaction.
     pub(super) shared: BTreeMap<u32, Timestamp>,
+    /// Changelog partitions added to the open Kafka transaction ahead of
+    /// its commit ([`Session::register_changelog_partitions`]).
+    pub(super) registered: BTreeSet<i32>,
 }
 
 impl Driver for Session<'_, '_, '_> {
@@ -108,6 +111,10 @@ impl Driver for Session<'_, '_, '_> {
                 .collector()
                 .send_outputs(txn)
                 .map_err(|source| Restart::Call { doing: "sending the outputs", source })?;
+            self.register_changelog_partitions().map_err(|source| Restart::Call {
+                doing: "sending the changelog's position markers",
+                source,
+            })?;
         }
         Ok(())
     }
@@ -133,6 +140,7 @@ impl Driver for Session<'_, '_, '_> {
     /// offsets.
     fn discard(&mut self, _txn: &mut Transaction) -> Result<(), SessionError> {
         self.shared.clear();
+        self.registered.clear();
         self.committer.abort()?;
         rewind(self.consumer, &self.progress.first)?;
         self.progress.forget_uncommitted();
@@ -220,6 +228,7 @@ impl Session<'_, '_, '_> {
         if rebalanced.revoked {
             // The rebalance handler aborted the transaction; what was read
             // for it is read again by whoever owns it now.
+            self.registered.clear();
             self.progress.forget_uncommitted();
             self.progress.included.clear();
             self.progress.restoring.clear();
@@ -480,6 +489,8 @@ impl Session<'_, '_, '_> {
             let positions = self.fenced_positions(txn);
             two_phase.prepare(txn, &positions)
         };
+        // The next Kafka transaction registers its partitions anew.
+        self.registered.clear();
         let prepared = match prepared {
             Ok(prepared) => prepared,
             Err(err) => return self.commit_failed(err, Settle::Wait),
@@ -502,6 +513,32 @@ impl Session<'_, '_, '_> {
             return Ok(CommitOutcome::InFlight);
         }
         self.settle_now(txn, Settle::Wait)
+    }
+
+    /// Adds the changelog partitions of the input partitions read in the
+    /// open transaction to its Kafka transaction now, not at its commit:
+    /// each is sent its last committed position marker again (true of the
+    /// state at every point since), so librdkafka registers the partition
+    /// with the transaction (AddPartitionsToTxn) while the job still
+    /// processes, and the commit waits for one round trip to the
+    /// transaction coordinator less. The commit's own marker follows it.
+    /// Under `exactly_once` only: without a transaction there is nothing
+    /// to register.
+    fn register_changelog_partitions(&mut self) -> Result<(), KafkaError> {
+        if self.kafka.guarantee != Guarantee::ExactlyOnce {
+            return Ok(());
+        }
+        for &source in self.progress.positions.keys() {
+            let (topic, partition) = split_source_id(source);
+            if self.registered.contains(&partition) {
+                continue;
+            }
+            if let Some(&included) = self.progress.included.get(&source) {
+                self.committer.collector().send_position(topic, partition, included)?;
+                self.registered.insert(partition);
+            }
+        }
+        Ok(())
     }
 
     /// The input positions a commit carries. A period job's commit also
