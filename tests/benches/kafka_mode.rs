@@ -247,16 +247,7 @@ fn run_tally(
     events: usize,
 ) -> (Duration, JobReport, CpuUse) {
     let name = unique(&format!("bench-{}", contender.label.replace(' ', "-")));
-    let job = KafkaBillingJob {
-        input: input.to_string(),
-        totals: format!("{name}-totals"),
-        dead_letters: format!("{name}-dead-letters"),
-        name,
-        partitions: PARTITIONS,
-        owns_input: false,
-    };
-    create_topic(&job.totals, PARTITIONS);
-    create_topic(&job.dead_letters, 1);
+    let job = KafkaBillingJob::on_input(name, input, PARTITIONS);
     let state_dir = dir.join(&job.name);
     let job_file = job.write_job_file_with_kafka(
         dir,

@@ -251,18 +251,7 @@ fn round(
     let client = std::env::var("TALLY_BENCH_CLIENT").unwrap_or_default();
     let jobs: Vec<KafkaBillingJob> = (1..builds.len())
         .map(|index| {
-            let name = format!("{}-{index}", first.name);
-            let job = KafkaBillingJob {
-                input: first.input.clone(),
-                totals: format!("{name}-totals"),
-                dead_letters: format!("{name}-dead-letters"),
-                name,
-                partitions: PARTITIONS,
-                owns_input: false,
-            };
-            create_topic(&job.totals, PARTITIONS);
-            create_topic(&job.dead_letters, 1);
-            job
+            KafkaBillingJob::on_input(format!("{}-{index}", first.name), &first.input, PARTITIONS)
         })
         .collect();
     let jobs: Vec<&KafkaBillingJob> = std::iter::once(&first).chain(&jobs).collect();

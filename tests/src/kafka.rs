@@ -462,6 +462,23 @@ impl KafkaBillingJob {
         job
     }
 
+    /// A job named `name` reading the existing topic `input` (shared with
+    /// other jobs, so not its to delete), with fresh output and
+    /// dead-letter topics.
+    pub fn on_input(name: String, input: &str, partitions: i32) -> KafkaBillingJob {
+        let job = KafkaBillingJob {
+            input: input.to_string(),
+            totals: format!("{name}-totals"),
+            dead_letters: format!("{name}-dead-letters"),
+            name,
+            partitions,
+            owns_input: false,
+        };
+        create_topic(&job.totals, partitions);
+        create_topic(&job.dead_letters, 1);
+        job
+    }
+
     /// Writes the job file for one process of the job, with its own state
     /// directory `state_dir`; `extra` goes at the top level, `client` into
     /// `[kafka.client]`.
