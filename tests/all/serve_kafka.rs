@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tally_tests::kafka::{
-    KafkaBillingJob, OutputRecord, Placed, check, committed_progress, delete_topics, group_reader,
-    produce_usage, read_topic, serial, unique,
+    KafkaBillingJob, OutputRecord, Placed, assert_exactly_once, check, committed_progress,
+    delete_topics, group_reader, produce_usage, read_topic, serial, unique,
 };
 use tally_tests::serve::{ACME, METRICS, ServeHost, number, wait_for};
 use tally_tests::{UsageLine, expected_totals, usage_lines};
@@ -32,8 +32,8 @@ fn kafka_job_file(name: &str, job: &KafkaBillingJob) -> String {
 }
 
 /// Waits until served job `name` (tenant acme) has committed every one of
-/// `lines` from its `partitions` input partitions, then checks, with an
-/// independent checker reading `read_committed`, that each counted exactly
+/// `lines` from its `partitions` input partitions, then checks, with the
+/// independent checker ([`assert_exactly_once`]), that each counted exactly
 /// once; returns the totals and dead letters read.
 fn committed_exactly_once(
     job: &KafkaBillingJob,
@@ -46,16 +46,7 @@ fn committed_exactly_once(
     wait_for("the job to commit every record", Duration::from_secs(120), || {
         committed_progress(&group, &job.input, partitions) == lines.len() as i64
     });
-    let totals = read_topic(&job.totals, true);
-    let dead_letters = read_topic(&job.dead_letters, true);
-    let verdict = check(&job.input, lines, placed, &totals, &dead_letters);
-    assert_eq!(
-        (verdict.missing, verdict.doubled),
-        (0, 0),
-        "every input record counts exactly once"
-    );
-    assert_eq!(verdict.totals, expected_totals(lines));
-    (totals, dead_letters)
+    assert_exactly_once(job, lines, placed)
 }
 
 fn digest_of(path: &str) -> String {

@@ -95,12 +95,12 @@ fn produce_steadily(topic: &str, rate: f64, total: usize) -> ThreadedProducer<Se
             1 + (rng >> 32) % 30
         );
         let partition = (customer % PARTITIONS as usize) as i32;
+        // A send retried while the queue is full keeps its first send time.
         let mut record = BaseRecord::with_opaque_to(topic, Box::new(Instant::now()))
             .key(key.as_bytes())
             .payload(value.as_bytes())
             .partition(partition);
         loop {
-            record.delivery_opaque = Box::new(Instant::now());
             match producer.send(record) {
                 Ok(()) => break,
                 Err((err, back)) => {

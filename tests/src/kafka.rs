@@ -333,6 +333,26 @@ pub fn check(
     Verdict { missing, doubled, totals: final_totals }
 }
 
+/// Reads `job`'s totals and dead letters `read_committed` and asserts,
+/// with [`check`], that each of `lines` (produced at `placed`) counted
+/// exactly once and the totals are theirs; returns what it read.
+pub fn assert_exactly_once(
+    job: &KafkaBillingJob,
+    lines: &[UsageLine],
+    placed: &[Placed],
+) -> (Vec<OutputRecord>, Vec<OutputRecord>) {
+    let totals = read_topic(&job.totals, true);
+    let dead_letters = read_topic(&job.dead_letters, true);
+    let verdict = check(&job.input, lines, placed, &totals, &dead_letters);
+    assert_eq!(
+        (verdict.missing, verdict.doubled),
+        (0, 0),
+        "every input record counts exactly once"
+    );
+    assert_eq!(verdict.totals, crate::expected_totals(lines));
+    (totals, dead_letters)
+}
+
 /// Checks the `totals` of a job that writes each key's latest total per
 /// commit (`emit = { totals = "latest_per_key" }`), read `read_committed` in offset
 /// order: each record's total is its key's running total right after its
