@@ -99,6 +99,7 @@ pub mod conformance {
         a_committed_transaction_counts_whole(&mut fresh());
         an_aborted_transaction_counts_nothing(&mut fresh());
         a_crash_after_prepare_loses_nothing_and_counts_nothing(&mut fresh());
+        aborts_right_after_commits_count_nothing(&mut fresh());
     }
 
     /// The value a call of the committer under test must return, or a
@@ -169,6 +170,23 @@ pub mod conformance {
             after(2),
             "the aborted transaction left nothing; its retry counts once"
         );
+    }
+
+    /// Aborts that follow commits at once (while a Kafka coordinator may
+    /// still be writing the commit's markers) count nothing, and the
+    /// committer goes on each time.
+    pub fn aborts_right_after_commits_count_nothing<B: Backend>(backend: &mut B) {
+        const ROUNDS: u64 = 50;
+        let mut committer = backend.open();
+        for n in 1..=ROUNDS {
+            commit_transaction(backend, &mut committer, n);
+            let (_txn, prepared) = prepare_transaction(backend, &mut committer, n + 1);
+            drop(prepared);
+            ok(committer.abort(), "abort");
+        }
+        drop(committer);
+        backend.open();
+        assert_eq!(backend.visible(), after(ROUNDS), "no aborted transaction left anything");
     }
 
     /// A committer dropped between its phases (a crash) loses nothing

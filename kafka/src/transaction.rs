@@ -163,8 +163,20 @@ impl TransactionOwner {
     /// Aborts the open transaction, if any: nothing sent since the last
     /// commit becomes visible to `read_committed` readers. Whether one was
     /// open.
+    ///
+    /// It first waits (up to the timeout) for the records sent: librdkafka
+    /// ends a transaction as soon as it has *sent* AddPartitionsToTxn, and
+    /// right after a commit the coordinator refuses that request while it
+    /// still writes the commit's markers; the abort then reaches a
+    /// coordinator with no open transaction, which is fatal to the producer
+    /// (INVALID_TXN_STATE, librdkafka issue 4849). A record is delivered
+    /// only once its partition joined the transaction, so after the wait
+    /// the abort ends a transaction the coordinator knows.
     pub fn abort(&self) -> Result<bool, KafkaError> {
         if self.guarantee == Guarantee::ExactlyOnce && self.open.swap(false, Ordering::SeqCst) {
+            if let Err(err) = self.wait_delivered() {
+                tracing::debug!(%err, "aborting with records still in flight");
+            }
             self.producer.abort_transaction(self.timeout)?;
             return Ok(true);
         }
