@@ -24,6 +24,10 @@ use tally_kafka::{HEADER_IDEMPOTENCY_KEY, QuietEof};
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 /// The first poll of a read waits this long for a record.
 const FIRST_POLL: Duration = Duration::from_millis(10);
+/// How often a read looks for partitions added to the topic since.
+const PARTITIONS_CHECK: Duration = Duration::from_secs(5);
+/// Longest that look may take; the read goes on without it when it fails.
+const PARTITIONS_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The default compacted topic of a delivery's ledger.
 pub fn default_ledger_topic(job: &str, output: &str) -> String {
@@ -37,6 +41,10 @@ pub struct KafkaOutput {
     partitions: BTreeSet<i32>,
     /// Partitions whose end the last read reached.
     at_end: BTreeSet<i32>,
+    /// Where the delivery started, for partitions found later.
+    positions: Positions,
+    /// When the topic's partitions were last looked up.
+    checked: Instant,
 }
 
 impl KafkaOutput {
@@ -59,7 +67,61 @@ impl KafkaOutput {
             topic: topic.to_string(),
             partitions: BTreeSet::new(),
             at_end: BTreeSet::new(),
+            positions: Positions::default(),
+            checked: Instant::now(),
         })
+    }
+
+    /// The topic's partitions now (none when it does not exist).
+    fn topic_partitions(&self, timeout: Duration) -> Result<BTreeSet<i32>, KafkaError> {
+        let metadata = self.consumer.fetch_metadata(Some(&self.topic), timeout)?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .filter(|topic| topic.name() == self.topic && topic.error().is_none())
+            .flat_map(|topic| topic.partitions().iter().map(|partition| partition.id()))
+            .collect())
+    }
+
+    /// Each partition of `partitions` where the delivery starts: its
+    /// position, or the partition's start.
+    fn assignment(&self, partitions: &BTreeSet<i32>) -> Result<TopicPartitionList, SourceError> {
+        let mut assignment = TopicPartitionList::new();
+        for &partition in partitions {
+            let offset = match self.positions.get(&(partition as u32)) {
+                Some(&offset) => Offset::Offset(offset as i64),
+                None => Offset::Beginning,
+            };
+            assignment
+                .add_partition_offset(&self.topic, partition, offset)
+                .map_err(|err| read_error(&self.topic, err))?;
+        }
+        Ok(assignment)
+    }
+
+    /// Starts reading partitions added to the topic since the last look
+    /// (an operator may add some while the job runs; their records would
+    /// never be delivered otherwise). A failed look is tried again later.
+    fn read_new_partitions(&mut self) -> Result<(), SourceError> {
+        self.checked = Instant::now();
+        let now = match self.topic_partitions(PARTITIONS_CHECK_TIMEOUT) {
+            Ok(now) => now,
+            Err(err) => {
+                tracing::warn!(topic = %self.topic, error = %err, "looking for partitions added to the job's output");
+                return Ok(());
+            }
+        };
+        let added: BTreeSet<i32> = now.difference(&self.partitions).copied().collect();
+        if added.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(topic = %self.topic, ?added, "partitions added to the job's output; delivering them too");
+        let assignment = self.assignment(&added)?;
+        self.consumer
+            .incremental_assign(&assignment)
+            .map_err(|err| read_error(&self.topic, err))?;
+        self.partitions.extend(added);
+        Ok(())
     }
 
     fn record(&self, message: &rdkafka::message::BorrowedMessage<'_>) -> Line {
@@ -91,16 +153,8 @@ impl KafkaOutput {
 
 impl Source for KafkaOutput {
     fn start(&mut self, positions: &Positions) -> Result<(), SourceError> {
-        let metadata = self
-            .consumer
-            .fetch_metadata(Some(&self.topic), KAFKA_TIMEOUT)
-            .map_err(|err| read_error(&self.topic, err))?;
-        let partitions: BTreeSet<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|topic| topic.name() == self.topic && topic.error().is_none())
-            .flat_map(|topic| topic.partitions().iter().map(|partition| partition.id()))
-            .collect();
+        let partitions =
+            self.topic_partitions(KAFKA_TIMEOUT).map_err(|err| read_error(&self.topic, err))?;
         if partitions.is_empty() {
             return Err(SourceError::Read {
                 path: PathBuf::from(&self.topic),
@@ -109,23 +163,19 @@ impl Source for KafkaOutput {
                         .into(),
             });
         }
-        let mut assignment = TopicPartitionList::new();
-        for &partition in &partitions {
-            let offset = match positions.get(&(partition as u32)) {
-                Some(&offset) => Offset::Offset(offset as i64),
-                None => Offset::Beginning,
-            };
-            assignment
-                .add_partition_offset(&self.topic, partition, offset)
-                .map_err(|err| read_error(&self.topic, err))?;
-        }
+        self.positions = positions.clone();
+        let assignment = self.assignment(&partitions)?;
         self.consumer.assign(&assignment).map_err(|err| read_error(&self.topic, err))?;
         self.partitions = partitions;
         self.at_end.clear();
+        self.checked = Instant::now();
         Ok(())
     }
 
     fn read(&mut self, max: usize) -> Result<Vec<Line>, SourceError> {
+        if self.checked.elapsed() >= PARTITIONS_CHECK {
+            self.read_new_partitions()?;
+        }
         let mut lines = Vec::new();
         let mut wait = FIRST_POLL;
         while lines.len() < max {

@@ -148,3 +148,47 @@ fn a_kafka_jobs_records_go_into_postgres_once_with_a_position_per_partition() {
     assert!(positions.len() >= partitions.len(), "{} positions", positions.len());
     client.batch_execute(&format!("DROP TABLE {table}")).unwrap();
 }
+
+#[test]
+fn a_delivery_reads_partitions_added_to_the_output_while_it_runs() {
+    use std::time::Instant;
+    use tally_deliver::{Positions, Source};
+    use tally_host::deliver_kafka::KafkaOutput;
+
+    let _serial = serial();
+    let topic = unique("deliver-grown");
+    create_topic(&topic, 1);
+    let mut output = KafkaOutput::new(
+        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).clone(),
+        &topic,
+        &unique("deliver-grown-reader"),
+    )
+    .unwrap();
+    // Every record read, by (partition, offset), until the source says it
+    // is caught up (or the budget runs out).
+    let read_all = |output: &mut KafkaOutput, seen: &mut Vec<(u32, u64)>, want: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while seen.len() < want || !output.caught_up() {
+            assert!(Instant::now() < deadline, "read {} of {want} records: {seen:?}", seen.len());
+            seen.extend(output.read(100).unwrap().iter().map(|line| (line.partition, line.offset)));
+        }
+    };
+    let first = produce_records(&topic, &[(0, "a", "1"), (0, "b", "2")]);
+    output.start(&Positions::new()).unwrap();
+    let mut seen = Vec::new();
+    read_all(&mut output, &mut seen, first.len());
+
+    add_partitions(&topic, 3);
+    let later = produce_records(&topic, &[(1, "c", "3"), (2, "d", "4"), (0, "e", "5")]);
+    read_all(&mut output, &mut seen, first.len() + later.len());
+    delete_topics(&[&topic]);
+
+    let mut expected: Vec<(u32, u64)> = first
+        .iter()
+        .chain(&later)
+        .map(|placed| (placed.partition as u32, placed.offset as u64))
+        .collect();
+    expected.sort();
+    seen.sort();
+    assert_eq!(seen, expected, "every record once, in the partitions added too");
+}

@@ -58,6 +58,19 @@ pub fn create_topic(topic: &str, partitions: i32) {
         .unwrap_or_else(|code| panic!("creating {topic}: {code}"));
 }
 
+/// Grows `topic` to `total` partitions, as an operator does with
+/// `kafka-topics.sh --alter`.
+pub fn add_partitions(topic: &str, total: usize) {
+    let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
+    let grown = rdkafka::admin::NewPartitions::new(topic, total);
+    let results =
+        futures_executor::block_on(admin.create_partitions(&[grown], &AdminOptions::new()))
+            .unwrap();
+    for result in results {
+        result.unwrap_or_else(|(_, code)| panic!("adding partitions to {topic}: {code}"));
+    }
+}
+
 /// Asks `admin` to create `topic`; the broker's refusal, if it refuses.
 fn try_create_topic(
     admin: &AdminClient<DefaultClientContext>,
