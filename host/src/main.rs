@@ -20,7 +20,7 @@ use tally_core::plugin::{
 use tally_core::state::StateStore;
 use tally_host::config::{DEFAULT_BATCH_SIZE, JobConfig, JobSettings, LocalConfig, Mode};
 use tally_host::run_metrics::RunMetrics;
-use tally_kafka::{KafkaJob, KafkaRunOptions};
+use tally_kafka::{KafkaJob, KafkaRunOptions, Seeded, StartAt};
 use tally_local::LocalTask;
 use tally_state_rocks::RocksStore;
 
@@ -408,7 +408,7 @@ fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             job
         }
     };
-    run_config(&job, args.metrics.as_deref(), args.until_caught_up, &stop)
+    run_config(&job, args.metrics.as_deref(), args.until_caught_up, None, &stop)
 }
 
 /// Runs `job`: a local job to the end of its inputs, a Kafka job until
@@ -417,6 +417,7 @@ pub(crate) fn run_config(
     job: &JobConfig,
     metrics: Option<&str>,
     until_caught_up: bool,
+    start: Option<&StartAt>,
     stop: &Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let runtime = PluginRuntime::new()?;
@@ -445,6 +446,17 @@ pub(crate) fn run_config(
             }
             if let Some(observer) = observer {
                 kafka_job.attach(PluginSlot::new(), job.settings.hot_swap, observer);
+            }
+            if let Some(start) = start {
+                match kafka_job.seed_start(start)? {
+                    Seeded::Now(offsets) => {
+                        eprintln!("start committed: {}", describe_offsets(&offsets))
+                    }
+                    Seeded::Before(offsets) => eprintln!(
+                        "start committed before, nothing processed since: {}",
+                        describe_offsets(&offsets)
+                    ),
+                }
             }
             return run_kafka_job(&job.settings, kafka_job, until_caught_up, stop);
         }
@@ -549,6 +561,13 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
             .context("installing the signal handler")?;
     }
     Ok(stop)
+}
+
+/// `usage:0@1200 usage:1@980`: where each input partition starts.
+fn describe_offsets(offsets: &std::collections::BTreeMap<(String, i32), i64>) -> String {
+    let each =
+        offsets.iter().map(|((topic, partition), next)| format!("{topic}:{partition}@{next}"));
+    each.collect::<Vec<_>>().join(" ")
 }
 
 fn run_kafka_job(

@@ -11,6 +11,7 @@ use clap::Args;
 use tally_host::config::{JobConfig, Mode, plugin_config_json};
 use tally_host::delivery::output_source;
 use tally_host::diff::{compare, read_values};
+use tally_host::replay_start;
 use tally_host::versions::Version;
 
 /// `tally replay`'s arguments.
@@ -21,7 +22,9 @@ pub struct ReplayArgs {
     /// The version to replay into: v2 or later (v1 is the live one).
     #[arg(long)]
     version: String,
-    /// Where the replay starts: `earliest`, the start of every input.
+    /// Where the replay starts: `earliest` (every input from its start),
+    /// an RFC 3339 time or offsets (`0:1200,1:980`); the last two for
+    /// Kafka inputs, when the version first runs.
     #[arg(long, default_value = "earliest")]
     from: String,
     /// The plugin the version runs (default: the job's own).
@@ -71,12 +74,6 @@ pub fn replay(args: ReplayArgs, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
             "v1 is the live version: a replay into it would process its history twice; replay into --version v2 or later"
         );
     }
-    if args.from != "earliest" {
-        bail!(
-            "--from {:?}: this build replays from `earliest` only (a start at a time or at offsets is not built yet)",
-            args.from
-        );
-    }
     let mut replayed = version.of(&job);
     if let Some(plugin) = args.plugin {
         replayed.settings.plugin = plugin;
@@ -89,9 +86,23 @@ pub fn replay(args: ReplayArgs, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
         replayed.settings.plugin_config = Some(plugin_config_json(&table)?);
         replayed.validate()?;
     }
-    eprintln!("replaying job `{}` from earliest into {version}", job.settings.name);
+    let start = match &replayed.mode {
+        Mode::Kafka(kafka) => replay_start::parse(&args.from, &kafka.inputs)?,
+        Mode::Local(_) if args.from == "earliest" => None,
+        Mode::Local(_) => {
+            // A start that is not even well formed says so first (one
+            // input stands in for the files: only the form is checked).
+            replay_start::parse(&args.from, &["input".to_string()])?;
+            bail!(
+                "--from {:?}: a local job's input lines carry no Kafka timestamps or offsets to start at; replay it from \
+             earliest (a period job's rules place each event by its own time either way)",
+                args.from
+            )
+        }
+    };
+    eprintln!("replaying job `{}` from {} into {version}", job.settings.name, args.from);
     let kafka = matches!(replayed.mode, Mode::Kafka(_));
-    crate::run_config(&replayed, None, kafka, stop)
+    crate::run_config(&replayed, None, kafka, start.as_ref(), stop)
 }
 
 /// Runs `tally diff`.

@@ -51,7 +51,7 @@ pub use config::{
     DEFAULT_TRANSACTION_TIMEOUT_MS, Guarantee, KafkaConfig, RestoreFetch, check_client_settings,
     default_restore_stall_ms,
 };
-pub use job::{InstanceIdError, KafkaJob, KafkaRunOptions};
+pub use job::{InstanceIdError, KafkaJob, KafkaRunOptions, Seeded, StartAt, StartError};
 pub use restore::RestoreError;
 pub use topics::{
     ClientRole, RESTORE_DEFAULTS, TopicLayout, base_config, prepare as prepare_topics,
@@ -75,8 +75,8 @@ pub enum KafkaJobError {
         "Kafka job `{job}` refuses to start: consumer group `{group}` has {} for `{topic}` partition {partition}, \
          but the job's state already includes that partition's records up to offset {included}. Someone moved the group's \
          offsets back by hand; processing from there would count those records twice. To reprocess history, replay into a \
-         new output version instead: run the job under a new name (a new group, changelog and state directory) writing to \
-         new output topics. To undo the reset, set the group's offset for `{topic}` partition {partition} back to {included}.",
+         new output version instead (`tally replay <job.toml> --version v2`: its own group, changelog, state and output \
+         topics). To undo the reset, set the group's offset for `{topic}` partition {partition} back to {included}.",
         group_offset.map_or_else(|| "no committed offset".to_string(), |offset| format!("committed offset {offset}"))
     )]
     GroupRewound {
@@ -99,7 +99,7 @@ pub enum KafkaJobError {
         "Kafka job `{job}` stopped: it was handed offset {offset} of `{topic}` partition {partition}, but its state \
          already includes that partition up to offset {included}; the consumer was moved back (an offset \
          reset, or a truncated log), and going on would count those records twice. To reprocess history, \
-         replay into a new output version: run the job under a new name writing to new output topics"
+         replay into a new output version (`tally replay <job.toml> --version v2`)"
     )]
     Rewind {
         /// The job.
@@ -137,6 +137,9 @@ pub enum KafkaJobError {
     /// The job configuration is invalid.
     #[error(transparent)]
     Config(#[from] tally_core::settings::InvalidJob),
+    /// A start (`tally replay --from`) could not be seeded.
+    #[error(transparent)]
+    Start(Box<job::StartError>),
 }
 
 /// What of a Kafka job's clients, topics or state does not fit; each says
@@ -262,6 +265,7 @@ impl KafkaJobError {
             | KafkaJobError::Lock(_)
             | KafkaJobError::State(_)
             | KafkaJobError::Plugin(_) => true,
+            KafkaJobError::Start(start) => matches!(**start, job::StartError::Kafka { .. }),
         }
     }
 

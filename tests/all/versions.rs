@@ -120,7 +120,9 @@ fn a_replay_with_a_meter_defined_anew_diffs_exactly_the_periods_it_changes() {
     let err = tally_refused(&["replay", job, "--version", "v1"]);
     assert!(err.contains("v1 is the live version"), "{err}");
     let err = tally_refused(&["replay", job, "--version", "v4", "--from", "2026-11-01T00:00:00Z"]);
-    assert!(err.contains("replays from `earliest` only"), "{err}");
+    assert!(err.contains("a local job's input lines carry no Kafka timestamps"), "{err}");
+    let err = tally_refused(&["replay", job, "--version", "v4", "--from", "last tuesday"]);
+    assert!(err.contains("is neither `earliest`, an RFC 3339 time"), "{err}");
     let err = tally_refused(&["diff", job, "v1", "v0"]);
     assert!(err.contains("give v1 to v999"), "{err}");
     assert_eq!(std::fs::read(&live_path).unwrap(), live);
@@ -184,4 +186,91 @@ fn a_kafka_job_replays_into_topics_of_its_own_and_diffs_them() {
     assert_eq!(diff["equal"].as_u64().unwrap() + changed.len() as u64, keys);
     assert_eq!(diff["only_in_a"], Value::Array(vec![]));
     assert_eq!(diff["only_in_b"], Value::Array(vec![]));
+}
+
+#[test]
+fn a_kafka_replay_starts_at_a_time_or_at_offsets_and_only_when_the_version_first_runs() {
+    use tally_tests::kafka::{KafkaBillingJob, delete_topics, produce_usage, read_topic, serial};
+
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("versions-from", 2);
+    let state = dir.path().join("state");
+    let job_file = job.write_job_file(dir.path(), crate::plugins::USAGE_BILLING, &state, "", "");
+    let job_path = job_file.to_str().unwrap();
+    let before = produce_usage(&job.input, &tally_tests::usage_lines(51, 40, 0), 2);
+    // Kafka timestamps are in milliseconds: the start falls between the two halves.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let start = jiff::Timestamp::now().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let after = produce_usage(&job.input, &tally_tests::usage_lines(52, 30, 0), 2);
+
+    let topics = |version: &str| {
+        let name = format!("{}.{version}", job.name);
+        [
+            format!("{}.{version}", job.totals),
+            format!("{}.{version}", job.dead_letters),
+            format!("tally-{name}-state-changelog"),
+        ]
+    };
+    let replay = |version: &str, from: &str| {
+        Command::new(tally_binary())
+            .args(["replay", job_path, "--version", version, "--from", from])
+            .output()
+            .unwrap()
+    };
+    let sources = |version: &str| -> Vec<(i32, i64)> {
+        let mut sources: Vec<(i32, i64)> = read_topic(&topics(version)[0], true)
+            .iter()
+            .map(|record| {
+                let (_, partition, offset) = record.source();
+                (partition, offset)
+            })
+            .collect();
+        sources.sort();
+        sources
+    };
+    let at_time = replay("v2", &start);
+    // Offsets: partition 0 from its fifth record, partition 1 (not named) from its start.
+    let at_offsets = replay("v3", "0:4");
+    let again = replay("v2", &start);
+    // On a new machine (v3's state gone), the replay goes on from what the
+    // start committed: restored, not read again from the partitions' start.
+    std::fs::remove_dir_all(state.join("versions").join("v3")).unwrap();
+    let resumed = replay("v3", "earliest");
+    let replayed = (sources("v2"), sources("v3"));
+    for version in ["v2", "v3"] {
+        let topics = topics(version);
+        delete_topics(&topics.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    for (what, output) in [
+        ("--from <time>", &at_time),
+        ("--from <offsets>", &at_offsets),
+        ("resumed on a new machine", &resumed),
+    ] {
+        assert!(output.status.success(), "{what}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    let mut expected: Vec<(i32, i64)> =
+        after.iter().map(|placed| (placed.partition, placed.offset)).collect();
+    expected.sort();
+    assert_eq!(replayed.0, expected, "from the time: each record produced after it, once");
+    let mut expected: Vec<(i32, i64)> = before
+        .iter()
+        .chain(&after)
+        .filter(|placed| placed.partition == 1 || placed.offset >= 4)
+        .map(|placed| (placed.partition, placed.offset))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        replayed.1, expected,
+        "from the offsets: partition 0 from offset 4, partition 1 whole, once through a move to a new machine"
+    );
+
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && err.contains("has already started"), "{err}");
+    let err = tally_refused(&["replay", job_path, "--version", "v4", "--from", "0:100000"]);
+    assert!(err.contains("is outside its records"), "{err}");
+    let err = tally_refused(&["replay", job_path, "--version", "v4", "--from", "7:0"]);
+    assert!(err.contains("which has 2 partitions"), "{err}");
 }

@@ -9,7 +9,10 @@ pub use instance_id::InstanceIdError;
 mod progress;
 mod rebalance;
 mod session;
+mod start;
 mod state_updater;
+
+pub use start::{Seeded, StartAt, StartError};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -433,18 +436,7 @@ impl KafkaJob {
         // Fences an earlier process with our transactional id and aborts
         // the transaction it left open (exactly_once).
         owner.fence_earlier_producers()?;
-        let addresses = Addresses {
-            job: config.name.clone(),
-            inputs: kafka.inputs.clone(),
-            outputs: config
-                .outputs
-                .iter()
-                .map(|name| kafka.output_topic(name).unwrap_or_default().to_string())
-                .collect(),
-            dead_letter: kafka.dead_letter_topic.clone(),
-            changelog: self.layout.changelog.clone(),
-            watermarks: self.layout.watermarks.clone(),
-        };
+        let addresses = self.addresses();
         let watermarks = match &self.layout.watermarks {
             Some(topic) => Some(
                 SharedWatermarks::open(
@@ -490,6 +482,23 @@ impl KafkaJob {
             Finish::Stopped => SessionEnd::Stopped,
             Finish::End => SessionEnd::CaughtUp,
         })
+    }
+
+    /// The topics the job's records go to.
+    fn addresses(&self) -> Addresses {
+        let (config, kafka) = (&self.config, &self.kafka);
+        Addresses {
+            job: config.name.clone(),
+            inputs: kafka.inputs.clone(),
+            outputs: config
+                .outputs
+                .iter()
+                .map(|name| kafka.output_topic(name).unwrap_or_default().to_string())
+                .collect(),
+            dead_letter: kafka.dead_letter_topic.clone(),
+            changelog: self.layout.changelog.clone(),
+            watermarks: self.layout.watermarks.clone(),
+        }
     }
 
     /// A client that cannot even be created has a bad setting: say which.
