@@ -181,6 +181,10 @@ pub fn run(
     let (report, reports) = mpsc::channel();
     let mut lanes = Vec::with_capacity(lane_count);
     let mut workers: Vec<JoinHandle<()>> = Vec::with_capacity(lane_count);
+    // The lanes' own stop: set when the main loop ends, however it ends.
+    // The caller's `stop` is only read: a caller that runs a delivery again
+    // (a served job's, after a failure) must not find it set by this run.
+    let lanes_stop = Arc::new(AtomicBool::new(false));
     for _ in 0..lane_count {
         let (to_lane, from_main) = mpsc::channel();
         let lane = Lane {
@@ -189,7 +193,7 @@ pub fn run(
             ledger: ledger.clone(),
             attempts: attempts.clone(),
             dead_letters: dead_letters.clone(),
-            stop: stop.clone(),
+            stop: lanes_stop.clone(),
             report: report.clone(),
             held_back: std::collections::HashSet::new(),
             jitter: RandomState::new(),
@@ -216,7 +220,7 @@ pub fn run(
     let resolutions = crate::resolve::Inbox::new(&settings.state_dir);
     let result = main.run(source, &reports, &resolutions, &stop, options);
     // The lanes finish the request in hand and stop.
-    stop.store(true, Ordering::SeqCst);
+    lanes_stop.store(true, Ordering::SeqCst);
     drop(main.lanes);
     for worker in workers {
         let _ = worker.join();
