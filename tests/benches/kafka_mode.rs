@@ -26,9 +26,12 @@
 //!
 //! `cargo bench -p tally-tests --bench kafka_mode` (scripts/bench-kafka starts
 //! the broker and builds `tally` first); TALLY_BENCH_EVENTS and
-//! TALLY_BENCH_ROUNDS change the size.
+//! TALLY_BENCH_ROUNDS change the size. TALLY_BENCH_BASELINE=<path of
+//! another `tally` binary> runs every Tally contender with that build too,
+//! right beside this one (which goes first alternates by round), and
+//! prints the medians of the per-round ratios this/baseline: an A/B.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -245,6 +248,7 @@ fn run_tally(
     input: &str,
     contender: &Contender,
     events: usize,
+    binary: &Path,
 ) -> (Duration, JobReport, CpuUse) {
     let name = unique(&format!("bench-{}", contender.label.replace(' ', "-")));
     let job = KafkaBillingJob::on_input(name, input, PARTITIONS);
@@ -261,7 +265,7 @@ fn run_tally(
     let label = contender.label;
     let cpu = CpuSample::now();
     let started = Instant::now();
-    let output = Command::new(tally_binary())
+    let output = Command::new(binary)
         .args(["run", "--until-caught-up"])
         .arg(&job_file)
         .output()
@@ -317,6 +321,8 @@ struct Round {
     pipe_cpu: CpuUse,
     /// In the order of [`CONTENDERS`].
     tally: Vec<TallyRates>,
+    /// The same with TALLY_BENCH_BASELINE's build (empty without one).
+    baseline: Vec<TallyRates>,
 }
 
 /// `client + broker = total µs/event (best rate the cores allow)`.
@@ -360,6 +366,8 @@ fn main() {
         "`latest`: emit = {{ totals = \"latest_per_key\" }} (each key's last total per commit); the others write every update"
     );
 
+    let this_build = tally_binary();
+    let baseline: Option<PathBuf> = std::env::var_os("TALLY_BENCH_BASELINE").map(Into::into);
     let mut results = Vec::new();
     for round in 0..rounds {
         let (pipe, pipe_cpu) = run_pipe(&input, events);
@@ -368,21 +376,31 @@ fn main() {
             "round {round}  pipe          {pipe:>9.0}                        {}",
             cpu_line(pipe_cpu, events)
         );
-        let mut tally = Vec::new();
+        let (mut tally, mut base) = (Vec::new(), Vec::new());
         for contender in &CONTENDERS {
-            let (wall, report, cpu) = run_tally(dir.path(), &input, contender, events);
-            let wall = events as f64 / wall.as_secs_f64();
-            println!(
-                "round {round}  {:<13} {wall:>9.0} / {:>9.0}  ({:.2} / {:.2} of pipe, {} commits, {} outputs)  {}",
-                contender.label,
-                report.rate,
-                wall / pipe,
-                report.rate / pipe,
-                report.commits,
-                report.outputs,
-                cpu_line(cpu, events)
-            );
-            tally.push(TallyRates { wall, job: report.rate, cpu });
+            let mut builds = vec![(&this_build, "")];
+            if let Some(baseline) = &baseline {
+                builds.push((baseline, " (base)"));
+                if round % 2 == 1 {
+                    builds.reverse();
+                }
+            }
+            for (binary, suffix) in builds {
+                let (wall, report, cpu) = run_tally(dir.path(), &input, contender, events, binary);
+                let wall = events as f64 / wall.as_secs_f64();
+                println!(
+                    "round {round}  {:<13} {wall:>9.0} / {:>9.0}  ({:.2} / {:.2} of pipe, {} commits, {} outputs)  {}",
+                    format!("{}{suffix}", contender.label),
+                    report.rate,
+                    wall / pipe,
+                    report.rate / pipe,
+                    report.commits,
+                    report.outputs,
+                    cpu_line(cpu, events)
+                );
+                let rates = TallyRates { wall, job: report.rate, cpu };
+                if suffix.is_empty() { tally.push(rates) } else { base.push(rates) }
+            }
         }
         for (eos, alos) in [(1, 0), (3, 2)] {
             println!(
@@ -393,7 +411,7 @@ fn main() {
                 tally[eos].job / tally[alos].job
             );
         }
-        results.push(Round { pipe, pipe_cpu, tally });
+        results.push(Round { pipe, pipe_cpu, tally, baseline: base });
     }
 
     let of = |field: &dyn Fn(&Round) -> f64| median(&results.iter().map(field).collect::<Vec<_>>());
@@ -431,6 +449,16 @@ fn main() {
             eos_cpu / pipe_cpu,
             cores() / (eos_cpu / events as f64) / pipe
         );
+    }
+    if baseline.is_some() {
+        for (index, contender) in CONTENDERS.iter().enumerate() {
+            println!(
+                "A/B      {:<13} this/baseline {:.3} wall / {:.3} job (medians of per-round ratios)",
+                contender.label,
+                of(&|r| r.tally[index].wall / r.baseline[index].wall),
+                of(&|r| r.tally[index].job / r.baseline[index].job)
+            );
+        }
     }
     println!("targets: exactly-once >= 0.80 of pipe, and >= 0.90 of at-least-once");
     // Every run leaves a million records otherwise: the broker's disk fills.
