@@ -59,6 +59,11 @@ pub fn jobs(admin: &Admin, command: JobsCommand) -> anyhow::Result<()> {
             println!("job `{job}` resumed");
             Ok(())
         }
+        JobsCommand::Deliveries { job, file, json } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read `{}`", file.display()))?;
+            print_status(&client.set_deliveries(&job, &text)?, json)
+        }
         JobsCommand::Delete { job } => {
             client.delete::<Deleted>(&job)?;
             println!(

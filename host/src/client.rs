@@ -169,6 +169,18 @@ impl AdminClient {
         )
     }
 
+    /// Changes a job's deliveries in place to the `[[deliver]]` sections of
+    /// `deliver` (TOML): its [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
+    pub fn set_deliveries<T: DeserializeOwned>(
+        &self,
+        job: &str,
+        deliver: &str,
+    ) -> Result<T, ClientError> {
+        let body = serde_json::to_vec(&serde_json::json!({ "deliver": deliver }))
+            .expect("a JSON object serializes");
+        self.typed("PUT", &format!("/v1/jobs/{job}/deliveries"), Some(("application/json", body)))
+    }
+
     /// Every plugin version pushed to a job: [`PluginVersion`](crate::serve::wire::PluginVersion)s (or the JSON itself, as `serde_json::Value`).
     pub fn history<T: DeserializeOwned>(&self, job: &str) -> Result<T, ClientError> {
         self.typed("GET", &format!("/v1/jobs/{job}/plugin/history"), None)

@@ -149,6 +149,17 @@ enum JobsCommand {
     Resume { job: String },
     /// Stop a job and delete its state, outputs and plugin versions.
     Delete { job: String },
+    /// Change a running job's deliveries in place: `file` holds its new
+    /// `[[deliver]]` sections (an output delivered before goes on from its
+    /// ledger; an empty file stops every delivery).
+    Deliveries {
+        job: String,
+        /// A TOML file of `[[deliver]]` sections.
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]

@@ -270,3 +270,92 @@ fn a_served_kafka_job_delivers_its_topic_with_its_ledger_mirrored() {
     check_applied_once(&receiver, &records, None, 5);
     assert!(mirrored >= records.len(), "every entry is mirrored: {mirrored} records");
 }
+
+#[test]
+fn a_served_jobs_delivery_changes_in_place_and_goes_on_from_its_ledger() {
+    use tally_tests::serve::GLOBEX;
+
+    let (first_receiver, second_receiver) =
+        (Receiver::start(Faults::default()), Receiver::start(Faults::default()));
+    let dir = tempfile::tempdir().unwrap();
+    let acme_lines = format!(
+        "[tenants.acme.deliver]\nurls = [{:?}, {:?}]\npostgres_url = \"postgres://acme@127.0.0.1:1/acme\"\n",
+        first_receiver.url(),
+        second_receiver.url()
+    );
+    let mut host = ServeHost::start_with(dir.path(), "", &acme_lines, "");
+    let lines = usage_lines(59, 900, 0);
+    let (first, rest) = lines.split_at(300);
+    let (second, third) = rest.split_at(300);
+    write_input(&host, "acme", "usage.ndjson", first);
+    let http = |url: &str, extra: &str| {
+        format!("[[deliver]]\noutput = \"totals\"\n[deliver.http]\nurl = {url:?}\n{extra}")
+    };
+    let acme = host.client(ACME);
+    acme.deploy(
+        &local_job("billing", &["usage.ndjson"], &http(&first_receiver.url(), "")),
+        &plugin(plugins::USAGE_BILLING),
+    )
+    .unwrap();
+    wait_caught_up(&acme, "billing", first.len() as u64, &host);
+    let before = committed_records(&host, "billing").len();
+    wait_delivered(&host, "billing", before as u64);
+
+    // Refused, each naming what to do, and nothing changes.
+    let body_changed = http(&second_receiver.url(), "body = \"record\"\n");
+    let postgres = "[[deliver]]\noutput = \"totals\"\n[deliver.postgres]\ntable = \"t\"\n";
+    let elsewhere = http("http://127.0.0.1:1/usage", "");
+    let cases: [(&str, &str, &str); 5] = [
+        ("another body", &body_changed, "its HTTP body would change"),
+        ("another kind of target", postgres, "between HTTP and PostgreSQL"),
+        ("a URL the operator does not allow", &elsewhere, "deliver.urls"),
+        (
+            "a change to the job itself",
+            "batch_size = 10\n",
+            "only `[[deliver]]` sections change in place",
+        ),
+        ("not TOML", "[[deliver", "must be TOML"),
+    ];
+    for (what, deliver, expected) in cases {
+        let err = acme.set_deliveries("billing", deliver).unwrap_err().to_string();
+        assert!(err.contains(expected), "{what}: {err}");
+    }
+    let err = host
+        .client(GLOBEX)
+        .set_deliveries("billing", &http(&second_receiver.url(), ""))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no job named `billing`"), "another tenant's job: {err}");
+
+    // The second receiver from here on: only what the first never got.
+    let changed = acme.set_deliveries("billing", &http(&second_receiver.url(), "")).unwrap();
+    assert_eq!(changed["deliveries"][0]["output"], "totals", "{changed}");
+    write_input(&host, "acme", "usage.ndjson", second);
+    wait_caught_up(&acme, "billing", second.len() as u64, &host);
+    let after_second = committed_records(&host, "billing").len();
+    wait_delivered(&host, "billing", after_second as u64);
+
+    // It survives a host restart: the job file kept the change.
+    host.kill();
+    write_input(&host, "acme", "usage.ndjson", third);
+    host.launch();
+    let acme = host.client(ACME);
+    wait_caught_up(&acme, "billing", third.len() as u64, &host);
+    let records = committed_records(&host, "billing");
+    wait_delivered(&host, "billing", records.len() as u64);
+    check_applied_once(&first_receiver, &records[..before], None, 0);
+    check_applied_once(&second_receiver, &records[before..], None, 0);
+
+    // No deliveries: the job runs on and sends nothing; the state goes.
+    acme.set_deliveries("billing", "").unwrap();
+    let posts = second_receiver.seen(|seen| seen.posts);
+    write_input(&host, "acme", "usage.ndjson", &usage_lines(60, 50, 0));
+    wait_for("the job to commit the new customers' totals", Duration::from_secs(120), || {
+        committed_records(&host, "billing").len() > records.len()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(second_receiver.seen(|seen| seen.posts), posts, "a removed delivery kept sending");
+    let status = acme.status("billing").unwrap();
+    assert!(status["deliveries"].as_array().is_none_or(Vec::is_empty), "{status}");
+    assert!(!host.dir.join("data/jobs/acme/billing/deliver/output-totals").exists());
+}

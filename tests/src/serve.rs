@@ -268,6 +268,11 @@ impl JsonApi {
         self.client.rollback(job)
     }
 
+    /// `PUT /v1/jobs/<job>/deliveries`
+    pub fn set_deliveries(&self, job: &str, deliver: &str) -> Result<Value, ClientError> {
+        self.client.set_deliveries(job, deliver)
+    }
+
     /// `GET /v1/jobs/<job>/state?key=<key>`
     pub fn state_get(&self, job: &str, key: &str) -> Result<Value, ClientError> {
         self.client.state_get(job, key)

@@ -41,13 +41,13 @@ use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use base64::Engine as _;
 use http_body_util::BodyExt as _;
 use tokio::sync::Semaphore;
 
 use super::error::ServeError;
-use super::wire::{Deleted, DeployRequest, ResolveRequest};
+use super::wire::{Deleted, DeliveriesRequest, DeployRequest, ResolveRequest};
 use super::{ApiError, Host};
 use tally_core::sync::lock;
 
@@ -241,6 +241,7 @@ fn router(api: Api) -> Router {
         .route("/v1/jobs/{job}/plugin/history", get(history))
         .route("/v1/jobs/{job}/plugin/rollback", post(rollback))
         .route("/v1/jobs/{job}/state", get(state))
+        .route("/v1/jobs/{job}/deliveries", put(set_deliveries))
         .route("/v1/jobs/{job}/deliveries/{output}/unknown", get(unknown))
         .route("/v1/jobs/{job}/deliveries/{output}/resolve", post(resolve))
         .fallback(not_found)
@@ -390,6 +391,28 @@ async fn deploy(
         })
         .await?;
     Ok(json(StatusCode::CREATED, &status))
+}
+
+/// `PUT /v1/jobs/{job}/deliveries`: `{"deliver": "<TOML [[deliver]] sections>"}`.
+async fn set_deliveries(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&api, &headers, body).await?;
+    let status = api
+        .run(move |host| {
+            let request: DeliveriesRequest = serde_json::from_slice(&body).map_err(|err| {
+                ApiError::bad_request(format!(
+                    "the request must be JSON {{\"deliver\": \"<TOML [[deliver]] sections>\"}}: {err}"
+                ))
+            })?;
+            host.set_deliveries(&tenant, &job, &request.deliver)
+        })
+        .await?;
+    Ok(json(StatusCode::OK, &status))
 }
 
 async fn status(

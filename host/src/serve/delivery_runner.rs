@@ -68,6 +68,11 @@ impl DeliveryRunner {
         })
     }
 
+    /// What it runs.
+    pub fn settings(&self) -> &DeliverSettings {
+        &self.settings
+    }
+
     /// The output it delivers.
     pub fn output(&self) -> &str {
         &self.settings.output

@@ -33,6 +33,7 @@ use tally_core::plugin::{LoadedPlugin, PluginRuntime};
 use config::HostConfig;
 use registry::{JobDir, JobRecord, PluginVersion, VersionStatus};
 use runner::JobRuntime;
+use tally_deliver::settings::Target;
 use wire::{JobStatus, StateValue};
 
 /// Longest a delete waits for its job to stop before it answers; the job's
@@ -629,8 +630,9 @@ impl Host {
         output: &str,
     ) -> Result<Arc<delivery_runner::DeliveryRunner>, ApiError> {
         let job = self.job(tenant, name)?;
-        job.delivery(output).cloned().ok_or_else(|| {
-            let delivered: Vec<&str> = job.deliveries().iter().map(|d| d.output()).collect();
+        job.delivery(output).ok_or_else(|| {
+            let deliveries = job.deliveries();
+            let delivered: Vec<&str> = deliveries.iter().map(|d| d.output()).collect();
             ApiError::new(
                 404,
                 format!(
@@ -639,6 +641,76 @@ impl Host {
                 ),
             )
         })
+    }
+
+    /// Changes `tenant`'s job `name`'s deliveries in place: `text` holds
+    /// its new `[[deliver]]` sections (none: it delivers nothing). Checked
+    /// as a deploy checks them; an output delivered before and after keeps
+    /// its ledger and goes on where it was, so nothing is sent twice. Its
+    /// target kind and body cannot change in place (the ledger's records
+    /// were sent as they were): remove its delivery first. The job runs on.
+    pub fn set_deliveries(
+        &self,
+        tenant: &str,
+        name: &str,
+        text: &str,
+    ) -> Result<JobStatus, ApiError> {
+        let job = self.job(tenant, name)?;
+        let tenant_config =
+            self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
+        let mut sections: toml::Table = toml::from_str(text).map_err(|err| {
+            ApiError::bad_request(format!(
+                "the deliveries must be TOML `[[deliver]]` sections: {err}"
+            ))
+        })?;
+        if let Some(other) = sections.keys().find(|key| *key != "deliver") {
+            return Err(ApiError::bad_request(format!(
+                "only `[[deliver]]` sections change in place; `{}` is part of the job itself: delete the job and deploy it again to change it",
+                tally_core::text::sanitize(other, 100)
+            )));
+        }
+        let current = std::fs::read_to_string(job.dir.job_file()).map_err(|err| {
+            tracing::error!(%tenant, job = %name, error = %err, "cannot read a job's file");
+            ApiError::internal("the host cannot read the job's file (its disk?); nothing changed")
+        })?;
+        let mut table: toml::Table = toml::from_str(&current).map_err(|err| {
+            ApiError::internal(format!("the job's file as deployed no longer reads as TOML: {err}"))
+        })?;
+        match sections.remove("deliver") {
+            Some(deliver) => table.insert("deliver".to_string(), deliver),
+            None => table.remove("deliver"),
+        };
+        let changed = toml::to_string(&table)
+            .map_err(|err| ApiError::internal(format!("cannot write the job file: {err}")))?;
+        let parsed = job_spec::parse(&changed, tenant, tenant_config, &self.config)
+            .map_err(|err| ApiError::bad_request(err.to_string()))?;
+        for new in &parsed.deliveries {
+            let Some(old) = job.delivery(&new.output) else { continue };
+            let (old_target, new_target) = (&old.settings().target, &new.target);
+            let refusal = match (old_target, new_target) {
+                (Target::Http(old), Target::Http(new)) if old.body != new.body => Some(format!(
+                    "its HTTP body would change from {:?} to {:?}, and a record is never sent again with another body",
+                    old.body, new.body
+                )),
+                (Target::Http(_), Target::Postgres(_)) | (Target::Postgres(_), Target::Http(_)) => {
+                    Some("its target would change between HTTP and PostgreSQL".to_string())
+                }
+                _ => None,
+            };
+            if let Some(refusal) = refusal {
+                return Err(ApiError::bad_request(format!(
+                    "output {:?} cannot change its delivery in place: {refusal}; remove its [[deliver]] section first (its delivery state goes with it), then add the new one",
+                    new.output
+                )));
+            }
+        }
+        job.dir.write_file(&job.dir.job_file(), changed.as_bytes()).map_err(|err| {
+            tracing::error!(%tenant, job = %name, error = %err, "cannot write a job's file");
+            ApiError::internal("the host cannot write the job's file (its disk?); nothing changed")
+        })?;
+        job.replace_deliveries(parsed.deliveries);
+        tracing::info!(%tenant, job = %name, "deliveries changed in place");
+        Ok(job.status())
     }
 
     /// The records of a delivery waiting as `unknown` for the tenant.

@@ -96,7 +96,10 @@ pub struct JobRuntime {
     /// The committed state, while the job is open.
     store: Mutex<Option<(Arc<dyn StateStore>, i32)>>,
     /// Its deliveries, each beside the job with a thread of its own.
-    deliveries: Vec<Arc<DeliveryRunner>>,
+    deliveries: Mutex<Vec<Arc<DeliveryRunner>>>,
+    /// Held while the deliveries are replaced, and by [`JobRuntime::end`]:
+    /// a job ending never leaves a new delivery running.
+    replacing: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -211,23 +214,28 @@ impl JobRuntime {
             record: Mutex::new(record),
             plugins: Mutex::new(HashMap::from([(plugin.digest().to_string(), plugin)])),
             store: Mutex::new(None),
-            deliveries: deliveries.into_iter().map(DeliveryRunner::new).collect(),
+            deliveries: Mutex::new(deliveries.into_iter().map(DeliveryRunner::new).collect()),
+            replacing: Mutex::new(()),
         })
     }
 
     /// Starts the job's thread, and its deliveries'.
     pub fn spawn(self: &Arc<Self>) -> JoinHandle<()> {
-        for delivery in &self.deliveries {
-            let redactions = self.redactions.clone();
-            delivery.start(self.config.clone(), &self.tenant, move |message| {
-                redact_paths(message, &redactions)
-            });
+        for delivery in &self.deliveries() {
+            self.start_delivery(delivery);
         }
         let runtime = self.clone();
         std::thread::Builder::new()
             .name(format!("job-{}", self.config.settings.name))
             .spawn(move || runtime.run())
             .expect("spawning a job thread")
+    }
+
+    fn start_delivery(&self, delivery: &Arc<DeliveryRunner>) {
+        let redactions = self.redactions.clone();
+        delivery.start(self.config.clone(), &self.tenant, move |message| {
+            redact_paths(message, &redactions)
+        });
     }
 
     fn is_kafka(&self) -> bool {
@@ -240,7 +248,7 @@ impl JobRuntime {
         let pending_plugin = lock(&self.record).pending().map(|version| version.digest.clone());
         let meters = &self.context.meters;
         // Read before the status lock: a ledger is on disk.
-        let deliveries = self.deliveries.iter().map(|delivery| delivery.status()).collect();
+        let deliveries = self.deliveries().iter().map(|delivery| delivery.status()).collect();
         let status = lock(&self.status);
         let restore = self.metrics.restore.snapshot();
         JobStatus {
@@ -381,18 +389,51 @@ impl JobRuntime {
     }
 
     /// The delivery of `output`, if the job delivers it.
-    pub fn delivery(&self, output: &str) -> Option<&Arc<DeliveryRunner>> {
-        self.deliveries.iter().find(|delivery| delivery.output() == output)
+    pub fn delivery(&self, output: &str) -> Option<Arc<DeliveryRunner>> {
+        lock(&self.deliveries).iter().find(|delivery| delivery.output() == output).cloned()
     }
 
     /// Its deliveries.
-    pub fn deliveries(&self) -> &[Arc<DeliveryRunner>] {
-        &self.deliveries
+    pub fn deliveries(&self) -> Vec<Arc<DeliveryRunner>> {
+        lock(&self.deliveries).clone()
+    }
+
+    /// Replaces the job's deliveries with `settings` while the job runs:
+    /// each running delivery stops after its requests in flight and ends,
+    /// then the new ones start (an output delivered before and after goes
+    /// on from its ledger). The state of outputs no longer delivered is
+    /// removed. Nothing starts once the job has ended.
+    pub fn replace_deliveries(&self, settings: Vec<tally_deliver::DeliverSettings>) {
+        let _replacing = lock(&self.replacing);
+        let old = std::mem::take(&mut *lock(&self.deliveries));
+        for delivery in &old {
+            delivery.stop();
+        }
+        for delivery in &old {
+            delivery.join();
+        }
+        for delivery in &old {
+            let kept = settings.iter().any(|new| new.output == delivery.output());
+            if !kept {
+                let state_dir = &delivery.settings().state_dir;
+                if let Err(err) = std::fs::remove_dir_all(state_dir) {
+                    tracing::warn!(job = %self.name, output = delivery.output(), error = %err, "cannot remove the state of a delivery no longer run");
+                }
+            }
+        }
+        if lock(&self.control).ended {
+            return;
+        }
+        let new: Vec<Arc<DeliveryRunner>> = settings.into_iter().map(DeliveryRunner::new).collect();
+        for delivery in &new {
+            self.start_delivery(delivery);
+        }
+        *lock(&self.deliveries) = new;
     }
 
     /// Waits for the deliveries' threads to end (after [`JobRuntime::end`]).
     pub fn join_deliveries(&self) {
-        for delivery in &self.deliveries {
+        for delivery in &self.deliveries() {
             delivery.join();
         }
     }
@@ -400,7 +441,8 @@ impl JobRuntime {
     /// Makes the job commit what it processed and its thread return, and
     /// its deliveries stop after their requests in flight.
     pub fn end(&self) {
-        for delivery in &self.deliveries {
+        let _replacing = lock(&self.replacing);
+        for delivery in &self.deliveries() {
             delivery.stop();
         }
         lock(&self.control).ended = true;

@@ -185,6 +185,14 @@ pub struct DeployRequest {
     pub plugin: String,
 }
 
+/// Body of a request changing a job's deliveries in place.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveriesRequest {
+    /// The job's new `[[deliver]]` sections (TOML; empty: none).
+    pub deliver: String,
+}
+
 /// Body of a request settling a delivery's record waiting as `unknown`.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
