@@ -6,12 +6,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use tally_deliver::ledger::Ledger;
 use tally_deliver::resolve::{Inbox, Resolution, Verdict};
+use tally_deliver::settings::Target;
 use tally_deliver::{DeliverSettings, Positions, RunOptions};
-use tally_host::config::JobConfig;
+use tally_host::config::{JobConfig, Mode};
+use tally_host::deliver_kafka::default_ledger_topic;
 use tally_host::delivery::committed_output;
+use tally_host::promote::{self, Corrections, Shifted, Switch};
+use tally_host::versions::Version;
 
 /// `tally deliver`'s arguments.
 #[derive(Args)]
@@ -90,15 +95,29 @@ pub fn deliver(
             let job = JobConfig::from_file(&settings.job).with_context(|| {
                 format!("reading the job of this delivery, `{}`", settings.job.display())
             })?;
-            let (mut source, mirror) = committed_output(&job, &mut settings)?;
+            // The ledger's topic is the delivery's, whichever version it reads.
+            if matches!(job.mode, Mode::Kafka(_)) {
+                settings.ledger_topic.get_or_insert_with(|| {
+                    default_ledger_topic(&job.settings.name, &settings.output)
+                });
+            }
             let stop = stop()?;
-            let summary = tally_deliver::run(
-                &settings,
-                source.as_mut(),
-                mirror,
-                stop,
-                RunOptions { until_caught_up: args.until_caught_up },
-            )?;
+            let options = RunOptions { until_caught_up: args.until_caught_up };
+            let Some(switch) = switched(&file, &job, &mut settings, &stop)? else {
+                return Ok(());
+            };
+            let live = match &switch {
+                Some(switch) => Version::parse(&switch.to)?.of(&job),
+                None => job.clone(),
+            };
+            let (mut source, mirror) = committed_output(&live, &mut settings)?;
+            let summary = match &switch {
+                Some(switch) if !switch.shifts.is_empty() => {
+                    let mut shifted = Shifted { inner: source.as_mut(), shifts: &switch.shifts };
+                    tally_deliver::run(&settings, &mut shifted, mirror, stop, options)?
+                }
+                _ => tally_deliver::run(&settings, source.as_mut(), mirror, stop, options)?,
+            };
             println!(
                 "delivered {}, dead-lettered {}, waiting as unknown {}; positions {}",
                 summary.delivered,
@@ -109,6 +128,76 @@ pub fn deliver(
             Ok(())
         }
     }
+}
+
+/// The switch this delivery reads under, once done: `Ok(Some(None))` for
+/// a delivery of v1 never switched, `Ok(Some(Some(switch)))` after a
+/// promotion, `Ok(None)` when stopped while finishing a switch. A switch
+/// not done yet is finished first: its corrections delivered (through the
+/// delivery's own ledger, as partition [`promote::CORRECTIONS_PARTITION`])
+/// until each is settled, then the positions moved to where the new
+/// version's output starts.
+fn switched(
+    file: &Path,
+    job: &JobConfig,
+    settings: &mut DeliverSettings,
+    stop: &Arc<AtomicBool>,
+) -> anyhow::Result<Option<Option<Switch>>> {
+    let live = promote::live_version(job)?.to_string();
+    let switch = promote::read_switch(&settings.state_dir)?;
+    let reading = switch.as_ref().map_or("v1", Switch::reading).to_string();
+    if reading == live {
+        return Ok(Some(switch));
+    }
+    let Some(mut switch) = switch.filter(|switch| switch.to == live && !switch.done) else {
+        bail!(
+            "job `{}` was promoted to {live}, and this delivery reads {reading} with no switch to {live}: run `tally promote {} --version {live} --deliver {}` with the deliverer stopped",
+            job.settings.name,
+            settings.job.display(),
+            file.display()
+        );
+    };
+    if matches!(settings.target, Target::Postgres(_)) {
+        bail!(
+            "this build switches HTTP deliveries only; deliver {live}'s output into a table of its own"
+        );
+    }
+    // The corrections' mirror is the delivery's ledger topic, as its entries are.
+    let (_, mirror) = committed_output(&Version::parse(&switch.from)?.of(job), settings)?;
+    let mut corrections = Corrections::new(&switch);
+    let summary = tally_deliver::run(
+        settings,
+        &mut corrections,
+        mirror,
+        stop.clone(),
+        RunOptions { until_caught_up: true },
+    )?;
+    if summary.unknown > 0 {
+        bail!(
+            "{} corrections of the switch to {live} wait as unknown: settle them (`tally deliver unknown {}`, then `tally deliver resolve`), then run again",
+            summary.unknown,
+            file.display()
+        );
+    }
+    // A run caught up has every correction settled; one stopped by a signal not.
+    let settled = summary.positions.get(&promote::CORRECTIONS_PARTITION).copied().unwrap_or(0);
+    if settled < switch.corrections.len() as u64 {
+        println!(
+            "stopped while sending the corrections of the switch to {live}; the next run goes on"
+        );
+        return Ok(None);
+    }
+    let ledger = Ledger::open(&settings.state_dir.join("ledger"))?;
+    ledger.set_positions(&switch.positions)?;
+    ledger.sync()?;
+    drop(ledger);
+    switch.done = true;
+    promote::write_whole(&promote::switch_path(&settings.state_dir), &switch)?;
+    println!(
+        "switched to {live}: {} corrections delivered, dead-lettered {}; now delivering {live}'s output",
+        summary.delivered, summary.failed
+    );
+    Ok(Some(Some(switch)))
 }
 
 /// Positions as `partition:offset`, in partition order.

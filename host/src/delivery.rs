@@ -43,7 +43,9 @@ pub fn committed_output(
                     job.settings.name
                 );
             }
-            let output = local_output(local, &settings.output, settings.state_dir.join("job-view"));
+            // A view of each version's store of its own (`job-view.v2`).
+            let view = settings.state_dir.join(format!("job-view{}", local.output_suffix));
+            let output = local_output(local, &settings.output, view);
             Ok((Box::new(output), None))
         }
         Mode::Kafka(kafka) => {

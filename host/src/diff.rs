@@ -32,16 +32,36 @@ pub struct OutputValues {
     pub positions: Positions,
 }
 
-/// Reads `source` to the end of what is committed.
-pub fn read_values(source: &mut dyn Source) -> anyhow::Result<OutputValues> {
-    let mut output = OutputValues::default();
+/// One committed output record, as a diff or a promotion reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// Its partition (0 for a local output).
+    pub partition: u32,
+    /// Its offset in the partition.
+    pub offset: u64,
+    /// Its key (JSON; a Kafka key that is not JSON as a string).
+    pub key: Value,
+    /// Its value, likewise.
+    pub value: Value,
+    /// Its idempotency key.
+    pub idempotency_key: Option<String>,
+}
+
+/// Reads `source` to the end of what is committed, handing each record to
+/// `visit` in order within each partition; returns where each partition's
+/// read ended.
+pub fn read_records(
+    source: &mut dyn Source,
+    mut visit: impl FnMut(Record),
+) -> anyhow::Result<Positions> {
+    let mut positions = Positions::new();
     source.start(&Positions::new())?;
     let mut last_record = Instant::now();
     loop {
         let lines = source.read(READ_BATCH)?;
         if lines.is_empty() {
             if source.caught_up() {
-                return Ok(output);
+                return Ok(positions);
             }
             if last_record.elapsed() > READ_STALL {
                 bail!("the output stopped before its end ({READ_STALL:?} without a record)");
@@ -51,9 +71,8 @@ pub fn read_values(source: &mut dyn Source) -> anyhow::Result<OutputValues> {
         }
         last_record = Instant::now();
         for line in lines {
-            output.positions.insert(line.partition, line.next);
-            output.records += 1;
-            let (key, value) = match &line.payload {
+            positions.insert(line.partition, line.next);
+            let (key, value, idempotency_key) = match &line.payload {
                 Payload::Json(bytes) => {
                     let mut record: Value = serde_json::from_slice(bytes).map_err(|err| {
                         anyhow::anyhow!(
@@ -62,18 +81,39 @@ pub fn read_values(source: &mut dyn Source) -> anyhow::Result<OutputValues> {
                             line.offset
                         )
                     })?;
-                    (record["key"].take(), record["value"].take())
+                    let idempotency_key = record["idempotency_key"].as_str().map(str::to_string);
+                    (record["key"].take(), record["value"].take(), idempotency_key)
                 }
-                Payload::Kafka(record) => (json_or_text(&record.key), json_or_text(&record.value)),
+                Payload::Kafka(record) => (
+                    json_or_text(&record.key),
+                    json_or_text(&record.value),
+                    record.idempotency_key.clone(),
+                ),
                 Payload::TooLong(bytes) => bail!(
                     "the output record at partition {} offset {} has {bytes} bytes, more than a diff reads",
                     line.partition,
                     line.offset
                 ),
             };
-            output.values.insert(key.to_string(), counted_value(value));
+            visit(Record {
+                partition: line.partition,
+                offset: line.offset,
+                key,
+                value,
+                idempotency_key,
+            });
         }
     }
+}
+
+/// Reads `source` to the end of what is committed.
+pub fn read_values(source: &mut dyn Source) -> anyhow::Result<OutputValues> {
+    let (mut values, mut records) = (BTreeMap::new(), 0);
+    let positions = read_records(source, |record| {
+        records += 1;
+        values.insert(record.key.to_string(), counted_value(record.value));
+    })?;
+    Ok(OutputValues { values, records, positions })
 }
 
 /// A Kafka key or value as JSON when it is JSON, else as a string.
@@ -87,7 +127,7 @@ fn json_or_text(bytes: &Option<Vec<u8>>) -> Value {
 
 /// What a record's value counts as: a FINAL's or ADJUSTMENT's `value`,
 /// anything else whole.
-fn counted_value(value: Value) -> Value {
+pub fn counted_value(value: Value) -> Value {
     let is_period_record =
         matches!(value.get("type").and_then(Value::as_str), Some("final") | Some("adjustment"));
     match value {
@@ -194,7 +234,7 @@ pub fn compare(
 }
 
 /// `b - a` for two numbers: exact for integers, else as floats.
-fn delta(a: &Value, b: &Value) -> Option<Value> {
+pub fn delta(a: &Value, b: &Value) -> Option<Value> {
     let integer =
         |value: &Value| value.as_i64().map(i128::from).or_else(|| value.as_u64().map(i128::from));
     if let (Some(a), Some(b)) = (integer(a), integer(b)) {

@@ -6,8 +6,8 @@
 //! - The admin API's client: [`client`].
 //! - Where a delivery (`tally deliver`, a served job's `[[deliver]]`)
 //!   reads a job's committed output from: [`delivery`], [`deliver_kafka`].
-//! - Output versions (`tally replay`, `tally diff`): [`versions`], [`diff`],
-//!   [`replay_start`].
+//! - Output versions (`tally replay`, `tally diff`, `tally promote`):
+//!   [`versions`], [`diff`], [`replay_start`], [`promote`].
 //! - `/metrics` for the one job `tally run` runs: [`run_metrics`].
 //!
 //! The dependencies point one way: the `tally` binary → [`serve`] → the
@@ -35,6 +35,7 @@ pub mod delivery;
 pub mod diff;
 pub mod job;
 mod metrics;
+pub mod promote;
 pub mod replay_start;
 pub mod run_metrics;
 pub mod serve;

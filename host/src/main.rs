@@ -102,6 +102,12 @@ enum Command {
     /// Example: tally versions billing.toml
     #[command(verbatim_doc_comment)]
     Versions(versions_cli::VersionsArgs),
+    /// Make a version the live one; each delivery named switches with it,
+    /// correcting what it billed instead of billing it again.
+    ///
+    /// Example: tally promote billing.toml --version v2 --deliver deliver.toml
+    #[command(verbatim_doc_comment)]
+    Promote(versions_cli::PromoteArgs),
     /// (Internal) compiles one upload for `tally serve`, in a process of
     /// its own under the host's compile limits.
     #[command(hide = true)]
@@ -356,6 +362,7 @@ fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
         Command::Replay(args) => versions_cli::replay(args, &stop_on_signals()?),
         Command::Diff(args) => versions_cli::diff(args),
         Command::Versions(args) => versions_cli::versions(args),
+        Command::Promote(args) => versions_cli::promote(args),
         Command::Plugin(PluginCommand::Push { job, file, json }) => {
             admin_cli::push(admin, &job, &file, json)
         }
@@ -393,7 +400,11 @@ pub(crate) use JobsCommand as AdminJobsCommand;
 
 fn run_job(args: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let job = match args.job {
-        Some(path) => JobConfig::from_file(&path)?,
+        // The live version: v1, or the one a promotion made live.
+        Some(path) => {
+            let job = JobConfig::from_file(&path)?;
+            tally_host::promote::live_version(&job)?.of(&job)
+        }
         None => {
             let missing = |flag: &str| {
                 anyhow::anyhow!("give a job file, or --{flag} (see `tally run --help`)")

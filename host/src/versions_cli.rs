@@ -2,15 +2,23 @@
 //! again into a version of its own, two versions' outputs compared, and
 //! the versions a job has (see `docs/versions.md`).
 
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use tally_core::lock::DirLock;
+use tally_deliver::DeliverSettings;
+use tally_deliver::ledger::Ledger;
+use tally_deliver::settings::Target;
 use tally_host::config::{JobConfig, Mode, plugin_config_json};
+use tally_host::deliver_kafka::default_ledger_topic;
+use tally_host::delivery::committed_output;
 use tally_host::delivery::output_source;
-use tally_host::diff::{compare, read_values};
+use tally_host::diff::{compare, read_records, read_values};
+use tally_host::promote::{self, Delivered, Live, Switch};
 use tally_host::replay_start;
 use tally_host::versions::Version;
 
@@ -74,6 +82,11 @@ pub fn replay(args: ReplayArgs, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
             "v1 is the live version: a replay into it would process its history twice; replay into --version v2 or later"
         );
     }
+    if version == promote::live_version(&job)? {
+        bail!(
+            "{version} is the live version (promoted): a replay into it would process its history twice; replay into another version"
+        );
+    }
     let mut replayed = version.of(&job);
     if let Some(plugin) = args.plugin {
         replayed.settings.plugin = plugin;
@@ -133,6 +146,7 @@ pub fn diff(args: DiffArgs) -> anyhow::Result<()> {
 pub fn versions(args: VersionsArgs) -> anyhow::Result<()> {
     let job = JobConfig::from_file(&args.job)?;
     let versions = Version::on_disk(&job);
+    let live = promote::live_version(&job)?;
     if versions.is_empty() && !args.json {
         println!("job `{}` has not run yet: no version has state", job.settings.name);
     }
@@ -152,7 +166,7 @@ pub fn versions(args: VersionsArgs) -> anyhow::Result<()> {
         let line = serde_json::json!({
             "version": version.to_string(),
             "name": config.settings.name,
-            "live": version == Version::LIVE,
+            "live": version == live,
             "outputs": outputs,
         });
         if args.json {
@@ -164,9 +178,191 @@ pub fn versions(args: VersionsArgs) -> anyhow::Result<()> {
                     format!("{name}: {} records, {} keys", output["records"], output["keys"])
                 })
                 .collect();
-            let live = if version == Version::LIVE { " (live)" } else { "" };
-            println!("{version}{live}  {}  {}", config.settings.name, shown.join("; "));
+            let marker = if version == live { " (live)" } else { "" };
+            println!("{version}{marker}  {}  {}", config.settings.name, shown.join("; "));
         }
     }
     Ok(())
+}
+
+/// `tally promote`'s arguments.
+#[derive(Args)]
+pub struct PromoteArgs {
+    /// The job file (TOML).
+    job: PathBuf,
+    /// The version that becomes live (`v2`).
+    #[arg(long)]
+    version: String,
+    /// A delivery file of the job's output (repeat for each delivery): it
+    /// switches with the promotion.
+    #[arg(long = "deliver")]
+    deliveries: Vec<PathBuf>,
+}
+
+/// Runs `tally promote`: the version becomes live, and each delivery named
+/// gets its switch (see `tally_host::promote`). Neither version may run
+/// meanwhile, nor the deliveries.
+pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
+    let job = JobConfig::from_file(&args.job)?;
+    let name = &job.settings.name;
+    let to = Version::parse(&args.version)?;
+    let from = promote::live_version(&job)?;
+    if to == from {
+        bail!("{to} is already the live version of job `{name}`");
+    }
+    if !Version::on_disk(&job).contains(&to) {
+        bail!(
+            "{to} of job `{name}` has no state: replay into it first (`tally replay {} --version {to}`)",
+            args.job.display()
+        );
+    }
+    let (from_job, to_job) = (from.of(&job), to.of(&job));
+    // Neither version runs meanwhile: their outputs stand still.
+    let mut locks = Vec::new();
+    for (version, config) in [(from, &from_job), (to, &to_job)] {
+        let lock = DirLock::acquire(state_dir(config)).with_context(|| {
+            format!(
+                "{version} of job `{name}` is running: stop it (or its replay) before the promotion"
+            )
+        })?;
+        locks.push(lock);
+    }
+    let view = tempfile::tempdir().context("creating a directory for views of the job's state")?;
+    let reader = |config: &JobConfig| {
+        format!("tally-promote-{}-{}", config.settings.name, std::process::id())
+    };
+    let read = |config: &JobConfig, output: &str, view: &std::path::Path| {
+        let mut records = Vec::new();
+        let mut source = output_source(config, output, view, &reader(config))?;
+        let positions = read_records(source.as_mut(), |record| records.push(record))
+            .with_context(|| format!("reading output {output:?} of {}", config.settings.name))?;
+        anyhow::Ok((records, positions))
+    };
+
+    let mut switches = Vec::new();
+    for (index, file) in args.deliveries.iter().enumerate() {
+        let mut settings = DeliverSettings::from_file(file)?;
+        if settings.job.canonicalize().ok() != args.job.canonicalize().ok() {
+            bail!(
+                "delivery `{}` delivers job `{}`, not `{}`",
+                file.display(),
+                settings.job.display(),
+                args.job.display()
+            );
+        }
+        if matches!(settings.target, Target::Postgres(_)) {
+            bail!(
+                "delivery `{}` writes into PostgreSQL; this build switches HTTP deliveries only: promote without it and deliver {to}'s output into a table of its own",
+                file.display()
+            );
+        }
+        let earlier = promote::read_switch(&settings.state_dir)?;
+        let reading = earlier.as_ref().map_or("v1", Switch::reading);
+        if reading != from.to_string() {
+            bail!(
+                "delivery `{}` reads {reading}, not {from} (the live version): run `tally deliver {}` once so it finishes its switch, then promote",
+                file.display(),
+                file.display()
+            );
+        }
+        // The ledger's topic is the delivery's, whichever version it reads.
+        if matches!(job.mode, Mode::Kafka(_)) {
+            settings
+                .ledger_topic
+                .get_or_insert_with(|| default_ledger_topic(name, &settings.output));
+        }
+        let (_, mirror) = committed_output(&from_job, &mut settings)?;
+        let ledger_dir = settings.state_dir.join("ledger");
+        let ledger = match mirror {
+            Some(mirror) => Ledger::open_mirrored(&ledger_dir, mirror),
+            None => Ledger::open(&ledger_dir),
+        }
+        .with_context(|| {
+            format!("opening delivery `{}`'s ledger: stop `tally deliver` first", file.display())
+        })?;
+        let delivered = Delivered {
+            positions: ledger.positions()?,
+            entries: ledger.entries()?.into_iter().collect(),
+            dead_letters: dead_letter_keys(&settings.dead_letters)?,
+        };
+        promote::check_settled(&delivered, file)?;
+        let (old, _) =
+            read(&from_job, &settings.output, &view.path().join(format!("old-{index}")))?;
+        let (new, positions) =
+            read(&to_job, &settings.output, &view.path().join(format!("new-{index}")))?;
+        let switch = promote::plan_switch(
+            (&from.to_string(), &to.to_string()),
+            earlier.as_ref().filter(|earlier| earlier.done),
+            &old,
+            &delivered,
+            &new,
+            positions,
+        );
+        // Held until the pointer is written: no deliverer starts meanwhile.
+        switches.push(PendingSwitch { file: file.clone(), settings, switch, _ledger: ledger });
+    }
+    let mut outputs = BTreeMap::new();
+    for (index, output) in to_job.settings.outputs.iter().enumerate() {
+        let (_, positions) = read(&to_job, output, &view.path().join(format!("end-{index}")))?;
+        outputs.insert(output.clone(), positions);
+    }
+    for pending in &switches {
+        promote::write_whole(&promote::switch_path(&pending.settings.state_dir), &pending.switch)?;
+    }
+    let live = Live {
+        version: to.to_string(),
+        from: from.to_string(),
+        promoted_at: jiff::Timestamp::now().to_string(),
+        outputs,
+    };
+    promote::write_whole(&promote::live_path(&job), &live)?;
+    println!("job `{name}`: {to} is live (was {from}); `tally run {}` runs it", args.job.display());
+    for pending in &switches {
+        let adjustments = pending
+            .switch
+            .corrections
+            .iter()
+            .filter(|correction| {
+                correction.idempotency_key.ends_with(&format!("/promoted-from-{from}"))
+            })
+            .count();
+        println!(
+            "delivery `{}`: {adjustments} correcting records for values already billed, {} records never billed; `tally deliver {}` sends them first",
+            pending.file.display(),
+            pending.switch.corrections.len() - adjustments,
+            pending.file.display()
+        );
+    }
+    Ok(())
+}
+
+/// A delivery's switch waiting to be written, with its ledger held open.
+struct PendingSwitch {
+    file: PathBuf,
+    settings: DeliverSettings,
+    switch: Switch,
+    _ledger: Ledger,
+}
+
+/// The idempotency keys in a delivery's dead-letter file (none if it has
+/// none yet).
+fn dead_letter_keys(path: &std::path::Path) -> anyhow::Result<HashSet<String>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(HashSet::new()),
+        Err(err) => return Err(err).with_context(|| format!("reading `{}`", path.display())),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|line| line["idempotency_key"].as_str().map(str::to_string))
+        .collect())
+}
+
+/// Where `job` keeps its state.
+fn state_dir(job: &JobConfig) -> &std::path::Path {
+    match &job.mode {
+        Mode::Local(local) => &local.state_dir,
+        Mode::Kafka(kafka) => &kafka.state_dir,
+    }
 }

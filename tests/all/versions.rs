@@ -274,3 +274,158 @@ fn a_kafka_replay_starts_at_a_time_or_at_offsets_and_only_when_the_version_first
     let err = tally_refused(&["replay", job_path, "--version", "v4", "--from", "7:0"]);
     assert!(err.contains("which has 2 partitions"), "{err}");
 }
+
+/// What a receiver applied, per period (`customer/metric/period`): the
+/// bodies in the order it applied them, each with its idempotency key.
+fn billed(receiver: &tally_tests::receiver::Receiver) -> BTreeMap<String, Vec<(String, Value)>> {
+    receiver.seen(|seen| {
+        let mut applied: Vec<(&String, &(Vec<u8>, u64))> = seen.applied.iter().collect();
+        applied.sort_by_key(|(_, (_, order))| *order);
+        let mut periods: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
+        for (key, (body, _)) in applied {
+            let value: Value = serde_json::from_slice(body).unwrap();
+            let period = format!("{}/{}/{}", value["customer"], value["metric"], value["period"]);
+            periods.entry(period).or_default().push((key.clone(), value));
+        }
+        periods
+    })
+}
+
+/// Per period, the last value a receiver applied.
+fn billed_values(periods: &BTreeMap<String, Vec<(String, Value)>>) -> BTreeMap<String, Value> {
+    periods
+        .iter()
+        .map(|(period, bodies)| (period.clone(), bodies.last().unwrap().1["value"].clone()))
+        .collect()
+}
+
+/// The settled value per period of a local output file, keyed as [`billed`] keys them.
+fn settled_periods(path: &Path) -> BTreeMap<String, Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut values = BTreeMap::new();
+    for line in text.lines() {
+        let line: Value = serde_json::from_str(line).unwrap();
+        let value = &line["value"];
+        let period = format!("{}/{}/{}", value["customer"], value["metric"], value["period"]);
+        values.insert(period, value["value"].clone());
+    }
+    values
+}
+
+#[test]
+fn a_promotion_corrects_each_changed_period_once_through_kills_and_bills_nothing_twice() {
+    use crate::deliver::{deliver_to_the_end, deliver_with_kills, write_delivery_file};
+    use crate::periods::append_later;
+    use tally_tests::receiver::{Faults, Receiver};
+
+    let dir = tempfile::tempdir().unwrap();
+    let input = generate(78, 300);
+    let job_path = write_job(dir.path(), &input, "");
+    run_to_end(&job_path);
+    let job = job_path.to_str().unwrap();
+    let receiver = Receiver::start(Faults {
+        error_500: 100,
+        latency: std::time::Duration::from_millis(50),
+        ..Faults::default()
+    });
+    let http = format!(
+        "[http]\nurl = {:?}\nmax_in_flight = 1\nretry_initial = \"20ms\"\nretry_max = \"100ms\"",
+        receiver.url()
+    );
+    let delivery =
+        write_delivery_file(dir.path(), "deliver.toml", &job_path, "deliver-state", &http);
+    let delivery_path = delivery.to_str().unwrap();
+    deliver_to_the_end(&delivery);
+    let v1_path = dir.path().join("out/periods.ndjson");
+    let before = billed(&receiver);
+    assert_eq!(billed_values(&before), settled_periods(&v1_path), "v1 billed whole");
+
+    // v2 meters calls as their largest quantity.
+    let config = dir.path().join("max-calls.toml");
+    std::fs::write(
+        &config,
+        tally_tests::periods::PLUGIN_CONFIG.replace("calls = \"sum\"", "calls = \"max\""),
+    )
+    .unwrap();
+    tally(&["replay", job, "--version", "v2", "--plugin-config", config.to_str().unwrap()]);
+    let v2_path = dir.path().join("out/versions/v2/periods.v2.ndjson");
+    let v2 = settled_periods(&v2_path);
+    let changed: Vec<&String> = v2
+        .iter()
+        .filter(|(period, value)| before[*period].last().unwrap().1["value"] != **value)
+        .map(|(p, _)| p)
+        .collect();
+    assert!(
+        changed.len() > 3 && changed.len() < v2.len(),
+        "{} of {} periods change",
+        changed.len(),
+        v2.len()
+    );
+
+    let err = tally_refused(&["promote", job, "--version", "v3"]);
+    assert!(err.contains("v3 of job `billing` has no state"), "{err}");
+    let said = tally(&["promote", job, "--version", "v2", "--deliver", delivery_path]);
+    assert!(said.contains(&format!("{} correcting records", changed.len())), "{said}");
+    let err = tally_refused(&["promote", job, "--version", "v2"]);
+    assert!(err.contains("v2 is already the live version"), "{err}");
+    let err = tally_refused(&["replay", job, "--version", "v2"]);
+    assert!(err.contains("v2 is the live version (promoted)"), "{err}");
+    assert!(tally(&["versions", job]).contains("v2 (live)"));
+
+    // The switch delivered through kills: one ADJUSTMENT per changed
+    // period, from the value billed, under a key of its own; nothing else.
+    let posts = |receiver: &Receiver| receiver.seen(|seen| seen.applied.len() as u64);
+    let kills = deliver_with_kills(&delivery, 3, 40, &mut || posts(&receiver), &mut |_, _, _| {});
+    assert!(kills >= 1, "no kill landed during the switch");
+    let after = billed(&receiver);
+    for (period, bodies) in &after {
+        let new = &bodies[before[period].len()..];
+        if !changed.contains(&period) {
+            assert!(new.is_empty(), "{period}: unchanged, yet billed again: {new:?}");
+            continue;
+        }
+        assert_eq!(new.len(), 1, "{period}: one correction: {new:?}");
+        let (key, correction) = &new[0];
+        let billed_before = &before[period].last().unwrap().1;
+        assert!(key.starts_with("billing.v2/") && key.ends_with("/promoted-from-v1"), "{key}");
+        assert_eq!(correction["type"], "adjustment");
+        assert_eq!(correction["previous"], billed_before["value"], "{period}");
+        assert_eq!(correction["value"], v2[period], "{period}");
+        assert_eq!(correction["version"], billed_before["version"].as_i64().unwrap() + 1);
+    }
+    assert_eq!(billed_values(&after), v2, "the receiver holds v2's values");
+
+    // v2 goes on as the live version: its later records reach the receiver
+    // with versions that continue the receiver's.
+    let v1_then = std::fs::read(&v1_path).unwrap();
+    append_later(dir.path(), &input);
+    run_to_end(&job_path);
+    deliver_to_the_end(&delivery);
+    assert_eq!(std::fs::read(&v1_path).unwrap(), v1_then, "v1 ran after its promotion");
+    let last = billed(&receiver);
+    assert_eq!(billed_values(&last), settled_periods(&v2_path), "the receiver holds v2's values");
+    assert!(
+        last.values().map(Vec::len).sum::<usize>() > after.values().map(Vec::len).sum::<usize>(),
+        "v2 went on"
+    );
+    for (period, bodies) in &last {
+        for (number, (key, body)) in bodies.iter().enumerate() {
+            assert_eq!(
+                body["version"],
+                number as i64 + 1,
+                "{period}: {key} breaks the version chain"
+            );
+            if number > 0 {
+                assert_eq!(body["previous"], bodies[number - 1].1["value"], "{period}: {key}");
+            }
+        }
+    }
+    receiver.seen(|seen| {
+        for (key, requests) in &seen.requests {
+            assert!(
+                requests.iter().all(|body| *body == requests[0]),
+                "{key} was sent with two bodies"
+            );
+        }
+    });
+}
