@@ -15,7 +15,7 @@ use tally_deliver::{DeliverSettings, Positions, RunOptions};
 use tally_host::config::{JobConfig, Mode};
 use tally_host::deliver_kafka::default_ledger_topic;
 use tally_host::delivery::committed_output;
-use tally_host::promote::{self, Corrections, Shifted, Switch};
+use tally_host::promote::{self, Corrections, Rebased, Switch};
 use tally_host::versions::Version;
 
 /// `tally deliver`'s arguments.
@@ -112,9 +112,9 @@ pub fn deliver(
             };
             let (mut source, mirror) = committed_output(&live, &mut settings)?;
             let summary = match &switch {
-                Some(switch) if !switch.shifts.is_empty() => {
-                    let mut shifted = Shifted { inner: source.as_mut(), shifts: &switch.shifts };
-                    tally_deliver::run(&settings, &mut shifted, mirror, stop, options)?
+                Some(switch) if !switch.rebase.is_empty() => {
+                    let mut rebased = Rebased { inner: source.as_mut(), rebase: &switch.rebase };
+                    tally_deliver::run(&settings, &mut rebased, mirror, stop, options)?
                 }
                 _ => tally_deliver::run(&settings, source.as_mut(), mirror, stop, options)?,
             };
@@ -130,13 +130,15 @@ pub fn deliver(
     }
 }
 
-/// The switch this delivery reads under, once done: `Ok(Some(None))` for
-/// a delivery of v1 never switched, `Ok(Some(Some(switch)))` after a
-/// promotion, `Ok(None)` when stopped while finishing a switch. A switch
-/// not done yet is finished first: its corrections delivered (through the
-/// delivery's own ledger, as partition [`promote::CORRECTIONS_PARTITION`])
-/// until each is settled, then the positions moved to where the new
-/// version's output starts.
+/// The switch this delivery reads under: `Ok(Some(None))` for a delivery
+/// of v1 never switched, `Ok(Some(Some(switch)))` after a promotion,
+/// `Ok(None)` when stopped while finishing a switch. A switch a promotion
+/// left for the live version is finished first: its corrections delivered
+/// (through the delivery's own ledger, as partition
+/// [`promote::CORRECTIONS_PARTITION`]) until each is settled, then the
+/// positions moved to where the new version's output starts, then it
+/// becomes the delivery's switch. A switch left by a promotion that did
+/// not happen (its version is not live) waits.
 fn switched(
     file: &Path,
     job: &JobConfig,
@@ -144,12 +146,13 @@ fn switched(
     stop: &Arc<AtomicBool>,
 ) -> anyhow::Result<Option<Option<Switch>>> {
     let live = promote::live_version(job)?.to_string();
-    let switch = promote::read_switch(&settings.state_dir)?;
-    let reading = switch.as_ref().map_or("v1", Switch::reading).to_string();
+    let current = promote::read_switch(&settings.state_dir)?;
+    let reading = current.as_ref().map_or("v1", |switch| switch.to.as_str()).to_string();
     if reading == live {
-        return Ok(Some(switch));
+        return Ok(Some(current));
     }
-    let Some(mut switch) = switch.filter(|switch| switch.to == live && !switch.done) else {
+    let next = promote::read_next_switch(&settings.state_dir)?;
+    let Some(switch) = next.filter(|next| next.to == live && next.from == reading) else {
         bail!(
             "job `{}` was promoted to {live}, and this delivery reads {reading} with no switch to {live}: run `tally promote {} --version {live} --deliver {}` with the deliverer stopped",
             job.settings.name,
@@ -158,17 +161,15 @@ fn switched(
         );
     };
     if matches!(settings.target, Target::Postgres(_)) {
-        bail!(
-            "this build switches HTTP deliveries only; deliver {live}'s output into a table of its own"
-        );
+        bail!("this build switches HTTP deliveries only");
     }
-    // The corrections' mirror is the delivery's ledger topic, as its entries are.
+    // The corrections' entries are mirrored as the delivery's others are.
     let (_, mirror) = committed_output(&Version::parse(&switch.from)?.of(job), settings)?;
     let mut corrections = Corrections::new(&switch);
     let summary = tally_deliver::run(
         settings,
         &mut corrections,
-        mirror,
+        mirror.clone(),
         stop.clone(),
         RunOptions { until_caught_up: true },
     )?;
@@ -187,12 +188,16 @@ fn switched(
         );
         return Ok(None);
     }
-    let ledger = Ledger::open(&settings.state_dir.join("ledger"))?;
+    let ledger_dir = settings.state_dir.join("ledger");
+    let ledger = match mirror {
+        Some(mirror) => Ledger::open_mirrored(&ledger_dir, mirror)?,
+        None => Ledger::open(&ledger_dir)?,
+    };
     ledger.set_positions(&switch.positions)?;
     ledger.sync()?;
+    ledger.mirror_flush()?;
     drop(ledger);
-    switch.done = true;
-    promote::write_whole(&promote::switch_path(&settings.state_dir), &switch)?;
+    promote::finish_switch(&settings.state_dir)?;
     println!(
         "switched to {live}: {} corrections delivered, dead-lettered {}; now delivering {live}'s output",
         summary.delivered, summary.failed

@@ -7,16 +7,20 @@
 //! - the job's **live pointer** (`<state_dir>/live-version.json`): which
 //!   version `tally run` runs, and where its outputs stood when it became
 //!   live;
-//! - per delivery, its **switch** (`<delivery state_dir>/switch.json`):
-//!   the corrections the receiver gets first (one ADJUSTMENT per period
-//!   whose delivered value the new version changes; the new version's
-//!   records of keys never delivered), where the new version's output is
-//!   read from after them, and by how much the versions of each already
-//!   billed period shift, so the receiver's version numbers go on.
+//! - per delivery, its **switch**: the corrections the receiver gets
+//!   first (one ADJUSTMENT per period whose delivered value the new
+//!   version changes; the new version's records of keys never delivered),
+//!   where the new version's output is read from after them, how each
+//!   billed period's later records are rebased so the receiver's version
+//!   numbers go on, and the receiver's view after it (where a next
+//!   promotion starts). A promotion writes it as `switch-next.json`; the
+//!   deliverer acts on it only once the live pointer names its version,
+//!   and renames it `switch.json` when its corrections are settled.
 //!
-//! The switches are written before the pointer: a promotion killed
-//! halfway has not happened, and running it again computes the same
-//! switches (the same corrections, under the same idempotency keys).
+//! The next switches are written before the pointer: a promotion killed
+//! halfway has not happened (the deliverer goes on with `switch.json`),
+//! and running it again computes the same switches (the same corrections,
+//! under the same idempotency keys).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -55,10 +59,17 @@ pub fn live_path(job: &JobConfig) -> PathBuf {
 
 /// The job's live pointer, if a promotion wrote one.
 pub fn live(job: &JobConfig) -> anyhow::Result<Option<Live>> {
-    let path = live_path(job);
-    match std::fs::read(&path) {
+    read_written(&live_path(job), "the live pointer")
+}
+
+/// What [`write_whole`] wrote at `path` (`what` names it), if anything.
+fn read_written<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &str,
+) -> anyhow::Result<Option<T>> {
+    match std::fs::read(path) {
         Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
-            format!("the live pointer `{}` is damaged; promote a version again", path.display())
+            format!("{what} `{}` is damaged; promote the version again", path.display())
         })?)),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(err) => Err(err).with_context(|| format!("reading `{}`", path.display())),
@@ -76,33 +87,40 @@ pub fn live_version(job: &JobConfig) -> anyhow::Result<Version> {
 /// A delivery's switch from one version's output to another's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Switch {
+    /// This delivery's promotions so far, this one included (in the
+    /// corrections' idempotency keys: no key is reused across promotions).
+    pub number: u32,
     /// The version delivered before.
     pub from: String,
     /// The version delivered after.
     pub to: String,
     /// Where `to`'s output is read from once the corrections are delivered.
     pub positions: Positions,
-    /// Per key already billed (canonical JSON), what to add to the
-    /// `version` of `to`'s later period records of it.
-    pub shifts: BTreeMap<String, i64>,
+    /// Per key already billed (canonical JSON), how `to`'s later records
+    /// of it are rebased.
+    pub rebase: BTreeMap<String, Rebase>,
+    /// The receiver's view once the corrections are delivered: per key,
+    /// the last record it has.
+    pub billed: BTreeMap<String, Value>,
     /// What the receiver gets first, in order.
     pub corrections: Vec<Correction>,
-    /// Whether the delivery finished the switch: its corrections are
-    /// settled and it reads `to` from `positions` on.
-    #[serde(default)]
-    pub done: bool,
+}
+
+/// How the new version's later records of a billed period reach the
+/// receiver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rebase {
+    /// Added to each record's `version`.
+    pub shift: i64,
+    /// For a period the new version had not written at the promotion: the
+    /// billed value. Its FINAL goes out as an ADJUSTMENT from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Value>,
 }
 
 /// The partition number under which a delivery's ledger keeps its
 /// switch's corrections (no output has that many partitions).
 pub const CORRECTIONS_PARTITION: u32 = u32::MAX;
-
-impl Switch {
-    /// The version the delivery reads: `to` once the switch is done.
-    pub fn reading(&self) -> &str {
-        if self.done { &self.to } else { &self.from }
-    }
-}
 
 /// One record the receiver gets at a switch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -115,21 +133,41 @@ pub struct Correction {
     pub idempotency_key: String,
 }
 
-/// Where a delivery keeps its switch.
+/// Where a delivery keeps the switch it made last.
 pub fn switch_path(delivery_state: &Path) -> PathBuf {
     delivery_state.join("switch.json")
 }
 
-/// A delivery's switch, if a promotion wrote one.
+/// Where a promotion leaves a delivery's next switch.
+pub fn next_switch_path(delivery_state: &Path) -> PathBuf {
+    delivery_state.join("switch-next.json")
+}
+
+/// The switch a delivery made last, if it made one.
 pub fn read_switch(delivery_state: &Path) -> anyhow::Result<Option<Switch>> {
-    let path = switch_path(delivery_state);
-    match std::fs::read(&path) {
-        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
-            format!("the delivery's switch `{}` is damaged; promote again", path.display())
-        })?)),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(err) => Err(err).with_context(|| format!("reading `{}`", path.display())),
+    read_written(&switch_path(delivery_state), "the delivery's switch")
+}
+
+/// The switch a promotion left for a delivery, if one did.
+pub fn read_next_switch(delivery_state: &Path) -> anyhow::Result<Option<Switch>> {
+    read_written(&next_switch_path(delivery_state), "the delivery's next switch")
+}
+
+/// The version a delivery reads: its last switch's, or v1.
+pub fn reading(delivery_state: &Path) -> anyhow::Result<String> {
+    Ok(read_switch(delivery_state)?.map_or_else(|| "v1".to_string(), |switch| switch.to))
+}
+
+/// Makes a delivery's next switch its current one (once its corrections
+/// are settled).
+pub fn finish_switch(delivery_state: &Path) -> anyhow::Result<()> {
+    let (next, current) = (next_switch_path(delivery_state), switch_path(delivery_state));
+    std::fs::rename(&next, &current)
+        .with_context(|| format!("renaming `{}` to `{}`", next.display(), current.display()))?;
+    if let Ok(dir) = std::fs::File::open(delivery_state) {
+        let _ = dir.sync_all();
     }
+    Ok(())
 }
 
 /// Writes `value` as JSON to `path` whole: a temporary file, synced, then
@@ -173,11 +211,6 @@ impl Delivered {
     }
 }
 
-/// The receiver's view of one key: its last applied record.
-struct Billed {
-    value: Value,
-}
-
 /// The `version` of a period record (FINAL or ADJUSTMENT), if it is one.
 fn period_version(value: &Value) -> Option<i64> {
     let kind = value.get("type").and_then(Value::as_str)?;
@@ -187,10 +220,11 @@ fn period_version(value: &Value) -> Option<i64> {
 /// Computes a delivery's switch from version `from` to version `to`.
 ///
 /// `earlier`: the switch that made `from` the delivered version, if one
-/// did (its corrections were delivered, and `from`'s records before its
-/// positions never were). `old`: `from`'s records in output order;
-/// `delivered`: what the ledger says of them. `new`: `to`'s records up to
-/// `positions`, where its output is read from after the switch.
+/// did (the receiver's view then, and how `from`'s later records were
+/// rebased; `from`'s records before its positions never reached the
+/// receiver). `old`: `from`'s records in output order; `delivered`: what
+/// the ledger says of them. `new`: `to`'s records up to `positions`, where
+/// its output is read from after the switch.
 pub fn plan_switch(
     (from, to): (&str, &str),
     earlier: Option<&Switch>,
@@ -199,41 +233,43 @@ pub fn plan_switch(
     new: &[Record],
     positions: Positions,
 ) -> Switch {
-    // The receiver's view, key by key.
-    let mut billed: HashMap<String, Billed> = HashMap::new();
-    let mut old_shifts = &BTreeMap::new();
-    let mut old_start = Positions::new();
+    // The receiver's view, key by key: its last record.
+    let mut billed: BTreeMap<String, Value> = BTreeMap::new();
+    let no_rebase = BTreeMap::new();
+    let (mut old_rebase, mut old_start) = (&no_rebase, Positions::new());
     if let Some(earlier) = earlier {
-        for correction in &earlier.corrections {
-            billed.insert(correction.key.to_string(), Billed { value: correction.value.clone() });
-        }
-        old_shifts = &earlier.shifts;
+        billed = earlier.billed.clone();
+        old_rebase = &earlier.rebase;
         old_start = earlier.positions.clone();
     }
     for record in old {
-        let read_before =
-            old_start.get(&record.partition).is_some_and(|start| record.offset < *start);
-        if read_before || !delivered.applied(record) {
+        let before = old_start.get(&record.partition).is_some_and(|start| record.offset < *start);
+        if before || !delivered.applied(record) {
             continue;
         }
         let key = record.key.to_string();
         let mut value = record.value.clone();
-        shift_version(&mut value, old_shifts.get(&key).copied().unwrap_or(0));
-        billed.insert(key, Billed { value });
+        if let Some(rebase) = old_rebase.get(&key) {
+            rebase.apply(&mut value);
+        }
+        billed.insert(key, value);
     }
 
     let mut last_of: HashMap<String, usize> = HashMap::new();
     for (index, record) in new.iter().enumerate() {
         last_of.insert(record.key.to_string(), index);
     }
+    let number = earlier.map_or(1, |earlier| earlier.number + 1);
     let mut switch = Switch {
+        number,
         from: from.to_string(),
         to: to.to_string(),
         positions,
-        shifts: BTreeMap::new(),
+        rebase: BTreeMap::new(),
+        billed: BTreeMap::new(),
         corrections: Vec::new(),
-        done: false,
     };
+    let mut after = billed.clone();
     for (index, record) in new.iter().enumerate() {
         let key = record.key.to_string();
         let idempotency_key = record.idempotency_key.clone().unwrap_or_default();
@@ -244,54 +280,80 @@ pub fn plan_switch(
                 value: record.value.clone(),
                 idempotency_key,
             });
+            after.insert(key, record.value.clone());
             continue;
         };
         if last_of[&key] != index {
             continue;
         }
-        let (billed_version, new_version) =
-            (period_version(&billed.value), period_version(&record.value));
-        let same = counted_value(billed.value.clone()) == counted_value(record.value.clone());
-        match (billed_version, new_version) {
+        let same = counted_value(billed.clone()) == counted_value(record.value.clone());
+        match (period_version(billed), period_version(&record.value)) {
             (Some(billed_version), Some(new_version)) => {
                 let next = if same { billed_version } else { billed_version + 1 };
                 if next != new_version {
-                    switch.shifts.insert(key.clone(), next - new_version);
+                    switch
+                        .rebase
+                        .insert(key.clone(), Rebase { shift: next - new_version, previous: None });
                 }
                 if !same {
                     let mut adjustment = record.value.clone();
-                    let previous = billed.value.get("value").cloned().unwrap_or(Value::Null);
-                    let now = record.value.get("value").cloned().unwrap_or(Value::Null);
-                    adjustment["type"] = "adjustment".into();
-                    adjustment["delta"] = delta(&previous, &now).unwrap_or(Value::Null);
-                    adjustment["previous"] = previous;
-                    adjustment["version"] = next.into();
+                    let previous = billed.get("value").cloned().unwrap_or(Value::Null);
+                    adjust(&mut adjustment, previous, next);
                     switch.corrections.push(Correction {
                         key: record.key.clone(),
-                        value: adjustment,
-                        idempotency_key: format!("{idempotency_key}/promoted-from-{from}"),
+                        value: adjustment.clone(),
+                        idempotency_key: format!("{idempotency_key}/promotion-{number}"),
                     });
+                    after.insert(key, adjustment);
                 }
             }
             // Not a period record (a running total): the latest one, whole.
-            _ if !same => switch.corrections.push(Correction {
-                key: record.key.clone(),
-                value: record.value.clone(),
-                idempotency_key,
-            }),
+            _ if !same => {
+                switch.corrections.push(Correction {
+                    key: record.key.clone(),
+                    value: record.value.clone(),
+                    idempotency_key,
+                });
+                after.insert(key, record.value.clone());
+            }
             _ => {}
         }
     }
+    // Periods billed that the new version had not written yet: its FINAL,
+    // when it comes, goes out as an ADJUSTMENT from the billed value.
+    for (key, value) in &billed {
+        if last_of.contains_key(key) {
+            continue;
+        }
+        if let Some(billed_version) = period_version(value) {
+            let previous = value.get("value").cloned().unwrap_or(Value::Null);
+            switch
+                .rebase
+                .insert(key.clone(), Rebase { shift: billed_version, previous: Some(previous) });
+        }
+    }
+    switch.billed = after;
     switch
 }
 
-/// Adds `shift` to a period record's `version`.
-pub fn shift_version(value: &mut Value, shift: i64) {
-    if shift == 0 {
-        return;
-    }
-    if let Some(version) = period_version(value) {
-        value["version"] = (version + shift).into();
+/// Makes period record `value` an ADJUSTMENT from `previous` at `version`.
+fn adjust(value: &mut Value, previous: Value, version: i64) {
+    let now = value.get("value").cloned().unwrap_or(Value::Null);
+    value["type"] = "adjustment".into();
+    value["delta"] = delta(&previous, &now).unwrap_or(Value::Null);
+    value["previous"] = previous;
+    value["version"] = version.into();
+}
+
+impl Rebase {
+    /// Rebases one of the new version's records of the key.
+    pub fn apply(&self, value: &mut Value) {
+        let Some(version) = period_version(value) else { return };
+        let is_final = value.get("type").and_then(Value::as_str) == Some("final");
+        match &self.previous {
+            Some(previous) if is_final => adjust(value, previous.clone(), version + self.shift),
+            _ => value["version"] = (version + self.shift).into(),
+        }
     }
 }
 
@@ -347,33 +409,33 @@ impl Source for Corrections {
     }
 }
 
-/// The new version's output after a switch, its period records' versions
-/// shifted where the switch says (the receiver's numbering goes on).
-pub struct Shifted<'a> {
+/// The new version's output after a switch, its records of billed
+/// periods rebased where the switch says (the receiver's numbering goes on).
+pub struct Rebased<'a> {
     /// The output.
     pub inner: &'a mut dyn Source,
-    /// Per key (canonical JSON), the shift.
-    pub shifts: &'a BTreeMap<String, i64>,
+    /// Per key (canonical JSON), the rebase.
+    pub rebase: &'a BTreeMap<String, Rebase>,
 }
 
-impl Source for Shifted<'_> {
+impl Source for Rebased<'_> {
     fn start(&mut self, positions: &Positions) -> Result<(), SourceError> {
         self.inner.start(positions)
     }
 
     fn read(&mut self, max: usize) -> Result<Vec<Line>, SourceError> {
         let mut lines = self.inner.read(max)?;
-        if self.shifts.is_empty() {
+        if self.rebase.is_empty() {
             return Ok(lines);
         }
         for line in &mut lines {
             match &mut line.payload {
                 Payload::Json(bytes) => {
                     let Ok(mut record) = serde_json::from_slice::<Value>(bytes) else { continue };
-                    let Some(&shift) = self.shifts.get(&record["key"].to_string()) else {
+                    let Some(rebase) = self.rebase.get(&record["key"].to_string()) else {
                         continue;
                     };
-                    shift_version(&mut record["value"], shift);
+                    rebase.apply(&mut record["value"]);
                     *bytes = serde_json::to_vec(&record).expect("JSON serializes");
                 }
                 Payload::Kafka(record) => {
@@ -381,7 +443,7 @@ impl Source for Shifted<'_> {
                         .key
                         .as_deref()
                         .and_then(|key| serde_json::from_slice::<Value>(key).ok());
-                    let Some(&shift) = key.and_then(|key| self.shifts.get(&key.to_string())) else {
+                    let Some(rebase) = key.and_then(|key| self.rebase.get(&key.to_string())) else {
                         continue;
                     };
                     let Some(mut value) = record
@@ -391,7 +453,7 @@ impl Source for Shifted<'_> {
                     else {
                         continue;
                     };
-                    shift_version(&mut value, shift);
+                    rebase.apply(&mut value);
                     record.value = Some(serde_json::to_vec(&value).expect("JSON serializes"));
                 }
                 Payload::TooLong(_) => {}
@@ -486,7 +548,7 @@ mod tests {
         assert_eq!(switch.corrections.len(), 2, "{switch:#?}");
         let acme = &switch.corrections[0];
         assert_eq!(acme.key, key("acme"));
-        assert_eq!(acme.idempotency_key, "v2/acme/1/promoted-from-v1");
+        assert_eq!(acme.idempotency_key, "v2/acme/1/promotion-1");
         assert_eq!(
             (
                 &acme.value["type"],
@@ -502,11 +564,26 @@ mod tests {
             "never billed: as it is"
         );
         // acme: billed 1, corrected to 2, v2's next is 2: +1; globex: equal
-        // at billed version 2, v2's next is 2: +1.
+        // at billed version 2, v2's next is 2: +1; initech: billed, not in
+        // v2 yet: its FINAL will be an ADJUSTMENT from 3 at version 2.
+        let shift = |shift| Rebase { shift, previous: None };
         assert_eq!(
-            switch.shifts,
-            BTreeMap::from([(key("acme").to_string(), 1), (key("globex").to_string(), 1)])
+            switch.rebase,
+            BTreeMap::from([
+                (key("acme").to_string(), shift(1)),
+                (key("globex").to_string(), shift(1)),
+                (key("initech").to_string(), Rebase { shift: 1, previous: Some(json!(3)) }),
+            ])
         );
+        let mut later = period("final", 5, 1);
+        switch.rebase[&key("initech").to_string()].apply(&mut later);
+        assert_eq!(
+            (&later["type"], &later["previous"], &later["delta"], &later["version"]),
+            (&json!("adjustment"), &json!(3), &json!(2), &json!(2))
+        );
+        assert_eq!(switch.billed[&key("acme").to_string()]["value"], 310);
+        assert_eq!(switch.billed[&key("initech").to_string()]["value"], 3);
+        assert_eq!(switch.billed.len(), 4, "every key the receiver has");
     }
 
     #[test]
@@ -538,53 +615,62 @@ mod tests {
 
     #[test]
     fn a_second_promotion_starts_from_what_the_first_delivered() {
-        let first = Switch {
-            from: "v1".into(),
-            to: "v2".into(),
-            positions: Positions::from([(0, 1)]),
-            shifts: BTreeMap::from([(key("acme").to_string(), 1)]),
-            corrections: vec![Correction {
-                key: key("acme"),
-                value: period("adjustment", 310, 2),
-                idempotency_key: "v2/acme/1/promoted-from-v1".into(),
-            }],
-            done: true,
-        };
-        // v2 went on after the switch: its ADJUSTMENT version 2 was
-        // delivered as version 3.
-        let old = vec![
-            record(0, "acme", period("final", 310, 1), "v2/acme/1"),
-            record(1, "acme", period("adjustment", 320, 2), "v2/acme/2"),
+        // v1 billed acme (5120) and globex (7); v2 corrected acme to 310 and
+        // kept globex.
+        let v1 = vec![
+            record(0, "acme", period("final", 5120, 1), "v1/acme/1"),
+            record(1, "globex", period("final", 7, 1), "v1/globex/1"),
         ];
-        let new = vec![record(0, "acme", period("final", 330, 1), "v3/acme/1")];
-        let switch =
-            plan_switch(("v2", "v3"), Some(&first), &old, &all_delivered(), &new, Positions::new());
-        let acme = &switch.corrections[0];
+        let v2_then = vec![
+            record(0, "acme", period("final", 310, 1), "v2/acme/1"),
+            record(1, "globex", period("final", 7, 1), "v2/globex/1"),
+        ];
+        let positions = Positions::from([(0, 2)]);
+        let first =
+            plan_switch(("v1", "v2"), None, &v1, &all_delivered(), &v2_then, positions.clone());
+        // v2 went on after the switch: its ADJUSTMENT version 2 of acme was
+        // delivered as version 3.
+        let mut v2 = v2_then.clone();
+        v2.push(record(2, "acme", period("adjustment", 320, 2), "v2/acme/2"));
+        let v3 = vec![
+            record(0, "acme", period("final", 330, 1), "v3/acme/1"),
+            record(1, "globex", period("final", 7, 1), "v3/globex/1"),
+        ];
+        let second =
+            plan_switch(("v2", "v3"), Some(&first), &v2, &all_delivered(), &v3, Positions::new());
+        assert_eq!(second.number, 2);
+        assert_eq!(second.corrections.len(), 1, "globex is billed, unchanged: {second:#?}");
+        let acme = &second.corrections[0];
+        assert_eq!(acme.idempotency_key, "v3/acme/1/promotion-2");
         assert_eq!((&acme.value["previous"], &acme.value["version"]), (&json!(320), &json!(4)));
-        assert_eq!(switch.shifts[&key("acme").to_string()], 3);
+        assert_eq!(second.rebase[&key("acme").to_string()].shift, 3);
     }
 
     #[test]
-    fn shifted_lines_carry_the_receivers_version() {
+    fn rebased_lines_carry_the_receivers_version() {
         let switch = Switch {
+            number: 1,
             from: "v1".into(),
             to: "v2".into(),
             positions: Positions::new(),
-            shifts: BTreeMap::from([(key("acme").to_string(), 2)]),
+            rebase: BTreeMap::from([(
+                key("acme").to_string(),
+                Rebase { shift: 2, previous: None },
+            )]),
+            billed: BTreeMap::new(),
             corrections: vec![Correction {
                 key: key("acme"),
                 value: period("adjustment", 1, 3),
                 idempotency_key: "k".into(),
             }],
-            done: false,
         };
         let mut inner = Corrections::new(&switch);
-        let mut shifted = Shifted { inner: &mut inner, shifts: &switch.shifts };
-        shifted.start(&Positions::new()).unwrap();
-        let lines = shifted.read(10).unwrap();
+        let mut rebased = Rebased { inner: &mut inner, rebase: &switch.rebase };
+        rebased.start(&Positions::new()).unwrap();
+        let lines = rebased.read(10).unwrap();
         let Payload::Json(bytes) = &lines[0].payload else { panic!("a JSON line") };
         let line: Value = serde_json::from_slice(bytes).unwrap();
         assert_eq!(line["value"]["version"], 5);
-        assert!(shifted.caught_up());
+        assert!(rebased.caught_up());
     }
 }

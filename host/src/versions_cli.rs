@@ -200,15 +200,19 @@ pub struct PromoteArgs {
 }
 
 /// Runs `tally promote`: the version becomes live, and each delivery named
-/// gets its switch (see `tally_host::promote`). Neither version may run
-/// meanwhile, nor the deliveries.
+/// gets its next switch, from the version it reads (see
+/// `tally_host::promote`). Neither version may run meanwhile, nor the
+/// deliveries. Promoting the live version again switches the deliveries
+/// named that still read an older one.
 pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
     let job = JobConfig::from_file(&args.job)?;
     let name = &job.settings.name;
     let to = Version::parse(&args.version)?;
-    let from = promote::live_version(&job)?;
-    if to == from {
-        bail!("{to} is already the live version of job `{name}`");
+    let live = promote::live_version(&job)?;
+    if to == live && args.deliveries.is_empty() {
+        bail!(
+            "{to} is already the live version of job `{name}`; name a delivery that still reads an older version with --deliver to switch it"
+        );
     }
     if !Version::on_disk(&job).contains(&to) {
         bail!(
@@ -216,17 +220,45 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
             args.job.display()
         );
     }
-    let (from_job, to_job) = (from.of(&job), to.of(&job));
-    // Neither version runs meanwhile: their outputs stand still.
+    // Each delivery: the version it reads now, checked before anything is read.
+    let mut deliveries = Vec::new();
+    for file in &args.deliveries {
+        let settings = DeliverSettings::from_file(file)?;
+        if settings.job.canonicalize().ok() != args.job.canonicalize().ok() {
+            bail!(
+                "delivery `{}` delivers job `{}`, not `{}`",
+                file.display(),
+                settings.job.display(),
+                args.job.display()
+            );
+        }
+        if matches!(settings.target, Target::Postgres(_)) {
+            bail!(
+                "delivery `{}` writes into PostgreSQL; this build switches HTTP deliveries only",
+                file.display()
+            );
+        }
+        let reading = Version::parse(&promote::reading(&settings.state_dir)?)?;
+        if reading == to {
+            bail!("delivery `{}` already reads {to}", file.display());
+        }
+        deliveries.push((file.clone(), settings, reading));
+    }
+    // No version read runs meanwhile: their outputs stand still.
+    let mut versions: Vec<Version> = deliveries.iter().map(|(_, _, reading)| *reading).collect();
+    versions.extend([live, to]);
+    versions.sort();
+    versions.dedup();
     let mut locks = Vec::new();
-    for (version, config) in [(from, &from_job), (to, &to_job)] {
-        let lock = DirLock::acquire(state_dir(config)).with_context(|| {
+    for version in versions {
+        let lock = DirLock::acquire(state_dir(&version.of(&job))).with_context(|| {
             format!(
                 "{version} of job `{name}` is running: stop it (or its replay) before the promotion"
             )
         })?;
         locks.push(lock);
     }
+    let to_job = to.of(&job);
     let view = tempfile::tempdir().context("creating a directory for views of the job's state")?;
     let reader = |config: &JobConfig| {
         format!("tally-promote-{}-{}", config.settings.name, std::process::id())
@@ -240,31 +272,8 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
     };
 
     let mut switches = Vec::new();
-    for (index, file) in args.deliveries.iter().enumerate() {
-        let mut settings = DeliverSettings::from_file(file)?;
-        if settings.job.canonicalize().ok() != args.job.canonicalize().ok() {
-            bail!(
-                "delivery `{}` delivers job `{}`, not `{}`",
-                file.display(),
-                settings.job.display(),
-                args.job.display()
-            );
-        }
-        if matches!(settings.target, Target::Postgres(_)) {
-            bail!(
-                "delivery `{}` writes into PostgreSQL; this build switches HTTP deliveries only: promote without it and deliver {to}'s output into a table of its own",
-                file.display()
-            );
-        }
-        let earlier = promote::read_switch(&settings.state_dir)?;
-        let reading = earlier.as_ref().map_or("v1", Switch::reading);
-        if reading != from.to_string() {
-            bail!(
-                "delivery `{}` reads {reading}, not {from} (the live version): run `tally deliver {}` once so it finishes its switch, then promote",
-                file.display(),
-                file.display()
-            );
-        }
+    for (index, (file, mut settings, reading)) in deliveries.into_iter().enumerate() {
+        let from_job = reading.of(&job);
         // The ledger's topic is the delivery's, whichever version it reads.
         if matches!(job.mode, Mode::Kafka(_)) {
             settings
@@ -285,51 +294,61 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
             entries: ledger.entries()?.into_iter().collect(),
             dead_letters: dead_letter_keys(&settings.dead_letters)?,
         };
-        promote::check_settled(&delivered, file)?;
+        promote::check_settled(&delivered, &file)?;
         let (old, _) =
             read(&from_job, &settings.output, &view.path().join(format!("old-{index}")))?;
         let (new, positions) =
             read(&to_job, &settings.output, &view.path().join(format!("new-{index}")))?;
+        let earlier = promote::read_switch(&settings.state_dir)?;
         let switch = promote::plan_switch(
-            (&from.to_string(), &to.to_string()),
-            earlier.as_ref().filter(|earlier| earlier.done),
+            (&reading.to_string(), &to.to_string()),
+            earlier.as_ref(),
             &old,
             &delivered,
             &new,
             positions,
         );
         // Held until the pointer is written: no deliverer starts meanwhile.
-        switches.push(PendingSwitch { file: file.clone(), settings, switch, _ledger: ledger });
-    }
-    let mut outputs = BTreeMap::new();
-    for (index, output) in to_job.settings.outputs.iter().enumerate() {
-        let (_, positions) = read(&to_job, output, &view.path().join(format!("end-{index}")))?;
-        outputs.insert(output.clone(), positions);
+        switches.push(PendingSwitch { file, settings, switch, _ledger: ledger });
     }
     for pending in &switches {
-        promote::write_whole(&promote::switch_path(&pending.settings.state_dir), &pending.switch)?;
+        let path = promote::next_switch_path(&pending.settings.state_dir);
+        promote::write_whole(&path, &pending.switch)?;
     }
-    let live = Live {
-        version: to.to_string(),
-        from: from.to_string(),
-        promoted_at: jiff::Timestamp::now().to_string(),
-        outputs,
-    };
-    promote::write_whole(&promote::live_path(&job), &live)?;
-    println!("job `{name}`: {to} is live (was {from}); `tally run {}` runs it", args.job.display());
+    if to != live {
+        let mut outputs = BTreeMap::new();
+        for (index, output) in to_job.settings.outputs.iter().enumerate() {
+            let (_, positions) = read(&to_job, output, &view.path().join(format!("end-{index}")))?;
+            outputs.insert(output.clone(), positions);
+        }
+        let pointer = Live {
+            version: to.to_string(),
+            from: live.to_string(),
+            promoted_at: jiff::Timestamp::now().to_string(),
+            outputs,
+        };
+        promote::write_whole(&promote::live_path(&job), &pointer)?;
+        println!(
+            "job `{name}`: {to} is live (was {live}); `tally run {}` runs it",
+            args.job.display()
+        );
+    }
     for pending in &switches {
-        let adjustments = pending
-            .switch
+        let switch = &pending.switch;
+        let marker = format!("/promotion-{}", switch.number);
+        let adjustments = switch
             .corrections
             .iter()
-            .filter(|correction| {
-                correction.idempotency_key.ends_with(&format!("/promoted-from-{from}"))
-            })
+            .filter(|correction| correction.idempotency_key.ends_with(&marker))
             .count();
+        let waiting = switch.rebase.values().filter(|rebase| rebase.previous.is_some()).count();
         println!(
-            "delivery `{}`: {adjustments} correcting records for values already billed, {} records never billed; `tally deliver {}` sends them first",
+            "delivery `{}` ({} to {to}): {adjustments} correcting records for values already billed, {} records never billed, \
+             {waiting} billed periods {to} has not written yet (their first record will adjust the billed value); \
+             `tally deliver {}` sends them first",
             pending.file.display(),
-            pending.switch.corrections.len() - adjustments,
+            switch.from,
+            switch.corrections.len() - adjustments,
             pending.file.display()
         );
     }

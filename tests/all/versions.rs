@@ -31,11 +31,17 @@ fn tally_refused(args: &[&str]) -> String {
 /// (key as JSON, the record's `value` field) — a period's FINAL with its
 /// ADJUSTMENTs applied.
 fn settled(path: &Path) -> BTreeMap<String, Value> {
+    last_values(path, |line| line["key"].to_string())
+}
+
+/// The last `value` field per record of an output file, keyed by `key_of`
+/// (given the whole line).
+fn last_values(path: &Path, key_of: impl Fn(&Value) -> String) -> BTreeMap<String, Value> {
     let text = std::fs::read_to_string(path).unwrap();
     let mut values = BTreeMap::new();
     for line in text.lines() {
         let line: Value = serde_json::from_str(line).unwrap();
-        values.insert(line["key"].to_string(), line["value"]["value"].clone());
+        values.insert(key_of(&line), line["value"]["value"].clone());
     }
     values
 }
@@ -284,8 +290,7 @@ fn billed(receiver: &tally_tests::receiver::Receiver) -> BTreeMap<String, Vec<(S
         let mut periods: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
         for (key, (body, _)) in applied {
             let value: Value = serde_json::from_slice(body).unwrap();
-            let period = format!("{}/{}/{}", value["customer"], value["metric"], value["period"]);
-            periods.entry(period).or_default().push((key.clone(), value));
+            periods.entry(period_of(&value)).or_default().push((key.clone(), value));
         }
         periods
     })
@@ -299,17 +304,49 @@ fn billed_values(periods: &BTreeMap<String, Vec<(String, Value)>>) -> BTreeMap<S
         .collect()
 }
 
+/// A period's name, as [`billed`] and [`settled_periods`] key them.
+fn period_of(value: &Value) -> String {
+    format!("{}/{}/{}", value["customer"], value["metric"], value["period"])
+}
+
 /// The settled value per period of a local output file, keyed as [`billed`] keys them.
 fn settled_periods(path: &Path) -> BTreeMap<String, Value> {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut values = BTreeMap::new();
-    for line in text.lines() {
-        let line: Value = serde_json::from_str(line).unwrap();
-        let value = &line["value"];
-        let period = format!("{}/{}/{}", value["customer"], value["metric"], value["period"]);
-        values.insert(period, value["value"].clone());
+    last_values(path, |line| period_of(&line["value"]))
+}
+
+/// `held` (what the receiver holds) equals `expected`; else the test fails
+/// listing the periods that differ.
+fn assert_holds(held: &BTreeMap<String, Value>, expected: &BTreeMap<String, Value>, what: &str) {
+    let differ: Vec<String> = held
+        .keys()
+        .chain(expected.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|period| held.get(*period) != expected.get(*period))
+        .take(10)
+        .map(|period| {
+            format!("{period}: held {:?}, expected {:?}", held.get(period), expected.get(period))
+        })
+        .collect();
+    assert!(differ.is_empty(), "{what}: {differ:#?}");
+}
+
+/// Each period's records, as the receiver applied them, are one chain:
+/// versions 1, 2, 3… and each ADJUSTMENT's `previous` the value before it.
+fn chain_holds(periods: &BTreeMap<String, Vec<(String, Value)>>) {
+    for (period, bodies) in periods {
+        for (number, (key, body)) in bodies.iter().enumerate() {
+            assert_eq!(
+                body["version"],
+                number as i64 + 1,
+                "{period}: {key} breaks the version chain"
+            );
+            if number > 0 {
+                assert_eq!(body["type"], "adjustment", "{period}: {key} is a second FINAL");
+                assert_eq!(body["previous"], bodies[number - 1].1["value"], "{period}: {key}");
+            }
+        }
     }
-    values
 }
 
 #[test]
@@ -364,6 +401,19 @@ fn a_promotion_corrects_each_changed_period_once_through_kills_and_bills_nothing
 
     let err = tally_refused(&["promote", job, "--version", "v3"]);
     assert!(err.contains("v3 of job `billing` has no state"), "{err}");
+    // A promotion killed before its live pointer was written has not
+    // happened: the delivery goes on with v1 and sends nothing new.
+    let said = tally(&["promote", job, "--version", "v2", "--deliver", delivery_path]);
+    assert!(said.contains(&format!("{} correcting records", changed.len())), "{said}");
+    let pointer = dir.path().join("state/live-version.json");
+    std::fs::remove_file(&pointer).unwrap();
+    let posts_before = receiver.seen(|seen| seen.posts);
+    deliver_to_the_end(&delivery);
+    assert_eq!(
+        receiver.seen(|seen| seen.posts),
+        posts_before,
+        "a promotion that did not happen was acted on"
+    );
     let said = tally(&["promote", job, "--version", "v2", "--deliver", delivery_path]);
     assert!(said.contains(&format!("{} correcting records", changed.len())), "{said}");
     let err = tally_refused(&["promote", job, "--version", "v2"]);
@@ -387,7 +437,7 @@ fn a_promotion_corrects_each_changed_period_once_through_kills_and_bills_nothing
         assert_eq!(new.len(), 1, "{period}: one correction: {new:?}");
         let (key, correction) = &new[0];
         let billed_before = &before[period].last().unwrap().1;
-        assert!(key.starts_with("billing.v2/") && key.ends_with("/promoted-from-v1"), "{key}");
+        assert!(key.starts_with("billing.v2/") && key.ends_with("/promotion-1"), "{key}");
         assert_eq!(correction["type"], "adjustment");
         assert_eq!(correction["previous"], billed_before["value"], "{period}");
         assert_eq!(correction["value"], v2[period], "{period}");
@@ -403,23 +453,45 @@ fn a_promotion_corrects_each_changed_period_once_through_kills_and_bills_nothing
     deliver_to_the_end(&delivery);
     assert_eq!(std::fs::read(&v1_path).unwrap(), v1_then, "v1 ran after its promotion");
     let last = billed(&receiver);
-    assert_eq!(billed_values(&last), settled_periods(&v2_path), "the receiver holds v2's values");
+    assert_holds(
+        &billed_values(&last),
+        &settled_periods(&v2_path),
+        "the receiver holds v2's values",
+    );
     assert!(
         last.values().map(Vec::len).sum::<usize>() > after.values().map(Vec::len).sum::<usize>(),
         "v2 went on"
     );
-    for (period, bodies) in &last {
-        for (number, (key, body)) in bodies.iter().enumerate() {
-            assert_eq!(
-                body["version"],
-                number as i64 + 1,
-                "{period}: {key} breaks the version chain"
-            );
-            if number > 0 {
-                assert_eq!(body["previous"], bodies[number - 1].1["value"], "{period}: {key}");
-            }
+    chain_holds(&last);
+
+    // A second promotion, to v3 (the meters as v1 had them): from what the
+    // receiver holds, each period v3 changes corrected once more, the rest
+    // (corrected by the first promotion or not) left alone.
+    tally(&["replay", job, "--version", "v3"]);
+    let v3 = settled_periods(&dir.path().join("out/versions/v3/periods.v3.ndjson"));
+    let holds = billed_values(&last);
+    let changing: Vec<&String> = v3
+        .iter()
+        .filter(|(period, value)| holds.get(*period) != Some(*value))
+        .map(|(p, _)| p)
+        .collect();
+    assert!(!changing.is_empty(), "v3 changes what v2 billed");
+    tally(&["promote", job, "--version", "v3", "--deliver", delivery_path]);
+    deliver_to_the_end(&delivery);
+    let third = billed(&receiver);
+    // A period v3 has not written yet keeps what was billed, until it does.
+    let mut expected = holds.clone();
+    expected.extend(v3.clone());
+    assert_holds(&billed_values(&third), &expected, "the receiver holds v3's values");
+    for (period, bodies) in &third {
+        let new = &bodies[last.get(period).map_or(0, Vec::len)..];
+        let expected = usize::from(changing.contains(&period));
+        assert_eq!(new.len(), expected, "{period}: {new:?}");
+        if let Some((key, _)) = new.first() {
+            assert!(key.starts_with("billing.v3/") && key.ends_with("/promotion-2"), "{key}");
         }
     }
+    chain_holds(&third);
     receiver.seen(|seen| {
         for (key, requests) in &seen.requests {
             assert!(
