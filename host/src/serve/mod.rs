@@ -684,31 +684,43 @@ impl Host {
             .map_err(|err| ApiError::internal(format!("cannot write the job file: {err}")))?;
         let parsed = job_spec::parse(&changed, tenant, tenant_config, &self.config)
             .map_err(|err| ApiError::bad_request(err.to_string()))?;
-        for new in &parsed.deliveries {
-            let Some(old) = job.delivery(&new.output) else { continue };
-            let (old_target, new_target) = (&old.settings().target, &new.target);
-            let refusal = match (old_target, new_target) {
-                (Target::Http(old), Target::Http(new)) if old.body != new.body => Some(format!(
-                    "its HTTP body would change from {:?} to {:?}, and a record is never sent again with another body",
-                    old.body, new.body
-                )),
-                (Target::Http(_), Target::Postgres(_)) | (Target::Postgres(_), Target::Http(_)) => {
-                    Some("its target would change between HTTP and PostgreSQL".to_string())
+        job.change_deliveries(
+            |running| {
+                for new in &parsed.deliveries {
+                    let Some(old) = running.iter().find(|old| old.output() == new.output) else {
+                        continue;
+                    };
+                    let refusal = match (&old.settings().target, &new.target) {
+                        (Target::Http(old), Target::Http(new)) if old.body != new.body => Some(format!(
+                            "its HTTP body would change from {:?} to {:?}, and a record is never sent again with another body",
+                            old.body, new.body
+                        )),
+                        (Target::Http(_), Target::Postgres(_)) | (Target::Postgres(_), Target::Http(_)) => {
+                            Some("its target would change between HTTP and PostgreSQL".to_string())
+                        }
+                        _ => None,
+                    };
+                    if let Some(refusal) = refusal {
+                        let kafka = matches!(job.config.mode, crate::config::Mode::Kafka(_));
+                        let then = if kafka {
+                            "a Kafka job's delivery keeps its ledger topic, so a delivery of this output added again resumes from it as it was: deploy the job under a new name to deliver it otherwise"
+                        } else {
+                            "remove its [[deliver]] section first (its delivery state goes with it), then add the new one"
+                        };
+                        return Err(ApiError::bad_request(format!(
+                            "output {:?} cannot change its delivery in place: {refusal}; {then}",
+                            new.output
+                        )));
+                    }
                 }
-                _ => None,
-            };
-            if let Some(refusal) = refusal {
-                return Err(ApiError::bad_request(format!(
-                    "output {:?} cannot change its delivery in place: {refusal}; remove its [[deliver]] section first (its delivery state goes with it), then add the new one",
-                    new.output
-                )));
-            }
-        }
-        job.dir.write_file(&job.dir.job_file(), changed.as_bytes()).map_err(|err| {
-            tracing::error!(%tenant, job = %name, error = %err, "cannot write a job's file");
-            ApiError::internal("the host cannot write the job's file (its disk?); nothing changed")
-        })?;
-        job.replace_deliveries(parsed.deliveries);
+                job.dir.write_file(&job.dir.job_file(), changed.as_bytes()).map_err(|err| {
+                    tracing::error!(%tenant, job = %name, error = %err, "cannot write a job's file");
+                    ApiError::internal("the host cannot write the job's file (its disk?); nothing changed")
+                })?;
+                Ok(parsed.deliveries)
+            },
+            |why| ApiError::new(409, format!("job `{name}`: {why}")),
+        )?;
         tracing::info!(%tenant, job = %name, "deliveries changed in place");
         Ok(job.status())
     }

@@ -398,14 +398,33 @@ impl JobRuntime {
         lock(&self.deliveries).clone()
     }
 
-    /// Replaces the job's deliveries with `settings` while the job runs:
-    /// each running delivery stops after its requests in flight and ends,
-    /// then the new ones start (an output delivered before and after goes
-    /// on from its ledger). The state of outputs no longer delivered is
-    /// removed. Nothing starts once the job has ended.
-    pub fn replace_deliveries(&self, settings: Vec<tally_deliver::DeliverSettings>) {
-        let _replacing = lock(&self.replacing);
-        let old = std::mem::take(&mut *lock(&self.deliveries));
+    /// Changes the job's deliveries while it runs, one change at a time:
+    /// `change` sees the running deliveries and returns the new settings
+    /// (or refuses; nothing changes then); the running deliveries stop after
+    /// their requests in flight and end (listed until then), the state of
+    /// outputs no longer delivered is removed, and the new ones start (an
+    /// output delivered before and after goes on from its ledger). A change
+    /// under way, or a job being deleted or stopped, is refused with
+    /// `refuse`'s error.
+    pub fn change_deliveries<E>(
+        &self,
+        change: impl FnOnce(&[Arc<DeliveryRunner>]) -> Result<Vec<tally_deliver::DeliverSettings>, E>,
+        refuse: impl FnOnce(&'static str) -> E,
+    ) -> Result<(), E> {
+        let _replacing = match self.replacing.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(refuse(
+                    "a change of this job's deliveries is under way; try again once it is done",
+                ));
+            }
+        };
+        if self.deleted.load(Ordering::SeqCst) || lock(&self.control).ended {
+            return Err(refuse("the job is being deleted or stopped"));
+        }
+        let old = self.deliveries();
+        let settings = change(&old)?;
         for delivery in &old {
             delivery.stop();
         }
@@ -421,14 +440,14 @@ impl JobRuntime {
                 }
             }
         }
-        if lock(&self.control).ended {
-            return;
-        }
         let new: Vec<Arc<DeliveryRunner>> = settings.into_iter().map(DeliveryRunner::new).collect();
-        for delivery in &new {
-            self.start_delivery(delivery);
+        if !lock(&self.control).ended {
+            for delivery in &new {
+                self.start_delivery(delivery);
+            }
         }
         *lock(&self.deliveries) = new;
+        Ok(())
     }
 
     /// Waits for the deliveries' threads to end (after [`JobRuntime::end`]).
