@@ -20,6 +20,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::{KAFKA_TIMEOUT, KafkaJob};
 use crate::KafkaJobError;
 use crate::collector::RecordCollector;
+use crate::keys::included_key;
 use crate::producer::{DeliveryTracker, JobProducer};
 use crate::topics::{self, ClientRole};
 use crate::transaction::{TransactionError, TransactionOwner};
@@ -66,6 +67,23 @@ pub enum StartError {
         /// The offset.
         offset: i64,
     },
+    /// The job's state already includes input (its group's offsets may
+    /// have expired): a start would count records twice.
+    #[error(
+        "job `{job}` has already run: its state includes `{topic}` partition {partition} up to offset {included} \
+         (its consumer group's offsets may have expired). A start applies when a job (a version) first runs; replay into a \
+         new version"
+    )]
+    StateExists {
+        /// The job.
+        job: String,
+        /// An input topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The next offset the state includes.
+        included: i64,
+    },
     /// An offset names a topic the job does not read.
     #[error(
         "the start names `{topic}`, which is not an input of job `{job}` (its inputs: {inputs})"
@@ -104,6 +122,14 @@ pub enum StartError {
         low: i64,
         /// Its end (the next offset written).
         high: i64,
+    },
+    /// The job's state store could not be read.
+    #[error("seeding the start of job `{job}`: reading its state failed: {reason}")]
+    State {
+        /// The job.
+        job: String,
+        /// Why.
+        reason: String,
     },
     /// A position marker could not be delivered (`at_least_once`).
     #[error("seeding the start of job `{job}`: {reason}")]
@@ -145,7 +171,6 @@ impl KafkaJob {
             .create()
             .map_err(failed("creating a consumer"))?;
         let offsets = self.start_offsets(&consumer, start)?;
-
         let mut wanted = TopicPartitionList::new();
         for (topic, partition) in offsets.keys() {
             wanted.add_partition(topic, *partition);
@@ -182,6 +207,23 @@ impl KafkaJob {
                 });
             }
             None => {}
+        }
+        // No offsets, yet state: the group's offsets expired after a run.
+        for (topic, partition) in offsets.keys() {
+            let included =
+                crate::changelog::read_offset(&*self.store, &included_key(topic, *partition))
+                    .map_err(|err| StartError::State {
+                        job: job.clone(),
+                        reason: err.to_string(),
+                    })?;
+            if let Some(included) = included {
+                return Err(StartError::StateExists {
+                    job: job.clone(),
+                    topic: topic.clone(),
+                    partition: *partition,
+                    included,
+                });
+            }
         }
 
         let producer: JobProducer = topics::producer_config(&self.config, kafka, &self.instance)
