@@ -112,6 +112,49 @@ pub fn push(admin: &Admin, job: &str, file: &Path, json: bool) -> anyhow::Result
     Ok(())
 }
 
+/// `tally plugin push --shadow`
+pub fn push_shadow(
+    admin: &Admin,
+    job: &str,
+    file: &Path,
+    plugin_config: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let bytes =
+        std::fs::read(file).with_context(|| format!("cannot read plugin `{}`", file.display()))?;
+    let plugin_config = plugin_config
+        .map(|path| {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --plugin-config `{}`", path.display()))
+        })
+        .transpose()?;
+    let status: JobStatus = client(admin).start_shadow(job, &bytes, plugin_config.as_deref())?;
+    if json {
+        return print_json(&status);
+    }
+    let version = status.shadow.as_ref().map_or("?", |shadow| shadow.version.as_str());
+    println!(
+        "started a shadow of `{job}` as {version}: it runs the job's input from the start into outputs of its own, never delivered"
+    );
+    println!(
+        "see its running diff with `tally jobs status {job}`; stop it with `tally plugin discard {job}`"
+    );
+    Ok(())
+}
+
+/// `tally plugin discard`
+pub fn discard(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
+    let discarded: tally_host::serve::wire::Discarded = client(admin).discard_shadow(job)?;
+    if json {
+        return print_json(&discarded);
+    }
+    println!(
+        "discarded the shadow of `{job}` ({}): its state and outputs are gone",
+        discarded.discarded
+    );
+    Ok(())
+}
+
 /// `tally plugin history`
 pub fn history(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
     let versions: Vec<PluginVersion> = client(admin).history(job)?;
@@ -225,6 +268,46 @@ fn print_status(status: &JobStatus, json: bool) -> anyhow::Result<()> {
             ],
             &rows,
         );
+    }
+    if let Some(shadow) = &status.shadow {
+        println!();
+        println!(
+            "shadow {} ({}): {}, {} records, plugin {}",
+            shadow.version,
+            wire_name(&shadow.state),
+            shadow.lag.map_or("lag unknown".to_string(), |lag| format!("lag {lag}")),
+            shadow.records,
+            short_digest(&shadow.plugin)
+        );
+        if let Some(error) = &shadow.last_error {
+            println!("  last error: {error}");
+        }
+        for diff in &shadow.diff {
+            println!(
+                "  output {}: equal {}, changed {}, only live {}, only shadow {} (read {} live and {} shadow records{})",
+                diff.output,
+                diff.equal,
+                diff.changed,
+                diff.only_live,
+                diff.only_shadow,
+                diff.live_records,
+                diff.shadow_records,
+                if diff.caught_up { ", caught up" } else { ", still reading" }
+            );
+            for changed in &diff.examples {
+                let delta = changed
+                    .delta
+                    .as_ref()
+                    .map_or(String::new(), |delta| format!("  delta {delta}"));
+                println!(
+                    "    changed {}  live {}  shadow {}{delta}",
+                    changed.key, changed.live, changed.shadow
+                );
+            }
+            if let Some(error) = &diff.error {
+                println!("    {error}");
+            }
+        }
     }
     Ok(())
 }

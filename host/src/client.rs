@@ -169,6 +169,28 @@ impl AdminClient {
         )
     }
 
+    /// Starts a shadow of a job: the candidate `plugin` (with
+    /// `plugin_config`, a TOML table, if given) beside the live version;
+    /// the job's [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
+    pub fn start_shadow<T: DeserializeOwned>(
+        &self,
+        job: &str,
+        plugin: &[u8],
+        plugin_config: Option<&str>,
+    ) -> Result<T, ClientError> {
+        let plugin = base64::engine::general_purpose::STANDARD.encode(plugin);
+        let body = serde_json::to_vec(
+            &serde_json::json!({ "plugin": plugin, "plugin_config": plugin_config }),
+        )
+        .expect("a JSON object serializes");
+        self.typed("POST", &format!("/v1/jobs/{job}/shadow"), Some(("application/json", body)))
+    }
+
+    /// Discards a job's shadow: [`Discarded`](crate::serve::wire::Discarded) (or the JSON itself, as `serde_json::Value`).
+    pub fn discard_shadow<T: DeserializeOwned>(&self, job: &str) -> Result<T, ClientError> {
+        self.typed("DELETE", &format!("/v1/jobs/{job}/shadow"), None)
+    }
+
     /// Changes a job's deliveries in place to the `[[deliver]]` sections of
     /// `deliver` (TOML): its [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
     pub fn set_deliveries<T: DeserializeOwned>(

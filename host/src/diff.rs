@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde::Serialize;
 use serde_json::Value;
-use tally_deliver::{Payload, Positions, Source};
+use tally_deliver::{Line, Payload, Positions, Source};
 
 /// How long reading a version's output may go without a record before
 /// the read gives up (a Kafka topic that never reports its end).
@@ -70,39 +70,76 @@ pub fn read_records(
             continue;
         }
         last_record = Instant::now();
-        for line in lines {
+        for line in &lines {
             positions.insert(line.partition, line.next);
-            let (key, value, idempotency_key) = match &line.payload {
-                Payload::Json(bytes) => {
-                    let mut record: Value = serde_json::from_slice(bytes).map_err(|err| {
-                        anyhow::anyhow!(
-                            "the output line at partition {} offset {} is not JSON: {err}",
-                            line.partition,
-                            line.offset
-                        )
-                    })?;
-                    let idempotency_key = record["idempotency_key"].as_str().map(str::to_string);
-                    (record["key"].take(), record["value"].take(), idempotency_key)
-                }
-                Payload::Kafka(record) => (
-                    json_or_text(&record.key),
-                    json_or_text(&record.value),
-                    record.idempotency_key.clone(),
-                ),
-                Payload::TooLong(bytes) => bail!(
-                    "the output record at partition {} offset {} has {bytes} bytes, more than a diff reads",
+            visit(record_of(line)?);
+        }
+    }
+}
+
+/// One output line as a [`Record`]: its key, value and idempotency key.
+fn record_of(line: &Line) -> anyhow::Result<Record> {
+    let (key, value, idempotency_key) = match &line.payload {
+        Payload::Json(bytes) => {
+            let mut record: Value = serde_json::from_slice(bytes).map_err(|err| {
+                anyhow::anyhow!(
+                    "the output line at partition {} offset {} is not JSON: {err}",
                     line.partition,
                     line.offset
-                ),
-            };
-            visit(Record {
-                partition: line.partition,
-                offset: line.offset,
-                key,
-                value,
-                idempotency_key,
-            });
+                )
+            })?;
+            let idempotency_key = record["idempotency_key"].as_str().map(str::to_string);
+            (record["key"].take(), record["value"].take(), idempotency_key)
         }
+        Payload::Kafka(record) => {
+            (json_or_text(&record.key), json_or_text(&record.value), record.idempotency_key.clone())
+        }
+        Payload::TooLong(bytes) => bail!(
+            "the output record at partition {} offset {} has {bytes} bytes, more than a diff reads",
+            line.partition,
+            line.offset
+        ),
+    };
+    Ok(Record { partition: line.partition, offset: line.offset, key, value, idempotency_key })
+}
+
+/// One version's output read as it grows: each call reads what was
+/// committed since the last one (a served shadow's running diff).
+pub struct GrowingOutput {
+    source: Box<dyn Source>,
+    started: bool,
+    /// What was read so far.
+    pub values: OutputValues,
+}
+
+impl GrowingOutput {
+    /// Reads `source` from its start, once [`GrowingOutput::read_more`] is called.
+    pub fn new(source: Box<dyn Source>) -> GrowingOutput {
+        GrowingOutput { source, started: false, values: OutputValues::default() }
+    }
+
+    /// Reads up to `most` more records of what is committed now; `true`
+    /// once it read all of it.
+    pub fn read_more(&mut self, most: usize) -> anyhow::Result<bool> {
+        if !self.started {
+            self.source.start(&Positions::new())?;
+            self.started = true;
+        }
+        let mut read = 0;
+        while read < most {
+            let lines = self.source.read(READ_BATCH.min(most - read))?;
+            if lines.is_empty() {
+                return Ok(self.source.caught_up());
+            }
+            read += lines.len();
+            for line in &lines {
+                let record = record_of(line)?;
+                self.values.positions.insert(line.partition, line.next);
+                self.values.records += 1;
+                self.values.values.insert(record.key.to_string(), counted_value(record.value));
+            }
+        }
+        Ok(false)
     }
 }
 

@@ -246,11 +246,30 @@ enum PluginCommand {
     },
     /// Push a new plugin version into a running job; it is swapped in at
     /// the next transaction boundary, and rolled back if it fails there.
+    /// With --shadow, run it beside the live version instead, on the same
+    /// input, into a version of its own that is never delivered.
     ///
     /// Example: tally plugin push billing usage_billing.wasm
     Push {
         job: String,
         file: PathBuf,
+        /// Run the plugin as the job's shadow: its outputs are compared
+        /// with the live ones (`tally jobs status`), never delivered.
+        #[arg(long)]
+        shadow: bool,
+        /// With --shadow: a TOML file whose table the shadow's period
+        /// plugin gets instead of the job's `[plugin_config]`.
+        #[arg(long, requires = "shadow")]
+        plugin_config: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a job's shadow and delete its state and outputs.
+    ///
+    /// Example: tally plugin discard billing
+    Discard {
+        job: String,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -363,8 +382,14 @@ fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
         Command::Diff(args) => versions_cli::diff(args),
         Command::Versions(args) => versions_cli::versions(args),
         Command::Promote(args) => versions_cli::promote(args),
-        Command::Plugin(PluginCommand::Push { job, file, json }) => {
+        Command::Plugin(PluginCommand::Push { job, file, shadow: false, json, .. }) => {
             admin_cli::push(admin, &job, &file, json)
+        }
+        Command::Plugin(PluginCommand::Push { job, file, shadow: true, plugin_config, json }) => {
+            admin_cli::push_shadow(admin, &job, &file, plugin_config.as_deref(), json)
+        }
+        Command::Plugin(PluginCommand::Discard { job, json }) => {
+            admin_cli::discard(admin, &job, json)
         }
         Command::Plugin(PluginCommand::History { job, json }) => {
             admin_cli::history(admin, &job, json)

@@ -31,4 +31,5 @@ mod scaffold;
 mod serve;
 mod serve_deliver;
 mod serve_kafka;
+mod serve_shadow;
 mod versions;

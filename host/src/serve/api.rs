@@ -10,6 +10,8 @@
 //! | `POST /v1/jobs/<job>/plugin`            | push a plugin version (body: the component) |
 //! | `GET /v1/jobs/<job>/plugin/history`     | every version pushed                  |
 //! | `POST /v1/jobs/<job>/plugin/rollback`   | go back to the previous version       |
+//! | `POST /v1/jobs/<job>/shadow`            | run a candidate beside the job `{"plugin": base64}` |
+//! | `DELETE /v1/jobs/<job>/shadow`          | discard the job's shadow              |
 //! | `GET /v1/jobs/<job>/state?key=<key>`    | one committed state value             |
 //! | `GET /metrics`                          | Prometheus metrics (`metrics_token`)  |
 //! | `GET /healthz`                          | `ok`, no token needed                 |
@@ -47,7 +49,7 @@ use http_body_util::BodyExt as _;
 use tokio::sync::Semaphore;
 
 use super::error::ServeError;
-use super::wire::{Deleted, DeliveriesRequest, DeployRequest, ResolveRequest};
+use super::wire::{Deleted, DeliveriesRequest, DeployRequest, ResolveRequest, ShadowRequest};
 use super::{ApiError, Host};
 use tally_core::sync::lock;
 
@@ -240,6 +242,7 @@ fn router(api: Api) -> Router {
         .route("/v1/jobs/{job}/plugin", post(push))
         .route("/v1/jobs/{job}/plugin/history", get(history))
         .route("/v1/jobs/{job}/plugin/rollback", post(rollback))
+        .route("/v1/jobs/{job}/shadow", post(start_shadow).delete(discard_shadow))
         .route("/v1/jobs/{job}/state", get(state))
         .route("/v1/jobs/{job}/deliveries", put(set_deliveries))
         .route("/v1/jobs/{job}/deliveries/{output}/unknown", get(unknown))
@@ -462,6 +465,41 @@ async fn push(
     let body = read_body(&api, &headers, body).await?;
     let pushed = api.run(move |host| host.push(&tenant, &job, &body)).await?;
     Ok(json(if pushed.accepted { StatusCode::ACCEPTED } else { StatusCode::OK }, &pushed.version))
+}
+
+/// `POST /v1/jobs/{job}/shadow`: `{"plugin": "<base64>", "plugin_config": "<TOML>"}`.
+async fn start_shadow(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    // The job must be the tenant's before its body is read.
+    let (check_tenant, check_job) = (tenant.clone(), job.clone());
+    api.run(move |host| host.job(&check_tenant, &check_job).map(drop)).await?;
+    let body = read_body(&api, &headers, body).await?;
+    let status = api
+        .run(move |host| {
+            let request: ShadowRequest = serde_json::from_slice(&body).map_err(|err| {
+                ApiError::bad_request(format!("the shadow request must be JSON {{\"plugin\": \"<base64 component>\", \"plugin_config\": \"<TOML table, optional>\"}}: {err}"))
+            })?;
+            drop(body);
+            let plugin = base64::engine::general_purpose::STANDARD
+                .decode(request.plugin.trim())
+                .map_err(|err| ApiError::bad_request(format!("`plugin` must be the component's bytes in base64: {err}")))?;
+            host.start_shadow(&tenant, &job, &plugin, request.plugin_config.as_deref())
+        })
+        .await?;
+    Ok(json(StatusCode::ACCEPTED, &status))
+}
+
+async fn discard_shadow(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &api.run(move |host| host.discard_shadow(&tenant, &job)).await?))
 }
 
 async fn history(

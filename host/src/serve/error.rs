@@ -53,6 +53,12 @@ pub enum ServeError {
         /// The tenant.
         tenant: String,
     },
+    /// A job's shadow cannot be resumed or started.
+    #[error("its shadow cannot run: {reason}")]
+    Shadow {
+        /// Why.
+        reason: String,
+    },
     /// A job's record names no active plugin version.
     #[error("its record names no active plugin version; delete the job and deploy it again")]
     NoActiveVersion,

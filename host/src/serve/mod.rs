@@ -14,6 +14,7 @@ pub mod error;
 pub mod job_spec;
 pub mod registry;
 pub mod runner;
+pub mod shadow;
 pub mod wire;
 
 use error::ServeError;
@@ -30,9 +31,11 @@ use tally_core::lock::DirLock;
 use tally_core::plugin::compiler::{CompileError, CompileLimits, Compiler};
 use tally_core::plugin::{LoadedPlugin, PluginRuntime};
 
+use crate::versions::Version;
 use config::HostConfig;
 use registry::{JobDir, JobRecord, PluginVersion, VersionStatus};
 use runner::JobRuntime;
+use shadow::Shadow;
 use tally_deliver::settings::Target;
 use wire::{JobStatus, StateValue};
 
@@ -229,8 +232,84 @@ impl Host {
         if let Some(plugin) = pending {
             runtime.offer(plugin);
         }
-        self.start(tenant, name, runtime);
+        self.start(tenant, name, runtime.clone());
+        if runtime.dir.shadow().exists() {
+            match self.resume_shadow(tenant, name, &runtime) {
+                Ok(version) => tracing::info!(%tenant, job = %name, %version, "shadow resumed"),
+                Err(err) => {
+                    tracing::error!(%tenant, job = %name, error = %err, "cannot resume the job's shadow; discard it (`tally plugin discard`) and start it again")
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Starts again the shadow a job had when the host stopped.
+    fn resume_shadow(
+        &self,
+        tenant: &str,
+        name: &str,
+        job: &Arc<JobRuntime>,
+    ) -> Result<Version, ServeError> {
+        let dir = job.dir.shadow();
+        let version_file = dir.path().join("version");
+        let version = std::fs::read_to_string(&version_file)
+            .map_err(ServeError::file("read", &version_file))?;
+        let version = Version::parse(version.trim())
+            .map_err(|err| ServeError::Shadow { reason: err.to_string() })?;
+        let tenant_config = self
+            .config
+            .tenants
+            .get(tenant)
+            .ok_or_else(|| ServeError::TenantGone { tenant: tenant.to_string() })?;
+        let text = std::fs::read_to_string(dir.job_file())
+            .map_err(ServeError::file("read", dir.job_file()))?;
+        let parsed = job_spec::parse(&text, tenant, tenant_config, &self.config)?;
+        let record = dir.read_record()?;
+        let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
+        let plugin = self.load_version(tenant, &dir, &active.digest)?;
+        let runtime = self.shadow_runtime(
+            tenant,
+            name,
+            version,
+            version.of(&parsed.config),
+            dir,
+            record,
+            plugin,
+        );
+        let shadow = Shadow::start(version, runtime, job.config.clone());
+        job.set_shadow(shadow)
+            .map_err(|reason| ServeError::Shadow { reason: reason.to_string() })?;
+        Ok(version)
+    }
+
+    /// The runtime of a job's shadow: its own metrics and seat in the
+    /// tenant's CPU share, no deliveries.
+    #[allow(clippy::too_many_arguments)]
+    fn shadow_runtime(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: Version,
+        config: crate::config::JobConfig,
+        dir: JobDir,
+        record: JobRecord,
+        plugin: LoadedPlugin,
+    ) -> Arc<JobRuntime> {
+        let metrics = self.metrics.job(tenant, &format!("{name}@{version}"));
+        metrics.set_plugin_info("", plugin.digest());
+        JobRuntime::new(
+            tenant,
+            name,
+            config,
+            dir,
+            record,
+            plugin,
+            metrics,
+            self.cpu.seat(tenant),
+            self.config.log_limits(),
+            Vec::new(),
+        )
     }
 
     /// A job's runtime, with its seat in the tenant's CPU share.
@@ -342,36 +421,9 @@ impl Host {
         {
             let jobs = lock(&self.jobs);
             let mut deploying = lock(&self.deploying);
-            let owned =
-                jobs.keys().chain(deploying.keys()).filter(|(owner, _)| owner == tenant).count();
-            if owned >= tenant_config.max_jobs && !jobs.contains_key(&key) {
-                return Err(ApiError::new(
-                    409,
-                    format!(
-                        "tenant `{tenant}` already has {owned} jobs, its limit (max_jobs in the host file); delete one first"
-                    ),
-                ));
-            }
-            let memory: u64 = jobs
-                .iter()
-                .filter(|((owner, _), _)| owner == tenant)
-                .map(|(_, job)| job.config.settings.limits.memory_bytes)
-                .chain(
-                    deploying
-                        .iter()
-                        .filter(|((owner, _), _)| owner == tenant)
-                        .map(|(_, memory)| *memory),
-                )
-                .sum();
             let asked = parsed.config.settings.limits.memory_bytes;
-            if memory + asked > tenant_config.max_total_memory_bytes {
-                return Err(ApiError::new(
-                    409,
-                    format!(
-                        "tenant `{tenant}`'s jobs already have {memory} bytes of plugin memory (limits.memory_bytes); this job's {asked} more would pass its limit of {} (max_total_memory_bytes in the host file); lower limits.memory_bytes or delete a job",
-                        tenant_config.max_total_memory_bytes
-                    ),
-                ));
+            if !jobs.contains_key(&key) {
+                self.within_limits(tenant, &jobs, &deploying, asked, "this job")?;
             }
             if jobs.contains_key(&key) || deploying.insert(key.clone(), asked).is_some() {
                 return Err(ApiError::new(
@@ -385,6 +437,57 @@ impl Host {
         let result = self.create(tenant, &name, parsed, text, plugin);
         lock(&self.deploying).remove(&key);
         result
+    }
+
+    /// Refuses one more job or shadow of `tenant` with `asked` bytes of
+    /// plugin memory past the tenant's `max_jobs` or
+    /// `max_total_memory_bytes`: a shadow counts as a job.
+    fn within_limits(
+        &self,
+        tenant: &str,
+        jobs: &BTreeMap<JobKey, Arc<JobRuntime>>,
+        deploying: &HashMap<JobKey, u64>,
+        asked: u64,
+        what: &str,
+    ) -> Result<(), ApiError> {
+        let tenant_config =
+            self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
+        let (mut owned, mut memory) = (0usize, 0u64);
+        for ((owner, _), job) in jobs.iter() {
+            if owner == tenant {
+                owned += 1;
+                memory += job.config.settings.limits.memory_bytes;
+                if let Some(shadow) = job.shadow() {
+                    owned += 1;
+                    memory += shadow.runtime().config.settings.limits.memory_bytes;
+                }
+            }
+        }
+        for ((owner, _), reserved) in deploying.iter() {
+            if owner == tenant {
+                owned += 1;
+                memory += reserved;
+            }
+        }
+        if owned >= tenant_config.max_jobs {
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "tenant `{tenant}` already has {owned} jobs and shadows, its limit (max_jobs in the host file, {}); delete a job or discard a shadow first",
+                    tenant_config.max_jobs
+                ),
+            ));
+        }
+        if memory + asked > tenant_config.max_total_memory_bytes {
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "tenant `{tenant}`'s jobs and shadows already have {memory} bytes of plugin memory (limits.memory_bytes); {what}'s {asked} more would pass its limit of {} (max_total_memory_bytes in the host file); lower limits.memory_bytes, delete a job or discard a shadow",
+                    tenant_config.max_total_memory_bytes
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn create(
@@ -493,9 +596,14 @@ impl Host {
                     let _ = thread.join();
                 }
                 job.join_deliveries();
+                job.join_shadow();
                 let removed = job.dir.remove();
                 lock(&host.jobs).remove(&key);
                 host.metrics.remove(&job.metrics.labels, &job.status().plugin);
+                if let Some(shadow) = job.take_shadow() {
+                    let runtime = shadow.runtime();
+                    host.metrics.remove(&runtime.metrics.labels, &runtime.status().plugin);
+                }
                 lock(&host.deploying).remove(&key);
                 match &removed {
                     Ok(()) => tracing::info!(%tenant, job = %name, "job deleted"),
@@ -574,6 +682,204 @@ impl Host {
             ApiError::internal(format!("cannot read version {}: {}", previous.digest, err.kind()))
         })?;
         self.push(tenant, name, &bytes)
+    }
+
+    /// Starts a shadow of `tenant`'s job `name`: the candidate `bytes`
+    /// (with `plugin_config`, a TOML table, instead of the job's, if
+    /// given) runs the job's logic on its input from the start, into a
+    /// version of its own, never delivered, beside the live version. It
+    /// counts as one of the tenant's jobs. Checks everything before it
+    /// writes anything.
+    pub fn start_shadow(
+        &self,
+        tenant: &str,
+        name: &str,
+        bytes: &[u8],
+        plugin_config: Option<&str>,
+    ) -> Result<JobStatus, ApiError> {
+        let job = self.job(tenant, name)?;
+        if let Some(shadow) = job.shadow() {
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "job `{name}` already has a shadow ({}); discard it first with `tally plugin discard {name}`",
+                    shadow.version()
+                ),
+            ));
+        }
+        let tenant_config =
+            self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
+        let current = std::fs::read_to_string(job.dir.job_file()).map_err(|err| {
+            tracing::error!(%tenant, job = %name, error = %err, "cannot read a job's file");
+            ApiError::internal("the host cannot read the job's file (its disk?); nothing changed")
+        })?;
+        let mut table: toml::Table = toml::from_str(&current).map_err(|err| {
+            ApiError::internal(format!("the job's file as deployed no longer reads as TOML: {err}"))
+        })?;
+        // Never delivered: its outputs are compared, not sent.
+        table.remove("deliver");
+        if let Some(text) = plugin_config {
+            let config: toml::Table = toml::from_str(text).map_err(|err| {
+                ApiError::bad_request(format!(
+                    "`plugin_config` must be a TOML table (the candidate's [plugin_config]): {err}"
+                ))
+            })?;
+            table.insert("plugin_config".to_string(), toml::Value::Table(config));
+        }
+        let text = toml::to_string(&table).map_err(|err| {
+            ApiError::internal(format!("cannot write the shadow's job file: {err}"))
+        })?;
+        let parsed = job_spec::parse(&text, tenant, tenant_config, &self.config)
+            .map_err(|err| ApiError::bad_request(format!("the shadow's job: {err}")))?;
+        let key = (tenant.to_string(), format!("{name}#shadow"));
+        {
+            let jobs = lock(&self.jobs);
+            let mut deploying = lock(&self.deploying);
+            let asked = parsed.config.settings.limits.memory_bytes;
+            self.within_limits(tenant, &jobs, &deploying, asked, "a shadow")?;
+            if deploying.insert(key.clone(), asked).is_some() {
+                return Err(ApiError::new(
+                    409,
+                    format!("a shadow of job `{name}` is being started right now"),
+                ));
+            }
+        }
+        let result = self.create_shadow(tenant, name, &job, parsed, &text, bytes);
+        lock(&self.deploying).remove(&key);
+        result?;
+        tracing::info!(%tenant, job = %name, "shadow started");
+        Ok(job.status())
+    }
+
+    fn create_shadow(
+        &self,
+        tenant: &str,
+        name: &str,
+        job: &Arc<JobRuntime>,
+        parsed: job_spec::ParsedJob,
+        text: &str,
+        bytes: &[u8],
+    ) -> Result<(), ApiError> {
+        let plugin = self.compile(tenant, name, bytes)?;
+        let disk = |err: ServeError| {
+            tracing::error!(%tenant, job = %name, error = %err, "cannot write a shadow's files");
+            ApiError::internal(
+                "the host cannot write the shadow's files (its disk?); no shadow was started",
+            )
+        };
+        // A number no version of the job had: a Kafka version's topics and
+        // group outlive it.
+        let last_file = job.dir.last_version_file();
+        let last = std::fs::read_to_string(&last_file)
+            .ok()
+            .and_then(|text| text.trim().parse::<u32>().ok())
+            .unwrap_or(1);
+        let on_disk = Version::on_disk(&job.config).last().map_or(1, |version| version.number());
+        let number = last.max(on_disk) + 1;
+        let version = Version::parse(&number.to_string()).map_err(|_| {
+            ApiError::new(
+                409,
+                format!(
+                    "job `{name}` has used every version number; deploy it again under a new name"
+                ),
+            )
+        })?;
+        let config = version.of(&parsed.config);
+        if let crate::config::Mode::Kafka(kafka) = &config.mode {
+            tally_kafka::prepare_topics(&config.settings, kafka)
+                .map_err(|err| ApiError::bad_request(format!("the shadow's topics: {err}")))?;
+        }
+        let dir = job.dir.shadow();
+        if dir.path().exists() {
+            // Left by a start or discard that did not finish: no record, so no shadow.
+            std::fs::remove_dir_all(dir.path())
+                .map_err(|err| disk(ServeError::file("remove", dir.path())(err)))?;
+        }
+        let mut record = JobRecord::default();
+        record.pushed(PluginVersion::new(
+            plugin.digest(),
+            bytes.len() as u64,
+            VersionStatus::Active,
+        ));
+        job.dir
+            .write_file(&last_file, version.number().to_string().as_bytes())
+            .and_then(|()| dir.create())
+            .and_then(|()| dir.write_file(&dir.plugin_file(plugin.digest()), bytes))
+            .and_then(|()| dir.write_file(&dir.job_file(), text.as_bytes()))
+            .and_then(|()| {
+                dir.write_file(&dir.path().join("version"), version.to_string().as_bytes())
+            })
+            // The record last: without it the directory is not a shadow.
+            .and_then(|()| dir.write_record(&record))
+            .map_err(|err| {
+                let _ = std::fs::remove_dir_all(dir.path());
+                disk(err)
+            })?;
+        let runtime =
+            self.shadow_runtime(tenant, name, version, config, dir.clone(), record, plugin);
+        let shadow = Shadow::start(version, runtime, job.config.clone());
+        if let Err(reason) = job.set_shadow(shadow.clone()) {
+            shadow.join();
+            let _ = dir.remove();
+            return Err(ApiError::new(409, format!("job `{name}`: {reason}")));
+        }
+        Ok(())
+    }
+
+    /// Stops `tenant`'s job `name`'s shadow and deletes its state and
+    /// outputs (a Kafka version's topics and group stay on the brokers).
+    /// The live version is not touched.
+    pub fn discard_shadow(&self, tenant: &str, name: &str) -> Result<wire::Discarded, ApiError> {
+        let job = self.job(tenant, name)?;
+        let dir = job.dir.shadow();
+        let shadow = job.take_shadow();
+        let version = match &shadow {
+            Some(shadow) => shadow.version(),
+            None => {
+                let written = std::fs::read_to_string(dir.path().join("version")).ok();
+                match written.and_then(|text| Version::parse(text.trim()).ok()) {
+                    Some(version) => version,
+                    None => {
+                        return Err(ApiError::new(
+                            404,
+                            format!(
+                                "job `{name}` has no shadow; start one with `tally plugin push {name} <file> --shadow`"
+                            ),
+                        ));
+                    }
+                }
+            }
+        };
+        if let Some(shadow) = &shadow {
+            shadow.end();
+            shadow.join();
+            let runtime = shadow.runtime();
+            self.metrics.remove(&runtime.metrics.labels, &runtime.status().plugin);
+        }
+        let versioned = version.of(&job.config);
+        let mut removed =
+            dir.remove().map(|()| Vec::new()).unwrap_or_else(|err| vec![err.to_string()]);
+        let (state_dir, output_dir) = match &versioned.mode {
+            crate::config::Mode::Local(local) => {
+                (local.state_dir.clone(), Some(local.output_dir.clone()))
+            }
+            crate::config::Mode::Kafka(kafka) => (kafka.state_dir.clone(), None),
+        };
+        for path in std::iter::once(state_dir).chain(output_dir) {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => removed.push(format!("{}: {err}", path.display())),
+            }
+        }
+        if !removed.is_empty() {
+            tracing::error!(%tenant, job = %name, errors = ?removed, "a shadow stopped, but its files could not all be removed");
+            return Err(ApiError::internal(
+                "the shadow stopped, but some of its files could not be removed; the host's log says which",
+            ));
+        }
+        tracing::info!(%tenant, job = %name, %version, "shadow discarded");
+        Ok(wire::Discarded { job: name.to_string(), discarded: version.to_string() })
     }
 
     /// Every version pushed to the job, oldest first.
@@ -780,6 +1086,7 @@ impl Host {
         }
         for job in &jobs {
             job.join_deliveries();
+            job.join_shadow();
         }
         tracing::info!(jobs = jobs.len(), "every job stopped");
     }

@@ -228,17 +228,38 @@ impl JobRecord {
 #[derive(Debug, Clone)]
 pub struct JobDir {
     path: PathBuf,
+    /// The job's own directory (a shadow's is inside it).
+    root: PathBuf,
 }
 
 impl JobDir {
     /// The directory of `tenant`'s job `name` under `data_dir`.
     pub fn new(data_dir: &Path, tenant: &str, name: &str) -> JobDir {
-        JobDir { path: data_dir.join("jobs").join(tenant).join(name) }
+        let path = data_dir.join("jobs").join(tenant).join(name);
+        JobDir { root: path.clone(), path }
     }
 
     /// The directory itself.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The job's own directory: this one, or for a shadow its job's. Every
+    /// file of the job and its versions is under it.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the job's shadow keeps its record, plugin and job file (its
+    /// state and outputs are its version's, under the job's).
+    pub fn shadow(&self) -> JobDir {
+        JobDir { path: self.root.join("shadow"), root: self.root.clone() }
+    }
+
+    /// The last version number a shadow of the job took: never taken
+    /// again, since a Kafka version's topics and group outlive it.
+    pub fn last_version_file(&self) -> PathBuf {
+        self.root.join("last-version")
     }
 
     /// The job file as deployed.

@@ -27,6 +27,7 @@ use tally_local::LocalTask;
 use super::delivery_runner::DeliveryRunner;
 use super::error::ServeError;
 use super::registry::{JobDir, JobRecord, VersionStatus};
+use super::shadow::Shadow;
 use super::wire::{JobMode, JobState, JobStatus, LagUnit, PeriodPartition};
 
 /// A job that has not committed for this long reports no throughput.
@@ -60,6 +61,7 @@ impl JobStatus {
             restore: None,
             periods: None,
             deliveries: Vec::new(),
+            shadow: None,
         }
     }
 }
@@ -100,6 +102,8 @@ pub struct JobRuntime {
     /// Held while the deliveries are replaced, and by [`JobRuntime::end`]:
     /// a job ending never leaves a new delivery running.
     replacing: Mutex<()>,
+    /// A candidate running beside it, if any.
+    shadow: Mutex<Option<Arc<Shadow>>>,
 }
 
 #[derive(Default)]
@@ -179,7 +183,7 @@ impl JobRuntime {
             log,
             metrics.plugin_meters(),
         );
-        let mut redactions = vec![(dir.path().display().to_string(), format!("<job {name}>"))];
+        let mut redactions = vec![(dir.root().display().to_string(), format!("<job {name}>"))];
         if let Some(input_dir) = config.local().ok().and_then(|local| local.confine_to.as_ref()) {
             redactions.push((input_dir.display().to_string(), "<input_dir>".to_string()));
             if let Ok(canonical) = input_dir.canonicalize() {
@@ -216,6 +220,7 @@ impl JobRuntime {
             store: Mutex::new(None),
             deliveries: Mutex::new(deliveries.into_iter().map(DeliveryRunner::new).collect()),
             replacing: Mutex::new(()),
+            shadow: Mutex::new(None),
         })
     }
 
@@ -249,6 +254,7 @@ impl JobRuntime {
         let meters = &self.context.meters;
         // Read before the status lock: a ledger is on disk.
         let deliveries = self.deliveries().iter().map(|delivery| delivery.status()).collect();
+        let shadow = self.shadow().map(|shadow| shadow.status());
         let status = lock(&self.status);
         let restore = self.metrics.restore.snapshot();
         JobStatus {
@@ -286,6 +292,7 @@ impl JobRuntime {
             restore,
             periods: status.periods.clone(),
             deliveries,
+            shadow,
         }
     }
 
@@ -359,6 +366,46 @@ impl JobRuntime {
     pub fn mark_deleted(&self) {
         let _record = lock(&self.record);
         self.deleted.store(true, Ordering::SeqCst);
+        if let Some(shadow) = self.shadow() {
+            shadow.runtime().mark_deleted();
+        }
+    }
+
+    /// Its shadow, if a candidate runs beside it.
+    pub fn shadow(&self) -> Option<Arc<Shadow>> {
+        lock(&self.shadow).clone()
+    }
+
+    /// Sets `shadow` running beside the job; refused (and `shadow` ended)
+    /// once the job is being deleted or stopped, or has a shadow already.
+    pub fn set_shadow(&self, shadow: Arc<Shadow>) -> Result<(), &'static str> {
+        let _record = lock(&self.record);
+        let mut current = lock(&self.shadow);
+        let refusal = if self.deleted.load(Ordering::SeqCst) || lock(&self.control).ended {
+            Some("the job is being deleted or stopped")
+        } else if current.is_some() {
+            Some("the job has a shadow already")
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            shadow.end();
+            return Err(refusal);
+        }
+        *current = Some(shadow);
+        Ok(())
+    }
+
+    /// Takes its shadow away (to discard it).
+    pub fn take_shadow(&self) -> Option<Arc<Shadow>> {
+        lock(&self.shadow).take()
+    }
+
+    /// Waits for its shadow's threads to end (after [`JobRuntime::end`]).
+    pub fn join_shadow(&self) {
+        if let Some(shadow) = self.shadow() {
+            shadow.join();
+        }
     }
 
     /// Pauses (`true`) or resumes the job, and remembers it across restarts.
@@ -467,6 +514,9 @@ impl JobRuntime {
         lock(&self.control).ended = true;
         self.context.stop_now();
         self.wake.notify_all();
+        if let Some(shadow) = self.shadow() {
+            shadow.end();
+        }
     }
 
     fn set_state(&self, state: JobState) {

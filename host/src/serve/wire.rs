@@ -85,6 +85,100 @@ pub struct JobStatus {
     /// Its deliveries (`[[deliver]]`), one per delivered output.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deliveries: Vec<super::delivery_runner::DeliveryStatus>,
+    /// Its shadow, if a candidate plugin runs beside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowStatus>,
+}
+
+/// Body of a request starting a shadow: a candidate plugin run on the
+/// job's input beside the live version, never delivered.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowRequest {
+    /// The candidate plugin component, base64-encoded.
+    pub plugin: String,
+    /// A `[plugin_config]` table (TOML) the candidate gets instead of the
+    /// job's; none: the job's own.
+    #[serde(default)]
+    pub plugin_config: Option<String>,
+}
+
+/// A job's shadow, as the job's status shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShadowStatus {
+    /// The version it writes (`v2`): its state and outputs are its own.
+    pub version: String,
+    /// Digest of the candidate plugin.
+    pub plugin: String,
+    /// Where it is in its life (`paused` once its plugin kept failing).
+    pub state: JobState,
+    /// Input records in its committed transactions since the host started.
+    pub records: u64,
+    /// How far behind the input it is after its last commit.
+    pub lag: Option<u64>,
+    /// The last thing that went wrong with it, if anything did.
+    pub last_error: Option<String>,
+    /// CPU seconds its plugin calls used since the host started.
+    pub cpu_seconds: f64,
+    /// Its plugin calls that trapped or broke a limit.
+    pub traps: u64,
+    /// Its outputs against the live version's, per output, as of the last
+    /// check (every few seconds).
+    pub diff: Vec<RunningDiff>,
+}
+
+/// One output of the shadow against the live version's: per key, the
+/// value that counts (a period's FINAL with its ADJUSTMENTs applied).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunningDiff {
+    /// The output.
+    pub output: String,
+    /// When it was checked (seconds since the Unix epoch).
+    pub checked_at: u64,
+    /// Whether both sides were read to all they had committed then.
+    pub caught_up: bool,
+    /// Records read of the live version's output.
+    pub live_records: u64,
+    /// Records read of the shadow's.
+    pub shadow_records: u64,
+    /// Where each partition's read of the live output ended.
+    pub live_positions: std::collections::BTreeMap<u32, u64>,
+    /// Where each partition's read of the shadow's output ended.
+    pub shadow_positions: std::collections::BTreeMap<u32, u64>,
+    /// Keys with the same value in both.
+    pub equal: u64,
+    /// Keys whose values differ.
+    pub changed: u64,
+    /// Keys only the live version has (so far).
+    pub only_live: u64,
+    /// Keys only the shadow has (so far).
+    pub only_shadow: u64,
+    /// The first changed keys, with both values.
+    pub examples: Vec<ChangedKey>,
+    /// Why the diff stopped or could not be read, if it did.
+    pub error: Option<String>,
+}
+
+/// A key whose value the shadow changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChangedKey {
+    /// The key (JSON).
+    pub key: serde_json::Value,
+    /// The live version's value.
+    pub live: serde_json::Value,
+    /// The shadow's.
+    pub shadow: serde_json::Value,
+    /// `shadow - live`, when both are numbers.
+    pub delta: Option<serde_json::Value>,
+}
+
+/// What discarding a shadow answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Discarded {
+    /// The job.
+    pub job: String,
+    /// The shadow's version, whose state and outputs are gone.
+    pub discarded: String,
 }
 
 /// One partition of a period job, as its status shows it.

@@ -1,0 +1,263 @@
+//! A served job's shadow: a candidate plugin run on the job's input beside
+//! the live version, into a version of its own ([`Version`]: its state,
+//! outputs, consumer group and topics) that is never delivered, with a
+//! running diff of its outputs against the live ones. It stops when it is
+//! discarded, or by its own failures, and never touches the live version
+//! (see `docs/versions.md`).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tally_core::sync::lock;
+
+use super::runner::JobRuntime;
+use super::wire::{ChangedKey, RunningDiff, ShadowStatus};
+use crate::config::JobConfig;
+use crate::delivery::output_source;
+use crate::diff::{GrowingOutput, delta};
+use crate::versions::Version;
+
+/// How often the running diff reads what both versions committed since.
+pub const DIFF_EVERY: Duration = Duration::from_secs(2);
+/// Records of each side one check reads at most: a long backlog is read
+/// over several checks.
+const RECORDS_PER_CHECK: usize = 200_000;
+/// Keys a running diff holds per side and output; past them it stops and
+/// says so.
+pub const MAX_DIFF_KEYS: usize = 1_000_000;
+/// Changed keys a status lists.
+pub const DIFF_EXAMPLES: usize = 20;
+
+/// A candidate running beside a served job.
+pub struct Shadow {
+    version: Version,
+    runtime: Arc<JobRuntime>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    differ: Mutex<Option<JoinHandle<()>>>,
+    diffs: Arc<Mutex<Vec<RunningDiff>>>,
+    ended: Arc<AtomicBool>,
+}
+
+impl Shadow {
+    /// Starts `runtime` (the candidate, as `version` of the job whose live
+    /// version runs `live`) and the running diff of their outputs.
+    pub fn start(version: Version, runtime: Arc<JobRuntime>, live: JobConfig) -> Arc<Shadow> {
+        let thread = runtime.spawn();
+        let diffs = Arc::new(Mutex::new(Vec::new()));
+        let ended = Arc::new(AtomicBool::new(false));
+        let differ = {
+            let (diffs, ended) = (diffs.clone(), ended.clone());
+            let differ = Differ {
+                live,
+                shadow: runtime.config.clone(),
+                views: runtime.dir.path().join("diff-views"),
+                redact: {
+                    let runtime = runtime.clone();
+                    Box::new(move |message: &str| runtime.redact(message))
+                },
+            };
+            std::thread::Builder::new()
+                .name(format!("shadow-diff-{}", runtime.config.settings.name))
+                .spawn(move || differ.run(&diffs, &ended))
+                .map_err(
+                    |err| tracing::error!(error = %err, "cannot start a shadow's running diff"),
+                )
+                .ok()
+        };
+        Arc::new(Shadow {
+            version,
+            runtime,
+            thread: Mutex::new(Some(thread)),
+            differ: Mutex::new(differ),
+            diffs,
+            ended,
+        })
+    }
+
+    /// The version it writes.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// The candidate's job runtime.
+    pub fn runtime(&self) -> &Arc<JobRuntime> {
+        &self.runtime
+    }
+
+    /// Its status, with the last running diff.
+    pub fn status(&self) -> ShadowStatus {
+        let status = self.runtime.status();
+        ShadowStatus {
+            version: self.version.to_string(),
+            plugin: status.plugin,
+            state: status.state,
+            records: status.records,
+            lag: status.lag,
+            last_error: status.last_error,
+            cpu_seconds: status.cpu_seconds,
+            traps: status.traps,
+            diff: lock(&self.diffs).clone(),
+        }
+    }
+
+    /// Makes the candidate commit what it processed and stop, and the
+    /// running diff end.
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        self.runtime.end();
+        if let Some(differ) = lock(&self.differ).as_ref() {
+            differ.thread().unpark();
+        }
+    }
+
+    /// Waits for its threads to end (after [`Shadow::end`]).
+    pub fn join(&self) {
+        let thread = lock(&self.thread).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+        let differ = lock(&self.differ).take();
+        if let Some(differ) = differ {
+            let _ = differ.join();
+        }
+    }
+}
+
+/// The running diff: both versions' outputs read as they grow.
+struct Differ {
+    live: JobConfig,
+    shadow: JobConfig,
+    /// Where the views of local stores are kept.
+    views: PathBuf,
+    /// Takes the host's paths out of an error the tenant sees.
+    redact: Box<dyn Fn(&str) -> String + Send>,
+}
+
+/// One output's two sides, once opened.
+struct Sides {
+    live: GrowingOutput,
+    shadow: GrowingOutput,
+}
+
+impl Differ {
+    fn run(&self, diffs: &Mutex<Vec<RunningDiff>>, ended: &AtomicBool) {
+        let outputs = self.live.settings.outputs.clone();
+        let mut sides: Vec<Option<Sides>> = outputs.iter().map(|_| None).collect();
+        let mut stopped: Vec<Option<RunningDiff>> = outputs.iter().map(|_| None).collect();
+        while !ended.load(Ordering::SeqCst) {
+            let mut now = Vec::with_capacity(outputs.len());
+            for (index, output) in outputs.iter().enumerate() {
+                if let Some(last) = &stopped[index] {
+                    now.push(last.clone());
+                    continue;
+                }
+                let diff = match self.check(index, output, &mut sides[index]) {
+                    Ok(diff) => diff,
+                    Err(err) => {
+                        // Read again from the start at the next check.
+                        sides[index] = None;
+                        RunningDiff {
+                            error: Some((self.redact)(&format!("{err:#}"))),
+                            ..empty_diff(output)
+                        }
+                    }
+                };
+                let over = sides[index].as_ref().is_some_and(|sides| {
+                    sides.live.values.values.len().max(sides.shadow.values.values.len())
+                        > MAX_DIFF_KEYS
+                });
+                if over {
+                    let stop = RunningDiff {
+                        error: Some(format!(
+                            "the running diff stopped: the output has more than {MAX_DIFF_KEYS} keys (MAX_DIFF_KEYS)"
+                        )),
+                        ..diff
+                    };
+                    sides[index] = None;
+                    stopped[index] = Some(stop.clone());
+                    now.push(stop);
+                } else {
+                    now.push(diff);
+                }
+            }
+            *lock(diffs) = now;
+            std::thread::park_timeout(DIFF_EVERY);
+        }
+    }
+
+    /// Reads what both sides of `output` committed since the last check,
+    /// and compares them.
+    fn check(
+        &self,
+        index: usize,
+        output: &str,
+        sides: &mut Option<Sides>,
+    ) -> anyhow::Result<RunningDiff> {
+        if sides.is_none() {
+            let open = |config: &JobConfig, side: &str| -> anyhow::Result<GrowingOutput> {
+                let view = self.views.join(format!("{side}-{index}"));
+                let reader = format!("{}-diff-{side}-{index}", self.shadow.settings.name);
+                Ok(GrowingOutput::new(output_source(config, output, &view, &reader)?))
+            };
+            *sides = Some(Sides {
+                live: open(&self.live, "live")?,
+                shadow: open(&self.shadow, "shadow")?,
+            });
+        }
+        let sides = sides.as_mut().expect("opened above");
+        let live_done = sides.live.read_more(RECORDS_PER_CHECK)?;
+        let shadow_done = sides.shadow.read_more(RECORDS_PER_CHECK)?;
+        let (live, shadow) = (&sides.live.values, &sides.shadow.values);
+        let mut diff = RunningDiff {
+            caught_up: live_done && shadow_done,
+            live_records: live.records,
+            shadow_records: shadow.records,
+            live_positions: live.positions.clone(),
+            shadow_positions: shadow.positions.clone(),
+            ..empty_diff(output)
+        };
+        for (key, live_value) in &live.values {
+            match shadow.values.get(key) {
+                Some(shadow_value) if shadow_value == live_value => diff.equal += 1,
+                Some(shadow_value) => {
+                    diff.changed += 1;
+                    if diff.examples.len() < DIFF_EXAMPLES {
+                        diff.examples.push(ChangedKey {
+                            key: serde_json::from_str(key).unwrap_or(serde_json::Value::Null),
+                            live: live_value.clone(),
+                            shadow: shadow_value.clone(),
+                            delta: delta(live_value, shadow_value),
+                        });
+                    }
+                }
+                None => diff.only_live += 1,
+            }
+        }
+        diff.only_shadow =
+            shadow.values.keys().filter(|key| !live.values.contains_key(*key)).count() as u64;
+        Ok(diff)
+    }
+}
+
+fn empty_diff(output: &str) -> RunningDiff {
+    RunningDiff {
+        output: output.to_string(),
+        checked_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs()),
+        caught_up: false,
+        live_records: 0,
+        shadow_records: 0,
+        live_positions: Default::default(),
+        shadow_positions: Default::default(),
+        equal: 0,
+        changed: 0,
+        only_live: 0,
+        only_shadow: 0,
+        examples: Vec::new(),
+        error: None,
+    }
+}
