@@ -3,7 +3,8 @@
 //! the plugin digest in the output lineage changing only between
 //! transactions; another is swapped between the billing plugin's builds in
 //! five languages under load; another resumes exactly after its host is
-//! SIGKILLed.
+//! SIGKILLed; another's shadow writes topics of its own, compared with the
+//! live ones by its running diff.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -475,4 +476,82 @@ fn a_host_runs_its_jobs_on_a_sasl_listener_with_its_own_client_settings() {
     committed_exactly_once(&job, &name, 2, &lines, &placed);
     acme.delete(&name).unwrap();
     delete_topics(&[&format!("tally-acme.{name}-state-changelog")]);
+}
+
+#[test]
+fn a_kafka_jobs_shadow_writes_topics_of_its_own_that_its_running_diff_compares() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let host = ServeHost::start(dir.path(), 32 << 20);
+    let job = KafkaBillingJob::create("acme.shadow", 2);
+    let name = unique("shadow");
+    let acme = host.client(ACME);
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
+        .unwrap();
+    let lines = usage_lines(53, 4_000, 0);
+    let placed = produce_usage(&job.input, &lines, 2);
+    let group = group_reader(&format!("tally-acme.{name}"));
+    wait_for("the job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 2) == lines.len() as i64
+    });
+
+    // Another build of the same plugin: other bytes, the same totals.
+    let body = serde_json::json!({
+        "plugin": base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            std::fs::read(plugins::BILLING_VARIANT).unwrap(),
+        ),
+    })
+    .to_string();
+    let started = acme
+        .request(
+            "POST",
+            &format!("/v1/jobs/{name}/shadow"),
+            Some(("application/json", body.into_bytes())),
+        )
+        .unwrap();
+    assert_eq!(started["shadow"]["version"], "v2", "{started}");
+
+    // Its outputs are topics of its own, each input record counted once.
+    let shadow_totals = format!("{}.v2", job.totals);
+    let live = read_topic(&job.totals, true);
+    wait_for("the shadow to write a total per record", Duration::from_secs(120), || {
+        read_topic(&shadow_totals, true).len() == live.len()
+    });
+    let verdict = check(
+        &job.input,
+        &lines,
+        &placed,
+        &read_topic(&shadow_totals, true),
+        &read_topic(&format!("{}.v2", job.dead_letters), true),
+    );
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
+    assert_eq!(verdict.totals, expected_totals(&lines));
+    assert_eq!(read_topic(&job.totals, true).len(), live.len(), "the shadow wrote the live topic");
+
+    // The running diff read both topics: every key equal.
+    let keys = expected_totals(&lines).len() as u64;
+    let mut diff = serde_json::Value::Null;
+    wait_for("the running diff to read both topics", Duration::from_secs(60), || {
+        diff = acme.status(&name).unwrap()["shadow"]["diff"][0].clone();
+        diff["caught_up"] == true && diff["shadow_records"].as_u64() == Some(live.len() as u64)
+    });
+    assert_eq!(diff["live_records"], live.len() as u64, "{diff}");
+    assert_eq!(diff["equal"], keys, "{diff}");
+    assert_eq!(
+        (diff["changed"].as_u64(), diff["only_live"].as_u64()),
+        (Some(0), Some(0)),
+        "{diff}"
+    );
+    assert_eq!(diff["only_shadow"], 0, "{diff}");
+
+    let discarded = acme.request("DELETE", &format!("/v1/jobs/{name}/shadow"), None).unwrap();
+    assert_eq!(discarded["discarded"], "v2");
+    assert_eq!(acme.status(&name).unwrap()["state"], "running");
+    delete_topics(&[
+        &format!("tally-acme.{name}-state-changelog"),
+        &format!("tally-acme.{name}.v2-state-changelog"),
+        &shadow_totals,
+        &format!("{}.v2", job.dead_letters),
+    ]);
 }
