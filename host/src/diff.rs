@@ -342,6 +342,66 @@ mod tests {
         }
     }
 
+    /// A source whose committed lines grow as the test appends them.
+    struct Growing {
+        committed: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+        next: usize,
+    }
+
+    impl Source for Growing {
+        fn start(&mut self, _: &Positions) -> Result<(), tally_deliver::SourceError> {
+            self.next = 0;
+            Ok(())
+        }
+
+        fn read(&mut self, max: usize) -> Result<Vec<Line>, tally_deliver::SourceError> {
+            let committed = self.committed.lock().unwrap();
+            let lines: Vec<Line> = committed[self.next..]
+                .iter()
+                .take(max)
+                .enumerate()
+                .map(|(n, text)| Line {
+                    partition: 0,
+                    offset: (self.next + n) as u64,
+                    next: (self.next + n + 1) as u64,
+                    payload: Payload::Json(text.as_bytes().to_vec()),
+                })
+                .collect();
+            self.next += lines.len();
+            Ok(lines)
+        }
+
+        fn caught_up(&self) -> bool {
+            self.next == self.committed.lock().unwrap().len()
+        }
+    }
+
+    #[test]
+    fn a_growing_output_reads_only_what_was_committed_since_and_keeps_the_last_value() {
+        let committed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let line =
+            |key: &str, value: u64| format!(r#"{{"key":{key:?},"value":{{"total":{value}}}}}"#);
+        committed.lock().unwrap().extend([line("a", 1), line("b", 2), line("a", 3)]);
+        let mut output =
+            GrowingOutput::new(Box::new(Growing { committed: committed.clone(), next: 0 }));
+        // At most `most` records a call.
+        assert!(!output.read_more(2).unwrap());
+        assert_eq!(output.values.records, 2);
+        assert!(output.read_more(10).unwrap());
+        assert_eq!(output.values.records, 3);
+        assert_eq!(output.values.values["\"a\""], json!({"total": 3}));
+        assert!(output.read_more(10).unwrap(), "nothing new is still caught up");
+        committed.lock().unwrap().push(line("b", 5));
+        assert!(output.read_more(10).unwrap());
+        assert_eq!(output.values.records, 4);
+        assert_eq!(output.values.values["\"b\""], json!({"total": 5}));
+        assert_eq!(output.values.positions[&0], 4);
+        // A line that is not JSON is an error naming where it is.
+        committed.lock().unwrap().push("not json".to_string());
+        let err = output.read_more(10).unwrap_err().to_string();
+        assert!(err.contains("partition 0 offset 4 is not JSON"), "{err}");
+    }
+
     #[test]
     fn periods_compare_by_their_latest_value_and_totals_whole() {
         let period = |customer: &str| json!({"customer": customer, "period": "2026-11"});

@@ -24,10 +24,10 @@ use crate::versions::Version;
 pub const DIFF_EVERY: Duration = Duration::from_secs(2);
 /// Records of each side one check reads at most: a long backlog is read
 /// over several checks.
-const RECORDS_PER_CHECK: usize = 200_000;
-/// Keys a running diff holds per side and output; past them it stops and
-/// says so.
-pub const MAX_DIFF_KEYS: usize = 1_000_000;
+const RECORDS_PER_CHECK: usize = 100_000;
+/// Keys a running diff holds in all (both versions, every output): an
+/// output whose keys take it past this stops being compared, and says so.
+pub const MAX_DIFF_KEYS: usize = 2_000_000;
 /// Changed keys a status lists.
 pub const DIFF_EXAMPLES: usize = 20;
 
@@ -165,14 +165,15 @@ impl Differ {
                         }
                     }
                 };
-                let over = sides[index].as_ref().is_some_and(|sides| {
-                    sides.live.values.values.len().max(sides.shadow.values.values.len())
-                        > MAX_DIFF_KEYS
-                });
-                if over {
+                let held: usize = sides
+                    .iter()
+                    .flatten()
+                    .map(|sides| sides.live.values.values.len() + sides.shadow.values.values.len())
+                    .sum();
+                if held > MAX_DIFF_KEYS && sides[index].is_some() {
                     let stop = RunningDiff {
                         error: Some(format!(
-                            "the running diff stopped: the output has more than {MAX_DIFF_KEYS} keys (MAX_DIFF_KEYS)"
+                            "the running diff stopped: its outputs hold more than {MAX_DIFF_KEYS} keys (MAX_DIFF_KEYS, both versions together)"
                         )),
                         ..diff
                     };
