@@ -831,6 +831,33 @@ impl Host {
     /// The live version is not touched.
     pub fn discard_shadow(&self, tenant: &str, name: &str) -> Result<wire::Discarded, ApiError> {
         let job = self.job(tenant, name)?;
+        // One start or discard of a job's shadow at a time, and none while
+        // the job is deployed or deleted.
+        let key = (tenant.to_string(), format!("{name}#shadow"));
+        {
+            let mut deploying = lock(&self.deploying);
+            if deploying.contains_key(&(tenant.to_string(), name.to_string()))
+                || deploying.insert(key.clone(), 0).is_some()
+            {
+                return Err(ApiError::new(
+                    409,
+                    format!(
+                        "job `{name}` or its shadow is being started, discarded or deleted right now; try again"
+                    ),
+                ));
+            }
+        }
+        let result = self.discard_shadow_of(tenant, name, &job);
+        lock(&self.deploying).remove(&key);
+        result
+    }
+
+    fn discard_shadow_of(
+        &self,
+        tenant: &str,
+        name: &str,
+        job: &Arc<JobRuntime>,
+    ) -> Result<wire::Discarded, ApiError> {
         let dir = job.dir.shadow();
         let shadow = job.take_shadow();
         let version = match &shadow {
