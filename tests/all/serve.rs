@@ -428,7 +428,7 @@ fn a_job_that_cannot_be_resumed_is_listed_as_broken_with_the_reason() {
 }
 
 /// Runs the `tally` CLI against `host` as `token`; returns (success, stdout + stderr).
-fn cli(host: &ServeHost, token: &str, args: &[&str]) -> (bool, String) {
+pub(crate) fn cli(host: &ServeHost, token: &str, args: &[&str]) -> (bool, String) {
     let output = std::process::Command::new(tally_tests::tally_binary())
         .args(args)
         .env("TALLY_SERVER", &host.server)

@@ -22,7 +22,7 @@ use tally_tests::tally_binary;
 use crate::deliver::check_applied_once;
 use crate::periods::{append_later, run_to_end, write_job};
 use crate::plugins;
-use crate::serve::plugin;
+use crate::serve::{cli, plugin};
 
 const PARTITIONS: usize = 5;
 
@@ -271,7 +271,7 @@ fn a_shadow_runs_beside_a_served_job_through_a_kill_and_its_diff_is_exact() {
 }
 
 #[test]
-fn a_shadow_that_cannot_run_stops_without_touching_the_live_version() {
+fn the_cli_starts_and_discards_a_shadow_and_one_that_cannot_run_leaves_the_live_version_alone() {
     let dir = tempfile::tempdir().unwrap();
     let host = ServeHost::start_with(dir.path(), "", "", "");
     let input = generate(92, 200);
@@ -301,6 +301,34 @@ fn a_shadow_that_cannot_run_stops_without_touching_the_live_version() {
         serde_json::json!({"plugin": "not base64!"}),
         serde_json::json!({"plugin": base64_of(b"\0asm not a component")}),
     ];
+    // The CLI: a shadow started from a file and a table, shown, discarded.
+    let config = dir.path().join("max-calls.toml");
+    std::fs::write(&config, max_calls()).unwrap();
+    let (ok, out) = cli(
+        &host,
+        ACME,
+        &[
+            "plugin",
+            "push",
+            "billing",
+            plugins::BILLING_PERIODS,
+            "--shadow",
+            "--plugin-config",
+            config.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("started a shadow of `billing` as v2"), "{out}");
+    wait_for("the CLI's shadow to compare its output", Duration::from_secs(60), || {
+        let (ok, out) = cli(&host, ACME, &["jobs", "status", "billing"]);
+        assert!(ok, "{out}");
+        out.contains("shadow v2 (running)") && out.contains("changed {\"customer\"")
+    });
+    let (ok, out) = cli(&host, ACME, &["plugin", "discard", "billing"]);
+    assert!(ok && out.contains("discarded the shadow of `billing` (v2)"), "{out}");
+    let (ok, out) = cli(&host, ACME, &["plugin", "discard", "billing"]);
+    assert!(!ok && out.contains("has no shadow"), "{out}");
+
     for attempt in attempts {
         let body = attempt.to_string().into_bytes();
         match acme.request("POST", "/v1/jobs/billing/shadow", Some(("application/json", body))) {

@@ -319,6 +319,20 @@ fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
     }
 }
 
+/// The body of a request to `tenant`'s job `job`: the job must be the
+/// tenant's before any of its body is read.
+async fn read_owned_body(
+    api: &Api,
+    tenant: &str,
+    job: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
+    let (tenant, job) = (tenant.to_string(), job.to_string());
+    api.run(move |host| host.job(&tenant, &job).map(drop)).await?;
+    read_body(api, headers, body).await
+}
+
 /// The request body, refused unread when its announced length is over
 /// the host's `max_upload_bytes`, and cut off once it grows past it;
 /// within [`BODY_TIMEOUT`], once it is its turn ([`MAX_UPLOADS_IN_FLIGHT`]).
@@ -459,10 +473,7 @@ async fn push(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    // The job must be the tenant's before its body is read.
-    let (check_tenant, check_job) = (tenant.clone(), job.clone());
-    api.run(move |host| host.job(&check_tenant, &check_job).map(drop)).await?;
-    let body = read_body(&api, &headers, body).await?;
+    let body = read_owned_body(&api, &tenant, &job, &headers, body).await?;
     let pushed = api.run(move |host| host.push(&tenant, &job, &body)).await?;
     Ok(json(if pushed.accepted { StatusCode::ACCEPTED } else { StatusCode::OK }, &pushed.version))
 }
@@ -475,10 +486,7 @@ async fn start_shadow(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    // The job must be the tenant's before its body is read.
-    let (check_tenant, check_job) = (tenant.clone(), job.clone());
-    api.run(move |host| host.job(&check_tenant, &check_job).map(drop)).await?;
-    let body = read_body(&api, &headers, body).await?;
+    let body = read_owned_body(&api, &tenant, &job, &headers, body).await?;
     let status = api
         .run(move |host| {
             let request: ShadowRequest = serde_json::from_slice(&body).map_err(|err| {

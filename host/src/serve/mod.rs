@@ -200,7 +200,8 @@ impl Host {
         self.metrics.render()
     }
 
-    fn resume_job(&self, tenant: &str, name: &str, dir: JobDir) -> Result<(), ServeError> {
+    /// The job file kept in `dir`, as `tenant`'s limits read it now.
+    fn read_job_file(&self, tenant: &str, dir: &JobDir) -> Result<job_spec::ParsedJob, ServeError> {
         let tenant_config = self
             .config
             .tenants
@@ -208,7 +209,11 @@ impl Host {
             .ok_or_else(|| ServeError::TenantGone { tenant: tenant.to_string() })?;
         let text = std::fs::read_to_string(dir.job_file())
             .map_err(ServeError::file("read", dir.job_file()))?;
-        let parsed = job_spec::parse(&text, tenant, tenant_config, &self.config)?;
+        Ok(job_spec::parse(&text, tenant, tenant_config, &self.config)?)
+    }
+
+    fn resume_job(&self, tenant: &str, name: &str, dir: JobDir) -> Result<(), ServeError> {
+        let parsed = self.read_job_file(tenant, &dir)?;
         let mut record = dir.read_record()?;
         let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
         let plugin = self.load_version(tenant, &dir, &active.digest)?;
@@ -257,14 +262,7 @@ impl Host {
             .map_err(ServeError::file("read", &version_file))?;
         let version = Version::parse(version.trim())
             .map_err(|err| ServeError::Shadow { reason: err.to_string() })?;
-        let tenant_config = self
-            .config
-            .tenants
-            .get(tenant)
-            .ok_or_else(|| ServeError::TenantGone { tenant: tenant.to_string() })?;
-        let text = std::fs::read_to_string(dir.job_file())
-            .map_err(ServeError::file("read", dir.job_file()))?;
-        let parsed = job_spec::parse(&text, tenant, tenant_config, &self.config)?;
+        let parsed = self.read_job_file(tenant, &dir)?;
         let record = dir.read_record()?;
         let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
         let plugin = self.load_version(tenant, &dir, &active.digest)?;
