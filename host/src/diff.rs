@@ -110,12 +110,14 @@ pub struct GrowingOutput {
     started: bool,
     /// What was read so far.
     pub values: OutputValues,
+    /// About how many bytes its keys and values take.
+    pub held_bytes: u64,
 }
 
 impl GrowingOutput {
     /// Reads `source` from its start, once [`GrowingOutput::read_more`] is called.
     pub fn new(source: Box<dyn Source>) -> GrowingOutput {
-        GrowingOutput { source, started: false, values: OutputValues::default() }
+        GrowingOutput { source, started: false, values: OutputValues::default(), held_bytes: 0 }
     }
 
     /// Reads up to `most` more records of what is committed now; `true`
@@ -136,7 +138,13 @@ impl GrowingOutput {
                 let record = record_of(line)?;
                 self.values.positions.insert(line.partition, line.next);
                 self.values.records += 1;
-                self.values.values.insert(record.key.to_string(), counted_value(record.value));
+                let key = record.key.to_string();
+                let value = counted_value(record.value);
+                let key_bytes = key.len();
+                self.held_bytes += (key_bytes + value_size(&value)) as u64;
+                if let Some(old) = self.values.values.insert(key, value) {
+                    self.held_bytes -= (key_bytes + value_size(&old)) as u64;
+                }
             }
         }
         Ok(false)
@@ -151,6 +159,19 @@ pub fn read_values(source: &mut dyn Source) -> anyhow::Result<OutputValues> {
         values.insert(record.key.to_string(), counted_value(record.value));
     })?;
     Ok(OutputValues { values, records, positions })
+}
+
+/// About how many bytes `value` takes in memory.
+pub fn value_size(value: &Value) -> usize {
+    const NODE: usize = std::mem::size_of::<Value>();
+    NODE + match value {
+        Value::String(text) => text.len(),
+        Value::Array(items) => items.iter().map(value_size).sum(),
+        Value::Object(fields) => {
+            fields.iter().map(|(name, field)| name.len() + NODE + value_size(field)).sum()
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+    }
 }
 
 /// A Kafka key or value as JSON when it is JSON, else as a string.
@@ -396,6 +417,9 @@ mod tests {
         assert_eq!(output.values.records, 4);
         assert_eq!(output.values.values["\"b\""], json!({"total": 5}));
         assert_eq!(output.values.positions[&0], 4);
+        // Two keys held, each with its last value: what it holds, not all it read.
+        let held: usize = output.values.values.iter().map(|(k, v)| k.len() + value_size(v)).sum();
+        assert_eq!(output.held_bytes, held as u64);
         // A line that is not JSON is an error naming where it is.
         committed.lock().unwrap().push("not json".to_string());
         let err = output.read_more(10).unwrap_err().to_string();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tally_tests::kafka::{
     KafkaBillingJob, OutputRecord, Placed, assert_exactly_once, check, committed_progress,
-    delete_topics, group_reader, produce_usage, read_topic, serial, unique,
+    create_topic, delete_topics, group_reader, produce_usage, read_topic, serial, unique,
 };
 use tally_tests::serve::{ACME, METRICS, ServeHost, number, wait_for};
 use tally_tests::{UsageLine, expected_totals, usage_lines};
@@ -503,13 +503,24 @@ fn a_kafka_jobs_shadow_writes_topics_of_its_own_that_its_running_diff_compares()
         ),
     })
     .to_string();
-    let started = acme
-        .request(
+    let start = || {
+        acme.request(
             "POST",
             &format!("/v1/jobs/{name}/shadow"),
-            Some(("application/json", body.into_bytes())),
+            Some(("application/json", body.clone().into_bytes())),
         )
-        .unwrap();
+    };
+    // This host creates no tenant's topics: the start names those the
+    // operator creates first, and nothing starts.
+    let refused = start().unwrap_err();
+    assert_eq!(refused.status(), Some(400), "{refused}");
+    assert!(refused.to_string().contains("kafka_create_topics"), "{refused}");
+    assert!(refused.to_string().contains(&format!("{}.v2", job.totals)), "{refused}");
+    assert!(acme.status(&name).unwrap().get("shadow").is_none());
+    // Refused, the start took no number: the next is v2 still.
+    create_topic(&format!("{}.v2", job.totals), 2);
+    create_topic(&format!("{}.v2", job.dead_letters), 2);
+    let started = start().unwrap();
     assert_eq!(started["shadow"]["version"], "v2", "{started}");
 
     // Its outputs are topics of its own, each input record counted once.

@@ -51,11 +51,12 @@ fn records(path: &Path) -> Vec<(String, String, Value)> {
 }
 
 /// A served period job over the input files `names` (quoted), with `extra`
-/// sections (its deliveries) before its `[local]` one.
-fn period_job(names: &[String], extra: &str) -> String {
+/// sections (its deliveries) before its `[local]` one, whose partitions
+/// are idle after `idle_timeout`.
+fn period_job(names: &[String], extra: &str, idle_timeout: &str) -> String {
     format!(
         "name = \"billing\"\noutputs = [\"periods\"]\n{extra}\n[local]\ninputs = [{}]\n\
-         [periods]\nidle_timeout = \"1s\"\ntime_zones = {}\n[plugin_config]\n{PLUGIN_CONFIG}\n",
+         [periods]\nidle_timeout = {idle_timeout:?}\ntime_zones = {}\n[plugin_config]\n{PLUGIN_CONFIG}\n",
         names.join(", "),
         time_zones_table()
     )
@@ -141,7 +142,7 @@ fn a_shadow_runs_beside_a_served_job_through_a_kill_and_its_diff_is_exact() {
         "[[deliver]]\noutput = \"periods\"\n[deliver.http]\nurl = {:?}\nretry_initial = \"20ms\"\nretry_max = \"100ms\"\n",
         receiver.url()
     );
-    let job_file = period_job(&names, &delivery);
+    let job_file = period_job(&names, &delivery, "1s");
     let acme = host.client(ACME);
     let component = plugin(plugins::BILLING_PERIODS);
     acme.deploy(&job_file, &component).unwrap();
@@ -243,7 +244,7 @@ fn a_shadow_runs_beside_a_served_job_through_a_kill_and_its_diff_is_exact() {
     let globex = host.client(GLOBEX);
     let err = globex.request("DELETE", "/v1/jobs/billing/shadow", None).unwrap_err();
     assert_eq!(err.status(), Some(404), "{err}");
-    let globex_job = period_job(&names, "");
+    let globex_job = period_job(&names, "", "1s");
     for partition in 0..PARTITIONS {
         let name = format!("usage-{partition}.ndjson");
         std::fs::copy(inputs.join(&name), host.inputs("globex").join(&name)).unwrap();
@@ -284,7 +285,8 @@ fn the_cli_starts_and_discards_a_shadow_and_one_that_cannot_run_leaves_the_live_
         std::fs::write(inputs.join(&name), text).unwrap();
         names.push(format!("{name:?}"));
     }
-    let job_file = period_job(&names, "");
+    // No partition idles within the test: at lag 0 the live output is whole.
+    let job_file = period_job(&names, "", "1h");
     let acme = host.client(ACME);
     acme.deploy(&job_file, &plugin(plugins::BILLING_PERIODS)).unwrap();
     wait_for("the live version to take in its input", Duration::from_secs(120), || {
@@ -328,6 +330,22 @@ fn the_cli_starts_and_discards_a_shadow_and_one_that_cannot_run_leaves_the_live_
     assert!(ok && out.contains("discarded the shadow of `billing` (v2)"), "{out}");
     let (ok, out) = cli(&host, ACME, &["plugin", "discard", "billing"]);
     assert!(!ok && out.contains("has no shadow"), "{out}");
+    // A number is never taken again: not after a discard, nor by the job
+    // deployed again under its name.
+    let push = ["plugin", "push", "billing", plugins::BILLING_PERIODS, "--shadow", "--json"];
+    let version_of = |out: &str| -> Value {
+        serde_json::from_str::<Value>(out).unwrap()["shadow"]["version"].clone()
+    };
+    let (ok, out) = cli(&host, ACME, &push);
+    assert!(ok && version_of(&out) == "v3", "{out}");
+    acme.delete("billing").unwrap();
+    acme.deploy(&job_file, &plugin(plugins::BILLING_PERIODS)).unwrap();
+    let (ok, out) = cli(&host, ACME, &push);
+    assert!(ok && version_of(&out) == "v4", "{out}");
+    acme.request("DELETE", "/v1/jobs/billing/shadow", None).unwrap();
+    wait_for("the job deployed again to take in its input", Duration::from_secs(120), || {
+        acme.status("billing").unwrap()["lag"].as_u64() == Some(0)
+    });
 
     for attempt in attempts {
         let body = attempt.to_string().into_bytes();

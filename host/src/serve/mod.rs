@@ -262,6 +262,11 @@ impl Host {
             .map_err(ServeError::file("read", &version_file))?;
         let version = Version::parse(version.trim())
             .map_err(|err| ServeError::Shadow { reason: err.to_string() })?;
+        if version == Version::LIVE {
+            return Err(ServeError::Shadow {
+                reason: "its version file names the live version (v1)".to_string(),
+            });
+        }
         let parsed = self.read_job_file(tenant, &dir)?;
         let record = dir.read_record()?;
         let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
@@ -270,14 +275,18 @@ impl Host {
             tenant,
             name,
             version,
-            version.of(&parsed.config),
+            self.shadow_config(version, &parsed.config),
             dir,
             record,
             plugin,
         );
         let shadow = Shadow::start(version, runtime, job.config.clone());
-        job.set_shadow(shadow)
-            .map_err(|reason| ServeError::Shadow { reason: reason.to_string() })?;
+        if let Err(reason) = job.set_shadow(shadow.clone()) {
+            shadow.join();
+            let runtime = shadow.runtime();
+            self.metrics.remove(&runtime.metrics.labels, &runtime.status().plugin);
+            return Err(ServeError::Shadow { reason: reason.to_string() });
+        }
         Ok(version)
     }
 
@@ -573,16 +582,20 @@ impl Host {
             return Ok(());
         }
         let job = self.job(tenant, name)?;
-        // Held until the files are gone: no deploy of the name meanwhile.
-        if lock(&self.deploying)
-            .insert(key.clone(), job.config.settings.limits.memory_bytes)
-            .is_some()
+        // Held until the files are gone: no deploy of the name meanwhile,
+        // nor while its shadow is started or discarded.
+        let mut deploying = lock(&self.deploying);
+        if deploying.contains_key(&(tenant.to_string(), format!("{name}#shadow")))
+            || deploying.insert(key.clone(), job.config.settings.limits.memory_bytes).is_some()
         {
             return Err(ApiError::new(
                 409,
-                format!("job `{name}` is being deployed or deleted right now; try again"),
+                format!(
+                    "job `{name}` is being deployed or deleted, or its shadow started or discarded, right now; try again"
+                ),
             ));
         }
+        drop(deploying);
         job.mark_deleted();
         job.end();
         let thread = lock(&self.threads).remove(&key);
@@ -735,14 +748,30 @@ impl Host {
             let mut deploying = lock(&self.deploying);
             let asked = parsed.config.settings.limits.memory_bytes;
             self.within_limits(tenant, &jobs, &deploying, asked, "a shadow")?;
-            if deploying.insert(key.clone(), asked).is_some() {
+            if deploying.contains_key(&(tenant.to_string(), name.to_string()))
+                || deploying.insert(key.clone(), asked).is_some()
+            {
                 return Err(ApiError::new(
                     409,
-                    format!("a shadow of job `{name}` is being started right now"),
+                    format!(
+                        "job `{name}` or its shadow is being started, discarded or deleted right now; try again"
+                    ),
                 ));
             }
         }
-        let result = self.create_shadow(tenant, name, &job, parsed, &text, bytes);
+        // Checked again under the reservation: nothing else starts or
+        // discards this job's shadow now.
+        let on_disk = job.dir.shadow().exists();
+        let result = if job.shadow().is_some() || on_disk {
+            Err(ApiError::new(
+                409,
+                format!(
+                    "job `{name}` already has a shadow; discard it first with `tally plugin discard {name}`"
+                ),
+            ))
+        } else {
+            self.create_shadow(tenant, name, &job, parsed, &text, bytes)
+        };
         lock(&self.deploying).remove(&key);
         result?;
         tracing::info!(%tenant, job = %name, "shadow started");
@@ -767,7 +796,7 @@ impl Host {
         };
         // A number no version of the job had: a Kafka version's topics and
         // group outlive it.
-        let last_file = job.dir.last_version_file();
+        let last_file = self.last_version_file(tenant, name);
         let last = std::fs::read_to_string(&last_file)
             .ok()
             .and_then(|text| text.trim().parse::<u32>().ok())
@@ -782,14 +811,23 @@ impl Host {
                 ),
             )
         })?;
-        let config = version.of(&parsed.config);
+        let config = self.shadow_config(version, &parsed.config);
         if let crate::config::Mode::Kafka(kafka) = &config.mode {
-            tally_kafka::prepare_topics(&config.settings, kafka)
-                .map_err(|err| ApiError::bad_request(format!("the shadow's topics: {err}")))?;
+            tally_kafka::prepare_topics(&config.settings, kafka).map_err(|err| {
+                let who = if kafka.create_topics {
+                    "the host creates them"
+                } else {
+                    "this host does not create tenants' topics (kafka_create_topics in the host file): the operator creates the version's topics first"
+                };
+                ApiError::bad_request(format!(
+                    "the shadow writes topics of its own ({version}: each output topic and the dead-letter topic with `.{version}` appended; {who}): {err}"
+                ))
+            })?;
         }
         let dir = job.dir.shadow();
         if dir.path().exists() {
-            // Left by a start or discard that did not finish: no record, so no shadow.
+            // Left by a start or discard that did not finish (no record:
+            // checked under the reservation), so no shadow.
             std::fs::remove_dir_all(dir.path())
                 .map_err(|err| disk(ServeError::file("remove", dir.path())(err)))?;
         }
@@ -799,8 +837,9 @@ impl Host {
             bytes.len() as u64,
             VersionStatus::Active,
         ));
-        job.dir
-            .write_file(&last_file, version.number().to_string().as_bytes())
+        std::fs::create_dir_all(last_file.parent().expect("a file in a directory"))
+            .map_err(ServeError::file("create", &last_file))
+            .and_then(|()| job.dir.write_file(&last_file, version.number().to_string().as_bytes()))
             .and_then(|()| dir.create())
             .and_then(|()| dir.write_file(&dir.plugin_file(plugin.digest()), bytes))
             .and_then(|()| dir.write_file(&dir.job_file(), text.as_bytes()))
@@ -817,17 +856,85 @@ impl Host {
             self.shadow_runtime(tenant, name, version, config, dir.clone(), record, plugin);
         let shadow = Shadow::start(version, runtime, job.config.clone());
         if let Err(reason) = job.set_shadow(shadow.clone()) {
+            // The job ended meanwhile (a host shutdown): nothing of it stays.
             shadow.join();
-            let _ = dir.remove();
+            let failures =
+                self.remove_shadow_files(job, &(version, Some(shadow.runtime().clone())));
+            if !failures.is_empty() {
+                tracing::error!(%tenant, job = %name, errors = ?failures, "a refused shadow's files could not all be removed");
+            }
             return Err(ApiError::new(409, format!("job `{name}`: {reason}")));
         }
         Ok(())
     }
 
+    /// Where the last version number a shadow of `tenant`'s job `name`
+    /// took is kept: outside the job's directory, so a job deployed again
+    /// under the name never takes a number (and Kafka topics) again.
+    fn last_version_file(&self, tenant: &str, name: &str) -> PathBuf {
+        self.config.data_dir.join("versions-used").join(tenant).join(name)
+    }
+
+    /// `job` as its shadow `version` runs it: its own names (see
+    /// [`Version::of`]), creating its Kafka topics only where the host lets
+    /// tenants create topics.
+    fn shadow_config(
+        &self,
+        version: Version,
+        job: &crate::config::JobConfig,
+    ) -> crate::config::JobConfig {
+        let mut config = version.of(job);
+        if let crate::config::Mode::Kafka(kafka) = &mut config.mode {
+            kafka.create_topics = self.config.kafka_create_topics;
+        }
+        config
+    }
+
+    /// Removes a stopped shadow's files, its state and outputs, and its
+    /// metrics; returns what could not be removed.
+    fn remove_shadow_files(
+        &self,
+        job: &JobRuntime,
+        shadow: &(Version, Option<Arc<JobRuntime>>),
+    ) -> Vec<String> {
+        let (version, runtime) = shadow;
+        if let Some(runtime) = runtime {
+            self.metrics.remove(&runtime.metrics.labels, &runtime.status().plugin);
+        }
+        let mut failures = Vec::new();
+        if let Err(err) = job.dir.shadow().remove()
+            && job.dir.shadow().path().exists()
+        {
+            failures.push(err.to_string());
+        }
+        // Never the live version's: a shadow is v2 or later.
+        if *version == Version::LIVE {
+            return failures;
+        }
+        let (state_dir, output_dir) = match &version.of(&job.config).mode {
+            crate::config::Mode::Local(local) => {
+                (local.state_dir.clone(), Some(local.output_dir.clone()))
+            }
+            crate::config::Mode::Kafka(kafka) => (kafka.state_dir.clone(), None),
+        };
+        for path in std::iter::once(state_dir).chain(output_dir) {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => failures.push(format!("{}: {err}", path.display())),
+            }
+        }
+        failures
+    }
+
     /// Stops `tenant`'s job `name`'s shadow and deletes its state and
     /// outputs (a Kafka version's topics and group stay on the brokers).
     /// The live version is not touched.
-    pub fn discard_shadow(&self, tenant: &str, name: &str) -> Result<wire::Discarded, ApiError> {
+    pub fn discard_shadow(
+        self: &Arc<Self>,
+        tenant: &str,
+        name: &str,
+    ) -> Result<wire::Discarded, ApiError> {
         let job = self.job(tenant, name)?;
         // One start or discard of a job's shadow at a time, and none while
         // the job is deployed or deleted.
@@ -851,7 +958,7 @@ impl Host {
     }
 
     fn discard_shadow_of(
-        &self,
+        self: &Arc<Self>,
         tenant: &str,
         name: &str,
         job: &Arc<JobRuntime>,
@@ -859,52 +966,58 @@ impl Host {
         let dir = job.dir.shadow();
         let shadow = job.take_shadow();
         let version = match &shadow {
-            Some(shadow) => shadow.version(),
-            None => {
-                let written = std::fs::read_to_string(dir.path().join("version")).ok();
-                match written.and_then(|text| Version::parse(text.trim()).ok()) {
-                    Some(version) => version,
-                    None => {
-                        return Err(ApiError::new(
-                            404,
-                            format!(
-                                "job `{name}` has no shadow; start one with `tally plugin push {name} <file> --shadow`"
-                            ),
-                        ));
-                    }
-                }
-            }
+            Some(shadow) => Some(shadow.version()),
+            None => std::fs::read_to_string(dir.path().join("version"))
+                .ok()
+                .and_then(|text| Version::parse(text.trim()).ok()),
+        };
+        let Some(version) = version.filter(|version| *version != Version::LIVE) else {
+            return Err(ApiError::new(
+                404,
+                format!(
+                    "job `{name}` has no shadow; start one with `tally plugin push {name} <file> --shadow`"
+                ),
+            ));
         };
         if let Some(shadow) = &shadow {
             shadow.end();
-            shadow.join();
-            let runtime = shadow.runtime();
-            self.metrics.remove(&runtime.metrics.labels, &runtime.status().plugin);
         }
-        let versioned = version.of(&job.config);
-        let mut removed =
-            dir.remove().map(|()| Vec::new()).unwrap_or_else(|err| vec![err.to_string()]);
-        let (state_dir, output_dir) = match &versioned.mode {
-            crate::config::Mode::Local(local) => {
-                (local.state_dir.clone(), Some(local.output_dir.clone()))
+        // The shadow stops within a tick even mid-call; one stuck elsewhere
+        // (a Kafka restore, say) is finished off in the background.
+        let (done, finished) = std::sync::mpsc::channel();
+        let (job, tenant_name, job_name) = (job.clone(), tenant.to_string(), name.to_string());
+        let host = self.clone();
+        let finish = move || {
+            if let Some(shadow) = &shadow {
+                shadow.join();
             }
-            crate::config::Mode::Kafka(kafka) => (kafka.state_dir.clone(), None),
+            let runtime = shadow.as_ref().map(|shadow| shadow.runtime().clone());
+            let failures = host.remove_shadow_files(&job, &(version, runtime));
+            if failures.is_empty() {
+                tracing::info!(tenant = %tenant_name, job = %job_name, %version, "shadow discarded");
+            } else {
+                tracing::error!(tenant = %tenant_name, job = %job_name, errors = ?failures, "a shadow stopped, but its files could not all be removed");
+            }
+            let _ = done.send(failures.is_empty());
         };
-        for path in std::iter::once(state_dir).chain(output_dir) {
-            match std::fs::remove_dir_all(&path) {
-                Ok(()) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => removed.push(format!("{}: {err}", path.display())),
+        std::thread::Builder::new()
+            .name(format!("discard-{tenant}.{name}"))
+            .spawn(finish)
+            .map_err(|err| ApiError::internal(format!("cannot start the discard: {err}")))?;
+        match finished.recv_timeout(DELETE_WAIT) {
+            Ok(true) => {
+                Ok(wire::Discarded { job: name.to_string(), discarded: version.to_string() })
             }
-        }
-        if !removed.is_empty() {
-            tracing::error!(%tenant, job = %name, errors = ?removed, "a shadow stopped, but its files could not all be removed");
-            return Err(ApiError::internal(
+            Ok(false) => Err(ApiError::internal(
                 "the shadow stopped, but some of its files could not be removed; the host's log says which",
-            ));
+            )),
+            Err(_) => Err(ApiError::new(
+                202,
+                format!(
+                    "the shadow of job `{name}` ({version}) is stopping; its files are removed once it has"
+                ),
+            )),
         }
-        tracing::info!(%tenant, job = %name, %version, "shadow discarded");
-        Ok(wire::Discarded { job: name.to_string(), discarded: version.to_string() })
     }
 
     /// Every version pushed to the job, oldest first.

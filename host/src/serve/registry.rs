@@ -256,12 +256,6 @@ impl JobDir {
         JobDir { path: self.root.join("shadow"), root: self.root.clone() }
     }
 
-    /// The last version number a shadow of the job took: never taken
-    /// again, since a Kafka version's topics and group outlive it.
-    pub fn last_version_file(&self) -> PathBuf {
-        self.root.join("last-version")
-    }
-
     /// The job file as deployed.
     pub fn job_file(&self) -> PathBuf {
         self.path.join("job.toml")

@@ -17,7 +17,7 @@ use super::runner::JobRuntime;
 use super::wire::{ChangedKey, RunningDiff, ShadowStatus};
 use crate::config::JobConfig;
 use crate::delivery::output_source;
-use crate::diff::{GrowingOutput, delta};
+use crate::diff::{GrowingOutput, delta, value_size};
 use crate::versions::Version;
 
 /// How often the running diff reads what both versions committed since.
@@ -28,8 +28,14 @@ const RECORDS_PER_CHECK: usize = 100_000;
 /// Keys a running diff holds in all (both versions, every output): an
 /// output whose keys take it past this stops being compared, and says so.
 pub const MAX_DIFF_KEYS: usize = 2_000_000;
+/// Bytes of keys and values a running diff holds in all (about; both
+/// versions, every output): past them, likewise.
+pub const MAX_DIFF_BYTES: u64 = 512 << 20;
 /// Changed keys a status lists.
 pub const DIFF_EXAMPLES: usize = 20;
+/// Largest value an example shows whole (about, in bytes); a larger one
+/// is shown by its size.
+const EXAMPLE_VALUE_BYTES: usize = 1024;
 
 /// A candidate running beside a served job.
 pub struct Shadow {
@@ -140,6 +146,8 @@ struct Differ {
 struct Sides {
     live: GrowingOutput,
     shadow: GrowingOutput,
+    /// The last comparison, kept while neither side reads anything new.
+    last: Option<RunningDiff>,
 }
 
 impl Differ {
@@ -150,6 +158,9 @@ impl Differ {
         while !ended.load(Ordering::SeqCst) {
             let mut now = Vec::with_capacity(outputs.len());
             for (index, output) in outputs.iter().enumerate() {
+                if ended.load(Ordering::SeqCst) {
+                    return;
+                }
                 if let Some(last) = &stopped[index] {
                     now.push(last.clone());
                     continue;
@@ -165,15 +176,16 @@ impl Differ {
                         }
                     }
                 };
-                let held: usize = sides
-                    .iter()
-                    .flatten()
-                    .map(|sides| sides.live.values.values.len() + sides.shadow.values.values.len())
-                    .sum();
-                if held > MAX_DIFF_KEYS && sides[index].is_some() {
+                let (keys, bytes) = sides.iter().flatten().fold((0, 0), |(keys, bytes), sides| {
+                    (
+                        keys + sides.live.values.values.len() + sides.shadow.values.values.len(),
+                        bytes + sides.live.held_bytes + sides.shadow.held_bytes,
+                    )
+                });
+                if (keys > MAX_DIFF_KEYS || bytes > MAX_DIFF_BYTES) && sides[index].is_some() {
                     let stop = RunningDiff {
                         error: Some(format!(
-                            "the running diff stopped: its outputs hold more than {MAX_DIFF_KEYS} keys (MAX_DIFF_KEYS, both versions together)"
+                            "the running diff stopped: its outputs hold more than {MAX_DIFF_KEYS} keys or {MAX_DIFF_BYTES} bytes (MAX_DIFF_KEYS, MAX_DIFF_BYTES; both versions together)"
                         )),
                         ..diff
                     };
@@ -206,11 +218,21 @@ impl Differ {
             *sides = Some(Sides {
                 live: open(&self.live, "live")?,
                 shadow: open(&self.shadow, "shadow")?,
+                last: None,
             });
         }
         let sides = sides.as_mut().expect("opened above");
+        let read_before = (sides.live.values.records, sides.shadow.values.records);
         let live_done = sides.live.read_more(RECORDS_PER_CHECK)?;
         let shadow_done = sides.shadow.read_more(RECORDS_PER_CHECK)?;
+        let read_now = (sides.live.values.records, sides.shadow.values.records);
+        if let Some(last) = &sides.last
+            && read_now == read_before
+            && last.caught_up == (live_done && shadow_done)
+        {
+            // Nothing new: the same comparison, checked now.
+            return Ok(RunningDiff { checked_at: empty_diff(output).checked_at, ..last.clone() });
+        }
         let (live, shadow) = (&sides.live.values, &sides.shadow.values);
         let mut diff = RunningDiff {
             caught_up: live_done && shadow_done,
@@ -227,9 +249,11 @@ impl Differ {
                     diff.changed += 1;
                     if diff.examples.len() < DIFF_EXAMPLES {
                         diff.examples.push(ChangedKey {
-                            key: serde_json::from_str(key).unwrap_or(serde_json::Value::Null),
-                            live: live_value.clone(),
-                            shadow: shadow_value.clone(),
+                            key: shown(
+                                serde_json::from_str(key).unwrap_or(serde_json::Value::Null),
+                            ),
+                            live: shown(live_value.clone()),
+                            shadow: shown(shadow_value.clone()),
                             delta: delta(live_value, shadow_value),
                         });
                     }
@@ -239,7 +263,19 @@ impl Differ {
         }
         diff.only_shadow =
             shadow.values.keys().filter(|key| !live.values.contains_key(*key)).count() as u64;
+        sides.last = Some(diff.clone());
         Ok(diff)
+    }
+}
+
+/// `value` as an example shows it: whole, or past
+/// [`EXAMPLE_VALUE_BYTES`] by its size.
+fn shown(value: serde_json::Value) -> serde_json::Value {
+    let size = value_size(&value);
+    if size > EXAMPLE_VALUE_BYTES {
+        serde_json::Value::String(format!("<a value of about {size} bytes>"))
+    } else {
+        value
     }
 }
 
