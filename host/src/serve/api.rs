@@ -319,6 +319,13 @@ fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
     }
 }
 
+/// A request's `plugin` field: the component's bytes in base64.
+fn decode_plugin(text: &str) -> Result<Vec<u8>, ApiError> {
+    base64::engine::general_purpose::STANDARD.decode(text.trim()).map_err(|err| {
+        ApiError::bad_request(format!("`plugin` must be the component's bytes in base64: {err}"))
+    })
+}
+
 /// The body of a request to `tenant`'s job `job`: the job must be the
 /// tenant's before any of its body is read.
 async fn read_owned_body(
@@ -401,9 +408,7 @@ async fn deploy(
                 ApiError::bad_request(format!("the deploy request must be JSON {{\"job\": \"<TOML>\", \"plugin\": \"<base64 component>\"}}: {err}"))
             })?;
             drop(body);
-            let plugin = base64::engine::general_purpose::STANDARD
-                .decode(deploy.plugin.trim())
-                .map_err(|err| ApiError::bad_request(format!("`plugin` must be the component's bytes in base64: {err}")))?;
+            let plugin = decode_plugin(&deploy.plugin)?;
             host.deploy(&tenant, &deploy.job, &plugin)
         })
         .await?;
@@ -493,9 +498,7 @@ async fn start_shadow(
                 ApiError::bad_request(format!("the shadow request must be JSON {{\"plugin\": \"<base64 component>\", \"plugin_config\": \"<TOML table, optional>\"}}: {err}"))
             })?;
             drop(body);
-            let plugin = base64::engine::general_purpose::STANDARD
-                .decode(request.plugin.trim())
-                .map_err(|err| ApiError::bad_request(format!("`plugin` must be the component's bytes in base64: {err}")))?;
+            let plugin = decode_plugin(&request.plugin)?;
             host.start_shadow(&tenant, &job, &plugin, request.plugin_config.as_deref())
         })
         .await?;

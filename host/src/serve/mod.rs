@@ -720,13 +720,7 @@ impl Host {
         }
         let tenant_config =
             self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
-        let current = std::fs::read_to_string(job.dir.job_file()).map_err(|err| {
-            tracing::error!(%tenant, job = %name, error = %err, "cannot read a job's file");
-            ApiError::internal("the host cannot read the job's file (its disk?); nothing changed")
-        })?;
-        let mut table: toml::Table = toml::from_str(&current).map_err(|err| {
-            ApiError::internal(format!("the job's file as deployed no longer reads as TOML: {err}"))
-        })?;
+        let mut table = deployed_job_file(&job, tenant, name)?;
         // Never delivered: its outputs are compared, not sent.
         table.remove("deliver");
         if let Some(text) = plugin_config {
@@ -1113,13 +1107,7 @@ impl Host {
                 tally_core::text::sanitize(other, 100)
             )));
         }
-        let current = std::fs::read_to_string(job.dir.job_file()).map_err(|err| {
-            tracing::error!(%tenant, job = %name, error = %err, "cannot read a job's file");
-            ApiError::internal("the host cannot read the job's file (its disk?); nothing changed")
-        })?;
-        let mut table: toml::Table = toml::from_str(&current).map_err(|err| {
-            ApiError::internal(format!("the job's file as deployed no longer reads as TOML: {err}"))
-        })?;
+        let mut table = deployed_job_file(&job, tenant, name)?;
         match sections.remove("deliver") {
             Some(deliver) => table.insert("deliver".to_string(), deliver),
             None => table.remove("deliver"),
@@ -1228,6 +1216,17 @@ impl Host {
         }
         tracing::info!(jobs = jobs.len(), "every job stopped");
     }
+}
+
+/// `job`'s file as deployed, as a TOML table.
+fn deployed_job_file(job: &JobRuntime, tenant: &str, name: &str) -> Result<toml::Table, ApiError> {
+    let current = std::fs::read_to_string(job.dir.job_file()).map_err(|err| {
+        tracing::error!(%tenant, job = %name, error = %err, "cannot read a job's file");
+        ApiError::internal("the host cannot read the job's file (its disk?); nothing changed")
+    })?;
+    toml::from_str(&current).map_err(|err| {
+        ApiError::internal(format!("the job's file as deployed no longer reads as TOML: {err}"))
+    })
 }
 
 #[cfg(test)]
