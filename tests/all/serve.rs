@@ -20,6 +20,19 @@ pub(crate) fn digest_of(path: &str) -> String {
     tally_core::plugin::digest(&plugin(path))
 }
 
+/// A served local job's committed output lines at `path`: (idempotency
+/// key, the line's key, value) in order.
+pub(crate) fn output_records(path: &std::path::Path) -> Vec<(String, String, serde_json::Value)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|line| {
+            let line: serde_json::Value = serde_json::from_str(line).unwrap();
+            let key = line["idempotency_key"].as_str().unwrap().to_string();
+            (key, line["key"].to_string(), line["value"].clone())
+        })
+        .collect()
+}
+
 /// Writes `lines` as input `file` of `tenant`, in the tenant's input directory.
 pub(crate) fn write_input(host: &ServeHost, tenant: &str, file: &str, lines: &[UsageLine]) {
     append_lines(&host.inputs(tenant).join(file), lines);

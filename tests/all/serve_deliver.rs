@@ -13,19 +13,12 @@ use tally_tests::{expected_totals, final_totals, read_totals, usage_lines};
 
 use crate::deliver::check_applied_once;
 use crate::plugins;
-use crate::serve::{plugin, wait_caught_up, write_input};
+use crate::serve::{output_records, plugin, wait_caught_up, write_input};
 
-/// A served local job's committed output lines: (idempotency key, the
+/// A served local job's committed `totals` lines: (idempotency key, the
 /// line's key, value) in order.
 fn committed_records(host: &ServeHost, job: &str) -> Vec<(String, String, Value)> {
-    let text = std::fs::read_to_string(host.output("acme", job, "totals")).unwrap();
-    text.lines()
-        .map(|line| {
-            let line: Value = serde_json::from_str(line).unwrap();
-            let key = line["idempotency_key"].as_str().unwrap().to_string();
-            (key, line["key"].to_string(), line["value"].clone())
-        })
-        .collect()
+    output_records(&host.output("acme", job, "totals"))
 }
 
 /// Waits until the job's delivery of `totals` has delivered `records`.

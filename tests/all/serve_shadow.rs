@@ -22,7 +22,7 @@ use tally_tests::tally_binary;
 use crate::deliver::check_applied_once;
 use crate::periods::{append_later, run_to_end, write_job};
 use crate::plugins;
-use crate::serve::{cli, plugin};
+use crate::serve::{cli, output_records, plugin};
 
 const PARTITIONS: usize = 5;
 
@@ -36,18 +36,6 @@ fn settled(path: &Path) -> BTreeMap<String, Value> {
         values.insert(line["key"].to_string(), line["value"]["value"].clone());
     }
     values
-}
-
-/// The served job's committed output lines: (idempotency key, key, value).
-fn records(path: &Path) -> Vec<(String, String, Value)> {
-    let text = std::fs::read_to_string(path).unwrap();
-    text.lines()
-        .map(|line| {
-            let line: Value = serde_json::from_str(line).unwrap();
-            let key = line["idempotency_key"].as_str().unwrap().to_string();
-            (key, line["key"].to_string(), line["value"].clone())
-        })
-        .collect()
 }
 
 /// A served period job over the input files `names` (quoted), with `extra`
@@ -202,8 +190,8 @@ fn a_shadow_runs_beside_a_served_job_through_a_kill_and_its_diff_is_exact() {
         let status = acme.status("billing").unwrap();
         diff = status["shadow"]["diff"][0].clone();
         diff["caught_up"] == true
-            && diff["live_records"].as_u64() == Some(records(&live_path).len() as u64)
-            && diff["shadow_records"].as_u64() == Some(records(&shadow_path).len() as u64)
+            && diff["live_records"].as_u64() == Some(output_records(&live_path).len() as u64)
+            && diff["shadow_records"].as_u64() == Some(output_records(&shadow_path).len() as u64)
     });
     assert_eq!(diff["output"], "periods");
     // A period only one version closed (the replay's partitions were
@@ -227,7 +215,7 @@ fn a_shadow_runs_beside_a_served_job_through_a_kill_and_its_diff_is_exact() {
     assert_eq!(status["shadow"]["state"], "running", "{status}");
 
     // The live version is delivered once; the shadow never.
-    let live_records = records(&live_path);
+    let live_records = output_records(&live_path);
     wait_for("the live version's records to be delivered", Duration::from_secs(120), || {
         let delivery = &acme.status("billing").unwrap()["deliveries"][0];
         delivery["delivered"].as_u64() == Some(live_records.len() as u64)

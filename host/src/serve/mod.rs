@@ -290,8 +290,8 @@ impl Host {
         Ok(version)
     }
 
-    /// The runtime of a job's shadow: its own metrics and seat in the
-    /// tenant's CPU share, no deliveries.
+    /// The runtime of a job's shadow: its own metrics (`<job>@<version>`)
+    /// and seat in the tenant's CPU share, no deliveries.
     #[allow(clippy::too_many_arguments)]
     fn shadow_runtime(
         &self,
@@ -303,36 +303,28 @@ impl Host {
         record: JobRecord,
         plugin: LoadedPlugin,
     ) -> Arc<JobRuntime> {
-        let metrics = self.metrics.job(tenant, &format!("{name}@{version}"));
-        metrics.set_plugin_info("", plugin.digest());
-        JobRuntime::new(
-            tenant,
-            name,
-            config,
-            dir,
-            record,
-            plugin,
-            metrics,
-            self.cpu.seat(tenant),
-            self.config.log_limits(),
-            Vec::new(),
-        )
+        let parsed = job_spec::ParsedJob { name: name.to_string(), config, deliveries: Vec::new() };
+        let runtime =
+            self.runtime(tenant, &format!("{name}@{version}"), parsed, dir, record, plugin);
+        runtime.metrics.set_plugin_info("", &runtime.status().plugin);
+        runtime
     }
 
-    /// A job's runtime, with its seat in the tenant's CPU share.
+    /// A job's runtime, with its seat in the tenant's CPU share and its
+    /// metrics labelled `metrics_name`.
     fn runtime(
         &self,
         tenant: &str,
-        name: &str,
+        metrics_name: &str,
         parsed: job_spec::ParsedJob,
         dir: JobDir,
         record: JobRecord,
         plugin: LoadedPlugin,
     ) -> Arc<JobRuntime> {
-        let metrics = self.metrics.job(tenant, name);
+        let metrics = self.metrics.job(tenant, metrics_name);
         JobRuntime::new(
             tenant,
-            name,
+            &parsed.name,
             parsed.config,
             dir,
             record,

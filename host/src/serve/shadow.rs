@@ -231,7 +231,7 @@ impl Differ {
             && last.caught_up == (live_done && shadow_done)
         {
             // Nothing new: the same comparison, checked now.
-            return Ok(RunningDiff { checked_at: empty_diff(output).checked_at, ..last.clone() });
+            return Ok(RunningDiff { checked_at: unix_seconds(), ..last.clone() });
         }
         let (live, shadow) = (&sides.live.values, &sides.shadow.values);
         let mut diff = RunningDiff {
@@ -282,9 +282,7 @@ fn shown(value: serde_json::Value) -> serde_json::Value {
 fn empty_diff(output: &str) -> RunningDiff {
     RunningDiff {
         output: output.to_string(),
-        checked_at: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs()),
+        checked_at: unix_seconds(),
         caught_up: false,
         live_records: 0,
         shadow_records: 0,
@@ -297,4 +295,11 @@ fn empty_diff(output: &str) -> RunningDiff {
         examples: Vec::new(),
         error: None,
     }
+}
+
+/// Seconds since the Unix epoch, now.
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
 }
