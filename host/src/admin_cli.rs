@@ -155,6 +155,31 @@ pub fn discard(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `tally plugin promote`
+pub fn promote(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
+    let promoted: tally_host::serve::wire::Promoted = client(admin).promote_shadow(job)?;
+    if json {
+        return print_json(&promoted);
+    }
+    println!(
+        "promoted the shadow of `{job}`: {} is live (was {}); its plugin is the job's",
+        promoted.version, promoted.from
+    );
+    for delivery in &promoted.deliveries {
+        println!(
+            "delivery {} ({} to {}): {} correcting records for values already billed, {} records never billed, {} billed periods {} has not written yet (their first record adjusts the billed value); sent first",
+            delivery.delivery,
+            delivery.from,
+            promoted.version,
+            delivery.adjustments,
+            delivery.never_billed,
+            delivery.waiting,
+            promoted.version
+        );
+    }
+    Ok(())
+}
+
 /// `tally plugin history`
 pub fn history(admin: &Admin, job: &str, json: bool) -> anyhow::Result<()> {
     let versions: Vec<PluginVersion> = client(admin).history(job)?;
@@ -209,11 +234,12 @@ fn print_status(status: &JobStatus, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(status);
     }
-    let fields: [(&str, Option<String>); 19] = [
+    let fields: [(&str, Option<String>); 20] = [
         ("name", Some(status.name.clone())),
         ("mode", Some(wire_name(&status.mode))),
         ("state", Some(wire_name(&status.state))),
         ("restore", status.restore.map(|restore| restore.to_string())),
+        ("version", Some(status.output_version.clone()).filter(|version| !version.is_empty())),
         ("plugin", Some(status.plugin.clone())),
         ("pending_plugin", status.pending_plugin.clone()),
         ("on_trial", status.on_trial.clone()),

@@ -191,6 +191,11 @@ impl AdminClient {
         self.typed("DELETE", &format!("/v1/jobs/{job}/shadow"), None)
     }
 
+    /// Promotes a job's shadow to its live version: [`Promoted`](crate::serve::wire::Promoted) (or the JSON itself, as `serde_json::Value`).
+    pub fn promote_shadow<T: DeserializeOwned>(&self, job: &str) -> Result<T, ClientError> {
+        self.typed("POST", &format!("/v1/jobs/{job}/promote"), None)
+    }
+
     /// Changes a job's deliveries in place to the `[[deliver]]` sections of
     /// `deliver` (TOML): its [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
     pub fn set_deliveries<T: DeserializeOwned>(

@@ -6,17 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Args, Subcommand};
-use tally_deliver::ledger::Ledger;
 use tally_deliver::resolve::{Inbox, Resolution, Verdict};
-use tally_deliver::settings::Target;
 use tally_deliver::{DeliverSettings, Positions, RunOptions};
-use tally_host::config::{JobConfig, Mode};
-use tally_host::deliver_kafka::default_ledger_topic;
-use tally_host::delivery::committed_output;
-use tally_host::promote::{self, Corrections, Rebased, Switch};
-use tally_host::versions::Version;
+use tally_host::config::JobConfig;
+use tally_host::promotion::{self, Reading};
 
 /// `tally deliver`'s arguments.
 #[derive(Args)]
@@ -95,29 +90,16 @@ pub fn deliver(
             let job = JobConfig::from_file(&settings.job).with_context(|| {
                 format!("reading the job of this delivery, `{}`", settings.job.display())
             })?;
-            // The ledger's topic is the delivery's, whichever version it reads.
-            if matches!(job.mode, Mode::Kafka(_)) {
-                settings.ledger_topic.get_or_insert_with(|| {
-                    default_ledger_topic(&job.settings.name, &settings.output)
-                });
-            }
             let stop = stop()?;
             let options = RunOptions { until_caught_up: args.until_caught_up };
-            let Some(switch) = switched(&file, &job, &mut settings, &stop)? else {
+            let name = format!("`{}`", file.display());
+            let reading = promotion::finish_switch(&name, &job, &mut settings, &stop)?;
+            if let Reading::Interrupted = reading {
+                println!("stopped while sending the corrections of a switch; the next run goes on");
                 return Ok(());
-            };
-            let live = match &switch {
-                Some(switch) => Version::parse(&switch.to)?.of(&job),
-                None => job.clone(),
-            };
-            let (mut source, mirror) = committed_output(&live, &mut settings)?;
-            let summary = match &switch {
-                Some(switch) if !switch.rebase.is_empty() => {
-                    let mut rebased = Rebased { inner: source.as_mut(), rebase: &switch.rebase };
-                    tally_deliver::run(&settings, &mut rebased, mirror, stop, options)?
-                }
-                _ => tally_deliver::run(&settings, source.as_mut(), mirror, stop, options)?,
-            };
+            }
+            let (mut source, mirror) = promotion::live_output(&job, &mut settings, &reading)?;
+            let summary = tally_deliver::run(&settings, source.as_mut(), mirror, stop, options)?;
             println!(
                 "delivered {}, dead-lettered {}, waiting as unknown {}; positions {}",
                 summary.delivered,
@@ -128,81 +110,6 @@ pub fn deliver(
             Ok(())
         }
     }
-}
-
-/// The switch this delivery reads under: `Ok(Some(None))` for a delivery
-/// of v1 never switched, `Ok(Some(Some(switch)))` after a promotion,
-/// `Ok(None)` when stopped while finishing a switch. A switch a promotion
-/// left for the live version is finished first: its corrections delivered
-/// (through the delivery's own ledger, as partition
-/// [`promote::CORRECTIONS_PARTITION`]) until each is settled, then the
-/// positions moved to where the new version's output starts, then it
-/// becomes the delivery's switch. A switch left by a promotion that did
-/// not happen (its version is not live) waits.
-fn switched(
-    file: &Path,
-    job: &JobConfig,
-    settings: &mut DeliverSettings,
-    stop: &Arc<AtomicBool>,
-) -> anyhow::Result<Option<Option<Switch>>> {
-    let live = promote::live_version(job)?.to_string();
-    let current = promote::read_switch(&settings.state_dir)?;
-    let reading = current.as_ref().map_or("v1", |switch| switch.to.as_str()).to_string();
-    if reading == live {
-        return Ok(Some(current));
-    }
-    let next = promote::read_next_switch(&settings.state_dir)?;
-    let Some(switch) = next.filter(|next| next.to == live && next.from == reading) else {
-        bail!(
-            "job `{}` was promoted to {live}, and this delivery reads {reading} with no switch to {live}: run `tally promote {} --version {live} --deliver {}` with the deliverer stopped",
-            job.settings.name,
-            settings.job.display(),
-            file.display()
-        );
-    };
-    if matches!(settings.target, Target::Postgres(_)) {
-        bail!("this build switches HTTP deliveries only");
-    }
-    // The corrections' entries are mirrored as the delivery's others are.
-    let (_, mirror) = committed_output(&Version::parse(&switch.from)?.of(job), settings)?;
-    let mut corrections = Corrections::new(&switch);
-    let summary = tally_deliver::run(
-        settings,
-        &mut corrections,
-        mirror.clone(),
-        stop.clone(),
-        RunOptions { until_caught_up: true },
-    )?;
-    if summary.unknown > 0 {
-        bail!(
-            "{} corrections of the switch to {live} wait as unknown: settle them (`tally deliver unknown {}`, then `tally deliver resolve`), then run again",
-            summary.unknown,
-            file.display()
-        );
-    }
-    // A run caught up has every correction settled; one stopped by a signal not.
-    let settled = summary.positions.get(&promote::CORRECTIONS_PARTITION).copied().unwrap_or(0);
-    if settled < switch.corrections.len() as u64 {
-        println!(
-            "stopped while sending the corrections of the switch to {live}; the next run goes on"
-        );
-        return Ok(None);
-    }
-    let ledger_dir = settings.state_dir.join("ledger");
-    let ledger = match mirror {
-        Some(mirror) => Ledger::open_mirrored(&ledger_dir, mirror)?,
-        None => Ledger::open(&ledger_dir)?,
-    };
-    ledger.set_positions(&switch.positions)?;
-    ledger.sync()?;
-    ledger.mirror_flush()?;
-    drop(ledger);
-    promote::finish_switch(&settings.state_dir)?;
-    println!(
-        "switched to {live}: {} corrections delivered, dead-lettered {}; now delivering {live}'s output",
-        summary.delivered, summary.failed
-    );
-    Ok(Some(Some(switch)))
 }
 
 /// Positions as `partition:offset`, in partition order.

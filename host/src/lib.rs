@@ -7,7 +7,7 @@
 //! - Where a delivery (`tally deliver`, a served job's `[[deliver]]`)
 //!   reads a job's committed output from: [`delivery`], [`deliver_kafka`].
 //! - Output versions (`tally replay`, `tally diff`, `tally promote`):
-//!   [`versions`], [`diff`], [`replay_start`], [`promote`].
+//!   [`versions`], [`diff`], [`replay_start`], [`promote`], [`promotion`].
 //! - `/metrics` for the one job `tally run` runs: [`run_metrics`].
 //!
 //! The dependencies point one way: the `tally` binary → [`serve`] → the
@@ -36,6 +36,7 @@ pub mod diff;
 pub mod job;
 mod metrics;
 pub mod promote;
+pub mod promotion;
 pub mod replay_start;
 pub mod run_metrics;
 pub mod serve;

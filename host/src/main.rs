@@ -274,6 +274,18 @@ enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Make a job's shadow its live version: its plugin becomes the job's,
+    /// and each delivery switches to its outputs without billing anyone
+    /// twice (one correcting ADJUSTMENT per period whose billed value it
+    /// changes).
+    ///
+    /// Example: tally plugin promote billing
+    Promote {
+        job: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// List every plugin version pushed to a job.
     History {
         job: String,
@@ -390,6 +402,9 @@ fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
         }
         Command::Plugin(PluginCommand::Discard { job, json }) => {
             admin_cli::discard(admin, &job, json)
+        }
+        Command::Plugin(PluginCommand::Promote { job, json }) => {
+            admin_cli::promote(admin, &job, json)
         }
         Command::Plugin(PluginCommand::History { job, json }) => {
             admin_cli::history(admin, &job, json)

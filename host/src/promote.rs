@@ -411,14 +411,14 @@ impl Source for Corrections {
 
 /// The new version's output after a switch, its records of billed
 /// periods rebased where the switch says (the receiver's numbering goes on).
-pub struct Rebased<'a> {
+pub struct Rebased {
     /// The output.
-    pub inner: &'a mut dyn Source,
+    pub inner: Box<dyn Source>,
     /// Per key (canonical JSON), the rebase.
-    pub rebase: &'a BTreeMap<String, Rebase>,
+    pub rebase: BTreeMap<String, Rebase>,
 }
 
-impl Source for Rebased<'_> {
+impl Source for Rebased {
     fn start(&mut self, positions: &Positions) -> Result<(), SourceError> {
         self.inner.start(positions)
     }
@@ -470,7 +470,7 @@ impl Source for Rebased<'_> {
 /// Refuses a promotion while a record of the delivery may have reached
 /// the receiver without being settled: its outcome decides what the
 /// receiver was billed.
-pub fn check_settled(delivered: &Delivered, file: &Path) -> anyhow::Result<()> {
+pub fn check_settled(delivered: &Delivered, name: &str) -> anyhow::Result<()> {
     let unsettled: Vec<&String> = delivered
         .entries
         .iter()
@@ -482,12 +482,11 @@ pub fn check_settled(delivered: &Delivered, file: &Path) -> anyhow::Result<()> {
         .collect();
     if !unsettled.is_empty() {
         bail!(
-            "delivery `{}` has records that may have reached the receiver and are not settled (first: {}); the \
-             promotion must know what was billed: run `tally deliver --until-caught-up {}` (and `tally deliver resolve` \
-             for those waiting as unknown), then promote",
-            file.display(),
+            "delivery {name} has records that may have reached the receiver and are not settled (first: {}); the \
+             promotion must know what was billed: let the delivery catch up (`tally deliver --until-caught-up`) and \
+             settle those waiting as unknown (`tally deliver resolve`; for a served job \
+             `POST /v1/jobs/<job>/deliveries/<output>/resolve`), then promote",
             unsettled.iter().map(|key| format!("{key:?}")).collect::<Vec<_>>().join(", "),
-            file.display()
         );
     }
     Ok(())
@@ -664,8 +663,8 @@ mod tests {
                 idempotency_key: "k".into(),
             }],
         };
-        let mut inner = Corrections::new(&switch);
-        let mut rebased = Rebased { inner: &mut inner, rebase: &switch.rebase };
+        let inner = Corrections::new(&switch);
+        let mut rebased = Rebased { inner: Box::new(inner), rebase: switch.rebase.clone() };
         rebased.start(&Positions::new()).unwrap();
         let lines = rebased.read(10).unwrap();
         let Payload::Json(bytes) = &lines[0].payload else { panic!("a JSON line") };

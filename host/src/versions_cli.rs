@@ -2,7 +2,6 @@
 //! again into a version of its own, two versions' outputs compared, and
 //! the versions a job has (see `docs/versions.md`).
 
-use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -11,14 +10,11 @@ use anyhow::{Context, bail};
 use clap::Args;
 use tally_core::lock::DirLock;
 use tally_deliver::DeliverSettings;
-use tally_deliver::ledger::Ledger;
-use tally_deliver::settings::Target;
 use tally_host::config::{JobConfig, Mode, plugin_config_json};
-use tally_host::deliver_kafka::default_ledger_topic;
-use tally_host::delivery::committed_output;
 use tally_host::delivery::output_source;
-use tally_host::diff::{compare, read_records, read_values};
-use tally_host::promote::{self, Delivered, Live, Switch};
+use tally_host::diff::{compare, read_values};
+use tally_host::promote;
+use tally_host::promotion::{self, DeliveryToSwitch};
 use tally_host::replay_start;
 use tally_host::versions::Version;
 
@@ -201,7 +197,7 @@ pub struct PromoteArgs {
 
 /// Runs `tally promote`: the version becomes live, and each delivery named
 /// gets its next switch, from the version it reads (see
-/// `tally_host::promote`). Neither version may run meanwhile, nor the
+/// `tally_host::promotion`). Neither version may run meanwhile, nor the
 /// deliveries. Promoting the live version again switches the deliveries
 /// named that still read an older one.
 pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
@@ -222,6 +218,7 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
     }
     // Each delivery: the version it reads now, checked before anything is read.
     let mut deliveries = Vec::new();
+    let mut versions = vec![live, to];
     for file in &args.deliveries {
         let settings = DeliverSettings::from_file(file)?;
         if settings.job.canonicalize().ok() != args.job.canonicalize().ok() {
@@ -232,21 +229,10 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
                 args.job.display()
             );
         }
-        if matches!(settings.target, Target::Postgres(_)) {
-            bail!(
-                "delivery `{}` writes into PostgreSQL; this build switches HTTP deliveries only",
-                file.display()
-            );
-        }
-        let reading = Version::parse(&promote::reading(&settings.state_dir)?)?;
-        if reading == to {
-            bail!("delivery `{}` already reads {to}", file.display());
-        }
-        deliveries.push((file.clone(), settings, reading));
+        versions.push(Version::parse(&promote::reading(&settings.state_dir)?)?);
+        deliveries.push(DeliveryToSwitch { name: format!("`{}`", file.display()), settings });
     }
     // No version read runs meanwhile: their outputs stand still.
-    let mut versions: Vec<Version> = deliveries.iter().map(|(_, _, reading)| *reading).collect();
-    versions.extend([live, to]);
     versions.sort();
     versions.dedup();
     let mut locks = Vec::new();
@@ -258,124 +244,27 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
         })?;
         locks.push(lock);
     }
-    let to_job = to.of(&job);
-    let view = tempfile::tempdir().context("creating a directory for views of the job's state")?;
-    let reader = |config: &JobConfig| {
-        format!("tally-promote-{}-{}", config.settings.name, std::process::id())
-    };
-    let read = |config: &JobConfig, output: &str, view: &std::path::Path| {
-        let mut records = Vec::new();
-        let mut source = output_source(config, output, view, &reader(config))?;
-        let positions = read_records(source.as_mut(), |record| records.push(record))
-            .with_context(|| format!("reading output {output:?} of {}", config.settings.name))?;
-        anyhow::Ok((records, positions))
-    };
-
-    let mut switches = Vec::new();
-    for (index, (file, mut settings, reading)) in deliveries.into_iter().enumerate() {
-        let from_job = reading.of(&job);
-        // The ledger's topic is the delivery's, whichever version it reads.
-        if matches!(job.mode, Mode::Kafka(_)) {
-            settings
-                .ledger_topic
-                .get_or_insert_with(|| default_ledger_topic(name, &settings.output));
-        }
-        let (_, mirror) = committed_output(&from_job, &mut settings)?;
-        let ledger_dir = settings.state_dir.join("ledger");
-        let ledger = match mirror {
-            Some(mirror) => Ledger::open_mirrored(&ledger_dir, mirror),
-            None => Ledger::open(&ledger_dir),
-        }
-        .with_context(|| {
-            format!("opening delivery `{}`'s ledger: stop `tally deliver` first", file.display())
-        })?;
-        let delivered = Delivered {
-            positions: ledger.positions()?,
-            entries: ledger.entries()?.into_iter().collect(),
-            dead_letters: dead_letter_keys(&settings.dead_letters)?,
-        };
-        promote::check_settled(&delivered, &file)?;
-        let (old, _) =
-            read(&from_job, &settings.output, &view.path().join(format!("old-{index}")))?;
-        let (new, positions) =
-            read(&to_job, &settings.output, &view.path().join(format!("new-{index}")))?;
-        let earlier = promote::read_switch(&settings.state_dir)?;
-        let switch = promote::plan_switch(
-            (&reading.to_string(), &to.to_string()),
-            earlier.as_ref(),
-            &old,
-            &delivered,
-            &new,
-            positions,
-        );
-        // Held until the pointer is written: no deliverer starts meanwhile.
-        switches.push(PendingSwitch { file, settings, switch, _ledger: ledger });
-    }
-    for pending in &switches {
-        let path = promote::next_switch_path(&pending.settings.state_dir);
-        promote::write_whole(&path, &pending.switch)?;
-    }
+    let summaries = promotion::promote(&job, to, deliveries)?;
     if to != live {
-        let mut outputs = BTreeMap::new();
-        for (index, output) in to_job.settings.outputs.iter().enumerate() {
-            let (_, positions) = read(&to_job, output, &view.path().join(format!("end-{index}")))?;
-            outputs.insert(output.clone(), positions);
-        }
-        let pointer = Live {
-            version: to.to_string(),
-            from: live.to_string(),
-            promoted_at: jiff::Timestamp::now().to_string(),
-            outputs,
-        };
-        promote::write_whole(&promote::live_path(&job), &pointer)?;
         println!(
             "job `{name}`: {to} is live (was {live}); `tally run {}` runs it",
             args.job.display()
         );
     }
-    for pending in &switches {
-        let switch = &pending.switch;
-        let marker = format!("/promotion-{}", switch.number);
-        let adjustments = switch
-            .corrections
-            .iter()
-            .filter(|correction| correction.idempotency_key.ends_with(&marker))
-            .count();
-        let waiting = switch.rebase.values().filter(|rebase| rebase.previous.is_some()).count();
+    for summary in &summaries {
         println!(
-            "delivery `{}` ({} to {to}): {adjustments} correcting records for values already billed, {} records never billed, \
-             {waiting} billed periods {to} has not written yet (their first record will adjust the billed value); \
+            "delivery {} ({} to {to}): {} correcting records for values already billed, {} records never billed, \
+             {} billed periods {to} has not written yet (their first record will adjust the billed value); \
              `tally deliver {}` sends them first",
-            pending.file.display(),
-            switch.from,
-            switch.corrections.len() - adjustments,
-            pending.file.display()
+            summary.delivery,
+            summary.from,
+            summary.adjustments,
+            summary.never_billed,
+            summary.waiting,
+            summary.delivery.trim_matches('`'),
         );
     }
     Ok(())
-}
-
-/// A delivery's switch waiting to be written, with its ledger held open.
-struct PendingSwitch {
-    file: PathBuf,
-    settings: DeliverSettings,
-    switch: Switch,
-    _ledger: Ledger,
-}
-
-/// The idempotency keys in a delivery's dead-letter file (none if it has
-/// none yet).
-fn dead_letter_keys(path: &std::path::Path) -> anyhow::Result<HashSet<String>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(HashSet::new()),
-        Err(err) => return Err(err).with_context(|| format!("reading `{}`", path.display())),
-    };
-    Ok(text
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter_map(|line| line["idempotency_key"].as_str().map(str::to_string))
-        .collect())
 }
 
 /// Where `job` keeps its state.

@@ -31,5 +31,6 @@ mod scaffold;
 mod serve;
 mod serve_deliver;
 mod serve_kafka;
+mod serve_promote;
 mod serve_shadow;
 mod versions;

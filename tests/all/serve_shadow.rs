@@ -24,11 +24,11 @@ use crate::periods::{append_later, run_to_end, write_job};
 use crate::plugins;
 use crate::serve::{cli, output_records, plugin};
 
-const PARTITIONS: usize = 5;
+pub(crate) const PARTITIONS: usize = 5;
 
 /// The last `value` per key of a period output file (a period's FINAL with
 /// its ADJUSTMENTs applied), read by the test itself.
-fn settled(path: &Path) -> BTreeMap<String, Value> {
+pub(crate) fn settled(path: &Path) -> BTreeMap<String, Value> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let mut values = BTreeMap::new();
     for line in text.lines() {
@@ -41,7 +41,7 @@ fn settled(path: &Path) -> BTreeMap<String, Value> {
 /// A served period job over the input files `names` (quoted), with `extra`
 /// sections (its deliveries) before its `[local]` one, whose partitions
 /// are idle after `idle_timeout`.
-fn period_job(names: &[String], extra: &str, idle_timeout: &str) -> String {
+pub(crate) fn period_job(names: &[String], extra: &str, idle_timeout: &str) -> String {
     format!(
         "name = \"billing\"\noutputs = [\"periods\"]\n{extra}\n[local]\ninputs = [{}]\n\
          [periods]\nidle_timeout = {idle_timeout:?}\ntime_zones = {}\n[plugin_config]\n{PLUGIN_CONFIG}\n",
@@ -50,12 +50,17 @@ fn period_job(names: &[String], extra: &str, idle_timeout: &str) -> String {
     )
 }
 
-fn max_calls() -> String {
+pub(crate) fn max_calls() -> String {
     PLUGIN_CONFIG.replace("calls = \"sum\"", "calls = \"max\"")
 }
 
 /// Waits until `read` of the host's files equals `expected`.
-fn wait_settled(host: &ServeHost, what: &str, path: &Path, expected: &BTreeMap<String, Value>) {
+pub(crate) fn wait_settled(
+    host: &ServeHost,
+    what: &str,
+    path: &Path,
+    expected: &BTreeMap<String, Value>,
+) {
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
     loop {
         let found = settled(path);
@@ -357,7 +362,7 @@ fn the_cli_starts_and_discards_a_shadow_and_one_that_cannot_run_leaves_the_live_
     }
 }
 
-fn base64_of(bytes: &[u8]) -> String {
+pub(crate) fn base64_of(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }

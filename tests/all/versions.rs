@@ -14,7 +14,7 @@ use tally_tests::tally_binary;
 use crate::periods::{run_to_end, write_job};
 
 /// Runs `tally <args>`: its stdout, or the test fails with its stderr.
-fn tally(args: &[&str]) -> String {
+pub(crate) fn tally(args: &[&str]) -> String {
     let output = Command::new(tally_binary()).args(args).output().unwrap();
     assert!(output.status.success(), "tally {args:?}: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8(output.stdout).unwrap()
@@ -281,9 +281,14 @@ fn a_kafka_replay_starts_at_a_time_or_at_offsets_and_only_when_the_version_first
     assert!(err.contains("which has 2 partitions"), "{err}");
 }
 
+/// Per period, the records a receiver applied: see [`billed`].
+pub(crate) type Billed = BTreeMap<String, Vec<(String, Value)>>;
+
 /// What a receiver applied, per period (`customer/metric/period`): the
 /// bodies in the order it applied them, each with its idempotency key.
-fn billed(receiver: &tally_tests::receiver::Receiver) -> BTreeMap<String, Vec<(String, Value)>> {
+pub(crate) fn billed(
+    receiver: &tally_tests::receiver::Receiver,
+) -> BTreeMap<String, Vec<(String, Value)>> {
     receiver.seen(|seen| {
         let mut applied: Vec<(&String, &(Vec<u8>, u64))> = seen.applied.iter().collect();
         applied.sort_by_key(|(_, (_, order))| *order);
@@ -297,7 +302,9 @@ fn billed(receiver: &tally_tests::receiver::Receiver) -> BTreeMap<String, Vec<(S
 }
 
 /// Per period, the last value a receiver applied.
-fn billed_values(periods: &BTreeMap<String, Vec<(String, Value)>>) -> BTreeMap<String, Value> {
+pub(crate) fn billed_values(
+    periods: &BTreeMap<String, Vec<(String, Value)>>,
+) -> BTreeMap<String, Value> {
     periods
         .iter()
         .map(|(period, bodies)| (period.clone(), bodies.last().unwrap().1["value"].clone()))
@@ -310,7 +317,7 @@ fn period_of(value: &Value) -> String {
 }
 
 /// The settled value per period of a local output file, keyed as [`billed`] keys them.
-fn settled_periods(path: &Path) -> BTreeMap<String, Value> {
+pub(crate) fn settled_periods(path: &Path) -> BTreeMap<String, Value> {
     last_values(path, |line| period_of(&line["value"]))
 }
 
@@ -331,9 +338,36 @@ fn assert_holds(held: &BTreeMap<String, Value>, expected: &BTreeMap<String, Valu
     assert!(differ.is_empty(), "{what}: {differ:#?}");
 }
 
+/// What the receiver applied between `before` and `after`: for each
+/// period in `changed`, one ADJUSTMENT from the value billed to `now`'s,
+/// the billed version + 1, under an idempotency key with `key` (prefix,
+/// suffix); nothing for the other periods.
+pub(crate) fn assert_corrected_once(
+    (before, after): (&Billed, &Billed),
+    changed: &[&String],
+    now: &BTreeMap<String, Value>,
+    (prefix, suffix): (&str, &str),
+) {
+    for (period, bodies) in after {
+        let new = &bodies[before[period].len()..];
+        if !changed.contains(&period) {
+            assert!(new.is_empty(), "{period}: unchanged, yet billed again: {new:?}");
+            continue;
+        }
+        assert_eq!(new.len(), 1, "{period}: one correction: {new:?}");
+        let (key, correction) = &new[0];
+        let billed_before = &before[period].last().unwrap().1;
+        assert!(key.starts_with(prefix) && key.ends_with(suffix), "{key}");
+        assert_eq!(correction["type"], "adjustment");
+        assert_eq!(correction["previous"], billed_before["value"], "{period}");
+        assert_eq!(correction["value"], now[period], "{period}");
+        assert_eq!(correction["version"], billed_before["version"].as_i64().unwrap() + 1);
+    }
+}
+
 /// Each period's records, as the receiver applied them, are one chain:
 /// versions 1, 2, 3… and each ADJUSTMENT's `previous` the value before it.
-fn chain_holds(periods: &BTreeMap<String, Vec<(String, Value)>>) {
+pub(crate) fn chain_holds(periods: &BTreeMap<String, Vec<(String, Value)>>) {
     for (period, bodies) in periods {
         for (number, (key, body)) in bodies.iter().enumerate() {
             assert_eq!(
@@ -428,21 +462,7 @@ fn a_promotion_corrects_each_changed_period_once_through_kills_and_bills_nothing
     let kills = deliver_with_kills(&delivery, 3, 40, &mut || posts(&receiver), &mut |_, _, _| {});
     assert!(kills >= 1, "no kill landed during the switch");
     let after = billed(&receiver);
-    for (period, bodies) in &after {
-        let new = &bodies[before[period].len()..];
-        if !changed.contains(&period) {
-            assert!(new.is_empty(), "{period}: unchanged, yet billed again: {new:?}");
-            continue;
-        }
-        assert_eq!(new.len(), 1, "{period}: one correction: {new:?}");
-        let (key, correction) = &new[0];
-        let billed_before = &before[period].last().unwrap().1;
-        assert!(key.starts_with("billing.v2/") && key.ends_with("/promotion-1"), "{key}");
-        assert_eq!(correction["type"], "adjustment");
-        assert_eq!(correction["previous"], billed_before["value"], "{period}");
-        assert_eq!(correction["value"], v2[period], "{period}");
-        assert_eq!(correction["version"], billed_before["version"].as_i64().unwrap() + 1);
-    }
+    assert_corrected_once((&before, &after), &changed, &v2, ("billing.v2/", "/promotion-1"));
     assert_eq!(billed_values(&after), v2, "the receiver holds v2's values");
 
     // v2 goes on as the live version: its later records reach the receiver

@@ -12,6 +12,7 @@
 //! | `POST /v1/jobs/<job>/plugin/rollback`   | go back to the previous version       |
 //! | `POST /v1/jobs/<job>/shadow`            | run a candidate beside the job `{"plugin": base64}` |
 //! | `DELETE /v1/jobs/<job>/shadow`          | discard the job's shadow              |
+//! | `POST /v1/jobs/<job>/promote`           | make the job's shadow its live version |
 //! | `GET /v1/jobs/<job>/state?key=<key>`    | one committed state value             |
 //! | `GET /metrics`                          | Prometheus metrics (`metrics_token`)  |
 //! | `GET /healthz`                          | `ok`, no token needed                 |
@@ -243,6 +244,7 @@ fn router(api: Api) -> Router {
         .route("/v1/jobs/{job}/plugin/history", get(history))
         .route("/v1/jobs/{job}/plugin/rollback", post(rollback))
         .route("/v1/jobs/{job}/shadow", post(start_shadow).delete(discard_shadow))
+        .route("/v1/jobs/{job}/promote", post(promote_shadow))
         .route("/v1/jobs/{job}/state", get(state))
         .route("/v1/jobs/{job}/deliveries", put(set_deliveries))
         .route("/v1/jobs/{job}/deliveries/{output}/unknown", get(unknown))
@@ -511,6 +513,14 @@ async fn discard_shadow(
     Path(job): Path<String>,
 ) -> Result<Response, ApiError> {
     Ok(json(StatusCode::OK, &api.run(move |host| host.discard_shadow(&tenant, &job)).await?))
+}
+
+async fn promote_shadow(
+    State(api): State<Api>,
+    Tenant(tenant): Tenant,
+    Path(job): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &api.run(move |host| host.promote_shadow(&tenant, &job)).await?))
 }
 
 async fn history(

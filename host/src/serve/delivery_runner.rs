@@ -15,7 +15,7 @@ use tally_deliver::status::UnknownRecord;
 use tally_deliver::{DeliverSettings, RunOptions};
 
 use crate::config::JobConfig;
-use crate::delivery::committed_output;
+use crate::promotion::{self, Reading};
 
 /// A status read from the ledger is reused for this long: reading it
 /// opens a view of the ledger and walks its entries.
@@ -78,7 +78,8 @@ impl DeliveryRunner {
         &self.settings.output
     }
 
-    /// Starts its thread, which delivers `job`'s committed output until
+    /// Starts its thread, which delivers the committed output of `job` (as
+    /// its file describes it: the live version's, after a promotion) until
     /// [`DeliveryRunner::stop`]; `redact` takes the host's paths out of
     /// what a tenant sees.
     pub fn start(
@@ -116,7 +117,13 @@ impl DeliveryRunner {
             let started = Instant::now();
             let attempt = std::panic::AssertUnwindSafe(|| {
                 let mut settings = self.settings.clone();
-                let (mut source, mirror) = committed_output(job, &mut settings)?;
+                // A switch a promotion left is finished first.
+                let name = format!("of output {:?}", settings.output);
+                let reading = promotion::finish_switch(&name, job, &mut settings, &self.stop)?;
+                if let Reading::Interrupted = reading {
+                    return anyhow::Ok(());
+                }
+                let (mut source, mirror) = promotion::live_output(job, &mut settings, &reading)?;
                 tally_deliver::run(
                     &settings,
                     source.as_mut(),

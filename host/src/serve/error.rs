@@ -59,6 +59,12 @@ pub enum ServeError {
         /// Why.
         reason: String,
     },
+    /// A promotion of the job's shadow cannot be finished.
+    #[error("the promotion of its shadow cannot be finished: {reason}")]
+    Promotion {
+        /// Why.
+        reason: String,
+    },
     /// A job's record names no active plugin version.
     #[error("its record names no active plugin version; delete the job and deploy it again")]
     NoActiveVersion,

@@ -12,6 +12,7 @@ pub mod delivery_runner;
 pub mod delivery_spec;
 pub mod error;
 pub mod job_spec;
+mod promotion;
 pub mod registry;
 pub mod runner;
 pub mod shadow;
@@ -213,7 +214,11 @@ impl Host {
     }
 
     fn resume_job(&self, tenant: &str, name: &str, dir: JobDir) -> Result<(), ServeError> {
+        // A promotion of its shadow cut short after its commit point.
+        self.adopt_promoted_shadow(tenant, &dir)?;
         let parsed = self.read_job_file(tenant, &dir)?;
+        let version = crate::promote::live_version(&parsed.config)
+            .map_err(|err| ServeError::Promotion { reason: format!("{err:#}") })?;
         let mut record = dir.read_record()?;
         let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
         let plugin = self.load_version(tenant, &dir, &active.digest)?;
@@ -232,7 +237,7 @@ impl Host {
                 }
             }
         }
-        let runtime = self.runtime(tenant, name, parsed, dir, record, plugin);
+        let runtime = self.runtime(tenant, name, version, parsed, dir, record, plugin);
         runtime.metrics.set_plugin_info("", &active.digest);
         if let Some(plugin) = pending {
             runtime.offer(plugin);
@@ -262,24 +267,17 @@ impl Host {
             .map_err(ServeError::file("read", &version_file))?;
         let version = Version::parse(version.trim())
             .map_err(|err| ServeError::Shadow { reason: err.to_string() })?;
-        if version == Version::LIVE {
+        if version == Version::LIVE || version == job.version {
             return Err(ServeError::Shadow {
-                reason: "its version file names the live version (v1)".to_string(),
+                reason: format!("its version file names the live version ({version})"),
             });
         }
         let parsed = self.read_job_file(tenant, &dir)?;
         let record = dir.read_record()?;
         let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
         let plugin = self.load_version(tenant, &dir, &active.digest)?;
-        let runtime = self.shadow_runtime(
-            tenant,
-            name,
-            version,
-            self.shadow_config(version, &parsed.config),
-            dir,
-            record,
-            plugin,
-        );
+        let runtime =
+            self.shadow_runtime(tenant, name, version, parsed.config, dir, record, plugin);
         let shadow = Shadow::start(version, runtime, job.config.clone());
         if let Err(reason) = job.set_shadow(shadow.clone()) {
             shadow.join();
@@ -304,28 +302,39 @@ impl Host {
         plugin: LoadedPlugin,
     ) -> Arc<JobRuntime> {
         let parsed = job_spec::ParsedJob { name: name.to_string(), config, deliveries: Vec::new() };
-        let runtime =
-            self.runtime(tenant, &format!("{name}@{version}"), parsed, dir, record, plugin);
+        let runtime = self.runtime(
+            tenant,
+            &format!("{name}@{version}"),
+            version,
+            parsed,
+            dir,
+            record,
+            plugin,
+        );
         runtime.metrics.set_plugin_info("", &runtime.status().plugin);
         runtime
     }
 
-    /// A job's runtime, with its seat in the tenant's CPU share and its
-    /// metrics labelled `metrics_name`.
+    /// A job's runtime, running `version` of the job `parsed` describes,
+    /// with its seat in the tenant's CPU share and its metrics labelled
+    /// `metrics_name`.
+    #[allow(clippy::too_many_arguments)]
     fn runtime(
         &self,
         tenant: &str,
         metrics_name: &str,
+        version: Version,
         parsed: job_spec::ParsedJob,
         dir: JobDir,
         record: JobRecord,
         plugin: LoadedPlugin,
     ) -> Arc<JobRuntime> {
         let metrics = self.metrics.job(tenant, metrics_name);
+        let config = self.version_config(version, &parsed.config);
         JobRuntime::new(
             tenant,
             &parsed.name,
-            parsed.config,
+            (version, config, parsed.config),
             dir,
             record,
             plugin,
@@ -537,7 +546,8 @@ impl Host {
                 "the host cannot write job `{name}`'s files (its disk?); nothing was deployed"
             )));
         }
-        let runtime = self.runtime(tenant, name, parsed, dir, record, plugin.clone());
+        let runtime =
+            self.runtime(tenant, name, Version::LIVE, parsed, dir, record, plugin.clone());
         runtime.metrics.set_plugin_info("", plugin.digest());
         let status = runtime.status();
         self.start(tenant, name, runtime);
@@ -787,7 +797,8 @@ impl Host {
             .ok()
             .and_then(|text| text.trim().parse::<u32>().ok())
             .unwrap_or(1);
-        let on_disk = Version::on_disk(&job.config).last().map_or(1, |version| version.number());
+        let on_disk =
+            Version::on_disk(&job.base_config).last().map_or(1, |version| version.number());
         let number = last.max(on_disk) + 1;
         let version = Version::parse(&number.to_string()).map_err(|_| {
             ApiError::new(
@@ -797,7 +808,7 @@ impl Host {
                 ),
             )
         })?;
-        let config = self.shadow_config(version, &parsed.config);
+        let config = self.version_config(version, &parsed.config);
         if let crate::config::Mode::Kafka(kafka) = &config.mode {
             tally_kafka::prepare_topics(&config.settings, kafka).map_err(|err| {
                 let who = if kafka.create_topics {
@@ -839,7 +850,7 @@ impl Host {
                 disk(err)
             })?;
         let runtime =
-            self.shadow_runtime(tenant, name, version, config, dir.clone(), record, plugin);
+            self.shadow_runtime(tenant, name, version, parsed.config, dir.clone(), record, plugin);
         let shadow = Shadow::start(version, runtime, job.config.clone());
         if let Err(reason) = job.set_shadow(shadow.clone()) {
             // The job ended meanwhile (a host shutdown): nothing of it stays.
@@ -861,16 +872,18 @@ impl Host {
         self.config.data_dir.join("versions-used").join(tenant).join(name)
     }
 
-    /// `job` as its shadow `version` runs it: its own names (see
+    /// `job` as its `version` runs it: its own names (see
     /// [`Version::of`]), creating its Kafka topics only where the host lets
     /// tenants create topics.
-    fn shadow_config(
+    fn version_config(
         &self,
         version: Version,
         job: &crate::config::JobConfig,
     ) -> crate::config::JobConfig {
         let mut config = version.of(job);
-        if let crate::config::Mode::Kafka(kafka) = &mut config.mode {
+        if version != Version::LIVE
+            && let crate::config::Mode::Kafka(kafka) = &mut config.mode
+        {
             kafka.create_topics = self.config.kafka_create_topics;
         }
         config
@@ -893,11 +906,11 @@ impl Host {
         {
             failures.push(err.to_string());
         }
-        // Never the live version's: a shadow is v2 or later.
-        if *version == Version::LIVE {
+        // Never the live version's: a shadow is v2 or later, and not live.
+        if *version == Version::LIVE || *version == job.version {
             return failures;
         }
-        let (state_dir, output_dir) = match &version.of(&job.config).mode {
+        let (state_dir, output_dir) = match &version.of(&job.base_config).mode {
             crate::config::Mode::Local(local) => {
                 (local.state_dir.clone(), Some(local.output_dir.clone()))
             }
@@ -957,7 +970,9 @@ impl Host {
                 .ok()
                 .and_then(|text| Version::parse(text.trim()).ok()),
         };
-        let Some(version) = version.filter(|version| *version != Version::LIVE) else {
+        let Some(version) =
+            version.filter(|version| *version != Version::LIVE && *version != job.version)
+        else {
             return Err(ApiError::new(
                 404,
                 format!(

@@ -21,6 +21,7 @@ use tally_core::text::{MAX_REASON_BYTES, sanitize};
 use crate::config::JobConfig;
 use crate::job::{Job, JobError};
 use crate::metrics::JobMetrics;
+use crate::versions::Version;
 use tally_kafka::KafkaJob;
 use tally_local::LocalTask;
 
@@ -42,6 +43,7 @@ impl JobStatus {
             mode: JobMode::Unknown,
             state: JobState::Broken,
             plugin: String::new(),
+            output_version: String::new(),
             pending_plugin: None,
             on_trial: None,
             records: 0,
@@ -72,8 +74,13 @@ pub struct JobRuntime {
     pub tenant: String,
     /// The job's name, as its tenant calls it.
     pub name: String,
-    /// The config the host runs.
+    /// The config the host runs: its live version's (see [`Version::of`]).
     pub config: JobConfig,
+    /// The job as its file describes it (v1's names): its versions and
+    /// deliveries are named from it.
+    pub base_config: JobConfig,
+    /// The version it runs.
+    pub version: Version,
     /// Where its files are.
     pub dir: JobDir,
     /// Where pushed versions wait for the job.
@@ -165,7 +172,7 @@ impl JobRuntime {
     pub fn new(
         tenant: &str,
         name: &str,
-        config: JobConfig,
+        (version, config, base_config): (Version, JobConfig, JobConfig),
         dir: JobDir,
         record: JobRecord,
         plugin: LoadedPlugin,
@@ -196,6 +203,8 @@ impl JobRuntime {
             tenant: tenant.to_string(),
             name: name.to_string(),
             config,
+            base_config,
+            version,
             dir,
             slot: PluginSlot::new(),
             metrics,
@@ -238,7 +247,7 @@ impl JobRuntime {
 
     fn start_delivery(&self, delivery: &Arc<DeliveryRunner>) {
         let redactions = self.redactions.clone();
-        delivery.start(self.config.clone(), &self.tenant, move |message| {
+        delivery.start(self.base_config.clone(), &self.tenant, move |message| {
             redact_paths(message, &redactions)
         });
     }
@@ -265,6 +274,7 @@ impl JobRuntime {
                 state => state,
             },
             plugin: status.plugin.clone(),
+            output_version: self.version.to_string(),
             pending_plugin,
             on_trial: status.on_trial.clone(),
             records: status.records,

@@ -40,6 +40,10 @@ pub struct JobStatus {
     pub state: JobState,
     /// Digest of the plugin version running.
     pub plugin: String,
+    /// The output version live (`v1` unless a shadow was promoted): whose
+    /// state and outputs the job writes.
+    #[serde(default)]
+    pub output_version: String,
     /// A pushed version waiting for its trial, or on it, if any.
     pub pending_plugin: Option<String>,
     /// The version running its trial transaction now, if any.
@@ -179,6 +183,19 @@ pub struct Discarded {
     pub job: String,
     /// The shadow's version, whose state and outputs are gone.
     pub discarded: String,
+}
+
+/// What promoting a shadow answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Promoted {
+    /// The job.
+    pub job: String,
+    /// The version live now (the shadow's).
+    pub version: String,
+    /// The version live before.
+    pub from: String,
+    /// What each delivery's receiver gets first.
+    pub deliveries: Vec<crate::promotion::SwitchSummary>,
 }
 
 /// One partition of a period job, as its status shows it.
