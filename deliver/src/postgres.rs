@@ -182,56 +182,122 @@ impl Target {
                 return Ok(false);
             }
         }
-        if !records.is_empty() {
-            let mut sql = format!(
-                "INSERT INTO {} (idempotency_key, record_key, value, output_partition, output_offset) VALUES ",
-                self.table
-            );
-            let mut values: Vec<(String, String, i32, i64)> = Vec::with_capacity(records.len());
-            for (index, record) in records.iter().enumerate() {
-                let base = index * 5;
-                if index > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push_str(&format!(
-                    "(${}, ${}::text::jsonb, ${}::text::jsonb, ${}, ${})",
-                    base + 1,
-                    base + 2,
-                    base + 3,
-                    base + 4,
-                    base + 5
-                ));
-                let key = if record.order_key.is_empty() {
-                    "null".to_string()
-                } else {
-                    record.order_key.clone()
-                };
-                values.push((
-                    key,
-                    String::from_utf8_lossy(&record.body).into_owned(),
-                    record.partition as i32,
-                    record.offset as i64,
-                ));
-            }
-            sql.push_str(
-                " ON CONFLICT (idempotency_key) DO UPDATE SET record_key = EXCLUDED.record_key, \
-                 value = EXCLUDED.value, output_partition = EXCLUDED.output_partition, \
-                 output_offset = EXCLUDED.output_offset, delivered_at = now()",
-            );
-            let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> =
-                Vec::with_capacity(records.len() * 5);
-            for (record, (key, value, partition, offset)) in records.iter().zip(&values) {
-                params.push(&record.idempotency_key);
-                params.push(key);
-                params.push(value);
-                params.push(partition);
-                params.push(offset);
-            }
-            transaction.execute(&sql, &params)?;
-        }
+        upsert(&mut transaction, &self.table, records)?;
         transaction.commit()?;
         Ok(true)
     }
+}
+
+/// A database failure as the delivery reports it.
+fn failed(failure: DbFailure) -> DeliverError {
+    match failure {
+        DbFailure::Retry(message)
+        | DbFailure::RecordRefused(message)
+        | DbFailure::Fatal(message) => DeliverError::Postgres(message),
+    }
+}
+
+/// The positions delivery `delivery` committed in the database: every
+/// record before them is applied (or dead-lettered).
+pub fn committed_positions(
+    settings: &PostgresSettings,
+    delivery: &str,
+) -> Result<Positions, DeliverError> {
+    Target::connect(settings, delivery).and_then(|mut target| target.positions()).map_err(failed)
+}
+
+/// Moves delivery `delivery` to another output (a promotion's switch), in
+/// one transaction: `records` (the switch's corrections) upserted, and the
+/// delivery's positions replaced by `positions`, where the other output is
+/// read from. It may run again after a lost answer: its records are upserted
+/// by idempotency key, and the positions are set, not moved.
+pub fn switch(
+    settings: &PostgresSettings,
+    delivery: &str,
+    records: &[OutputRecord],
+    positions: &Positions,
+) -> Result<(), DeliverError> {
+    let mut target = Target::connect(settings, delivery).map_err(failed)?;
+    let (delivery, table, table_name) =
+        (target.delivery.clone(), target.table.clone(), target.table_name.clone());
+    let db = |err: postgres::Error| failed(err.into());
+    let mut transaction = target.client.transaction().map_err(db)?;
+    transaction
+        .execute(
+            &format!("DELETE FROM {POSITIONS_TABLE} WHERE delivery = $1 AND target_table = $2"),
+            &[&delivery, &table_name],
+        )
+        .map_err(db)?;
+    for (&partition, &offset) in positions {
+        transaction
+            .execute(
+                &format!(
+                    "INSERT INTO {POSITIONS_TABLE} (delivery, target_table, output_partition, output_offset) \
+                     VALUES ($1, $2, $3, $4)"
+                ),
+                &[&delivery, &table_name, &(partition as i32), &(offset as i64)],
+            )
+            .map_err(db)?;
+    }
+    // Within PostgreSQL's 65,535 parameters a statement.
+    for chunk in records.chunks(1_000) {
+        upsert(&mut transaction, &table, chunk).map_err(db)?;
+    }
+    transaction.commit().map_err(db)
+}
+
+/// Upserts `records` into `table` (quoted) by idempotency key.
+fn upsert(
+    transaction: &mut postgres::Transaction<'_>,
+    table: &str,
+    records: &[OutputRecord],
+) -> Result<(), postgres::Error> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let mut sql = format!(
+        "INSERT INTO {} (idempotency_key, record_key, value, output_partition, output_offset) VALUES ",
+        table
+    );
+    let mut values: Vec<(String, String, i32, i64)> = Vec::with_capacity(records.len());
+    for (index, record) in records.iter().enumerate() {
+        let base = index * 5;
+        if index > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "(${}, ${}::text::jsonb, ${}::text::jsonb, ${}, ${})",
+            base + 1,
+            base + 2,
+            base + 3,
+            base + 4,
+            base + 5
+        ));
+        let key =
+            if record.order_key.is_empty() { "null".to_string() } else { record.order_key.clone() };
+        values.push((
+            key,
+            String::from_utf8_lossy(&record.body).into_owned(),
+            record.partition as i32,
+            record.offset as i64,
+        ));
+    }
+    sql.push_str(
+        " ON CONFLICT (idempotency_key) DO UPDATE SET record_key = EXCLUDED.record_key, \
+             value = EXCLUDED.value, output_partition = EXCLUDED.output_partition, \
+             output_offset = EXCLUDED.output_offset, delivered_at = now()",
+    );
+    let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+        Vec::with_capacity(records.len() * 5);
+    for (record, (key, value, partition, offset)) in records.iter().zip(&values) {
+        params.push(&record.idempotency_key);
+        params.push(key);
+        params.push(value);
+        params.push(partition);
+        params.push(offset);
+    }
+    transaction.execute(&sql, &params)?;
+    Ok(())
 }
 
 /// TLS for `sslmode=require`: the server's certificate verified against

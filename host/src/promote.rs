@@ -383,6 +383,25 @@ impl Corrections {
     }
 }
 
+impl Corrections {
+    /// Its records, as a target reads them (each record's body its value).
+    pub fn records(&self) -> anyhow::Result<Vec<tally_deliver::record::OutputRecord>> {
+        self.lines
+            .iter()
+            .enumerate()
+            .map(|(offset, line)| {
+                tally_deliver::record::OutputRecord::read(
+                    CORRECTIONS_PARTITION,
+                    offset as u64,
+                    &Payload::Json(line.clone()),
+                    tally_deliver::settings::Body::Value,
+                )
+                .map_err(|reason| anyhow::anyhow!("correction {offset} of the switch: {reason}"))
+            })
+            .collect()
+    }
+}
+
 impl Source for Corrections {
     fn start(&mut self, positions: &Positions) -> Result<(), SourceError> {
         let start = positions.get(&CORRECTIONS_PARTITION).map_or(0, |next| *next as usize);

@@ -5,7 +5,7 @@
 //! switch left by a promotion finished before the new version's output is
 //! read (see `docs/versions.md`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -89,11 +89,6 @@ pub fn promote(
 
     let mut switches = Vec::new();
     for (index, DeliveryToSwitch { name, mut settings }) in deliveries.into_iter().enumerate() {
-        if matches!(settings.target, Target::Postgres(_)) {
-            bail!(
-                "delivery {name} writes into PostgreSQL; this build switches HTTP deliveries only"
-            );
-        }
         let reading = Version::parse(&promote::reading(&settings.state_dir)?)?;
         if reading == to {
             bail!("delivery {name} already reads {to}");
@@ -107,10 +102,23 @@ pub fn promote(
             None => Ledger::open(&ledger_dir),
         }
         .with_context(|| format!("opening delivery {name}'s ledger: stop its deliverer first"))?;
-        let delivered = Delivered {
-            positions: ledger.positions()?,
-            entries: ledger.entries()?.into_iter().collect(),
-            dead_letters: dead_letter_keys(&settings.dead_letters)?,
+        let dead_letters = dead_letter_keys(&settings.dead_letters)?;
+        let delivered = match &settings.target {
+            // The database's positions are the truth: every record before
+            // them is applied (or dead-lettered), none after.
+            Target::Postgres(postgres) => Delivered {
+                positions: tally_deliver::postgres::committed_positions(
+                    postgres,
+                    &postgres_delivery(&settings),
+                )?,
+                entries: HashMap::new(),
+                dead_letters,
+            },
+            Target::Http(_) => Delivered {
+                positions: ledger.positions()?,
+                entries: ledger.entries()?.into_iter().collect(),
+                dead_letters,
+            },
         };
         promote::check_settled(&delivered, &name)?;
         let (old, _): (Vec<Record>, _) =
@@ -219,12 +227,22 @@ pub fn finish_switch(
             job.settings.name,
         );
     };
-    if matches!(settings.target, Target::Postgres(_)) {
-        bail!("delivery {name} writes into PostgreSQL; this build switches HTTP deliveries only");
-    }
     // The corrections' entries are mirrored as the delivery's others are.
     let (_, mirror) = committed_output(&Version::parse(&switch.from)?.of(job), settings)?;
     let mut corrections = Corrections::new(&switch);
+    if let Target::Postgres(postgres) = &settings.target {
+        // The corrections and the new positions in one transaction.
+        let records = corrections.records()?;
+        tally_deliver::postgres::switch(
+            postgres,
+            &postgres_delivery(settings),
+            &records,
+            &switch.positions,
+        )?;
+        finish_positions(settings, mirror, &switch)?;
+        tracing::info!(delivery = %name, %live, corrections = records.len(), "switched: the corrections are in the database; now delivering the live version's output");
+        return Ok(Reading::Switched(switch));
+    }
     let summary = tally_deliver::run(
         settings,
         &mut corrections,
@@ -244,6 +262,24 @@ pub fn finish_switch(
         tracing::info!(delivery = %name, %live, "stopped while sending the corrections of a switch; the next run goes on");
         return Ok(Reading::Interrupted);
     }
+    finish_positions(settings, mirror, &switch)?;
+    tracing::info!(
+        delivery = %name,
+        %live,
+        delivered = summary.delivered,
+        dead_lettered = summary.failed,
+        "switched: the corrections are delivered; now delivering the live version's output"
+    );
+    Ok(Reading::Switched(switch))
+}
+
+/// Moves the delivery's ledger to where `switch`'s version is read from,
+/// then makes the switch its current one.
+fn finish_positions(
+    settings: &DeliverSettings,
+    mirror: crate::delivery::MaybeMirror,
+    switch: &Switch,
+) -> anyhow::Result<()> {
     let ledger_dir = settings.state_dir.join("ledger");
     let ledger = match mirror {
         Some(mirror) => Ledger::open_mirrored(&ledger_dir, mirror)?,
@@ -253,15 +289,17 @@ pub fn finish_switch(
     ledger.sync()?;
     ledger.mirror_flush()?;
     drop(ledger);
-    promote::finish_switch(&settings.state_dir)?;
-    tracing::info!(
-        delivery = %name,
-        %live,
-        delivered = summary.delivered,
-        dead_lettered = summary.failed,
-        "switched: the corrections are delivered; now delivering the live version's output"
-    );
-    Ok(Reading::Switched(switch))
+    promote::finish_switch(&settings.state_dir)
+}
+
+/// The name a PostgreSQL delivery's positions are kept under.
+fn postgres_delivery(settings: &DeliverSettings) -> String {
+    match &settings.target {
+        Target::Postgres(postgres) => {
+            postgres.delivery.clone().unwrap_or_else(|| settings.output.clone())
+        }
+        Target::Http(_) => settings.output.clone(),
+    }
 }
 
 /// The live output a delivery reads after [`finish_switch`]: the switch's

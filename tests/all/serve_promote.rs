@@ -23,6 +23,77 @@ use crate::versions::{
     assert_corrected_once, billed, billed_values, chain_holds, settled_periods, tally,
 };
 
+/// The references, by the plain CLI: the live version's outputs (`v1`),
+/// and the history replayed with `calls` metered as the largest quantity
+/// (`v2`, with `config`).
+struct Reference {
+    dir: tempfile::TempDir,
+    job: std::path::PathBuf,
+    config: std::path::PathBuf,
+    v1: std::path::PathBuf,
+    v2: std::path::PathBuf,
+}
+
+impl Reference {
+    fn of(input: &tally_tests::periods::PeriodInput) -> Reference {
+        let dir = tempfile::tempdir().unwrap();
+        let job = write_job(dir.path(), input, "");
+        run_to_end(&job);
+        let config = dir.path().join("max-calls.toml");
+        std::fs::write(&config, max_calls()).unwrap();
+        let (job_arg, config_arg) = (job.to_str().unwrap(), config.to_str().unwrap());
+        tally(&["replay", job_arg, "--version", "v2", "--plugin-config", config_arg]);
+        let v1 = dir.path().join("out/periods.ndjson");
+        let v2 = dir.path().join("out/versions/v2/periods.v2.ndjson");
+        assert_eq!(
+            settled_periods(&v1).keys().collect::<Vec<_>>(),
+            settled_periods(&v2).keys().collect::<Vec<_>>(),
+            "both versions close the same periods"
+        );
+        Reference { dir, job, config, v1, v2 }
+    }
+}
+
+/// Writes `input` as acme's input files; their names, quoted.
+fn write_inputs(host: &ServeHost, input: &tally_tests::periods::PeriodInput) -> Vec<String> {
+    let mut names = Vec::new();
+    for partition in 0..PARTITIONS {
+        let name = format!("usage-{partition}.ndjson");
+        let text: String =
+            input.partitions[partition].iter().map(|line| format!("{}\n", line.line)).collect();
+        std::fs::write(host.inputs("acme").join(&name), text).unwrap();
+        names.push(format!("{name:?}"));
+    }
+    names
+}
+
+/// The periods whose value in `now` differs from the last one billed
+/// (some, not all: the test would prove little otherwise).
+fn changed_periods<'a>(
+    before: &crate::versions::Billed,
+    now: &'a BTreeMap<String, Value>,
+) -> Vec<&'a String> {
+    let changed: Vec<&String> = now
+        .iter()
+        .filter(|(period, value)| before[*period].last().unwrap().1["value"] != **value)
+        .map(|(period, _)| period)
+        .collect();
+    assert!(changed.len() > 3 && changed.len() < now.len(), "{} of {}", changed.len(), now.len());
+    changed
+}
+
+/// Starts a shadow of acme's job `billing` running `component` (with
+/// `plugin_config`, if given).
+fn start_shadow(acme: &JsonApi, component: &[u8], plugin_config: Option<String>) {
+    let body = serde_json::json!({"plugin": base64_of(component), "plugin_config": plugin_config});
+    acme.request(
+        "POST",
+        "/v1/jobs/billing/shadow",
+        Some(("application/json", body.to_string().into_bytes())),
+    )
+    .unwrap();
+}
+
 /// Waits until the receiver holds `expected` (per period, its last value).
 fn wait_billed(host: &ServeHost, receiver: &Receiver, expected: &BTreeMap<String, Value>) {
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
@@ -48,34 +119,14 @@ fn a_promoted_shadow_corrects_each_changed_period_once_through_kills() {
     let mut host = ServeHost::start_with(dir.path(), "", &acme_lines, "");
     let input = generate(93, 2_000);
 
-    // The references, by the plain CLI: the live version's outputs, and the
-    // history replayed with `calls` metered as the largest quantity.
-    let reference = tempfile::tempdir().unwrap();
-    let job = write_job(reference.path(), &input, "");
+    let Reference { dir: reference, job, config, v1: v1_reference, v2: v2_reference } =
+        Reference::of(&input);
     let job_arg = job.to_str().unwrap();
-    run_to_end(&job);
-    let config = reference.path().join("max-calls.toml");
-    std::fs::write(&config, max_calls()).unwrap();
-    tally(&["replay", job_arg, "--version", "v2", "--plugin-config", config.to_str().unwrap()]);
-    let v1_reference = reference.path().join("out/periods.ndjson");
-    let v2_reference = reference.path().join("out/versions/v2/periods.v2.ndjson");
     let v2 = settled_periods(&v2_reference);
-    assert_eq!(
-        settled_periods(&v1_reference).keys().collect::<Vec<_>>(),
-        v2.keys().collect::<Vec<_>>(),
-        "both versions close the same periods"
-    );
 
     // The served job, delivered; then its shadow with `calls` as `max`.
     let inputs = host.inputs("acme");
-    let mut names = Vec::new();
-    for partition in 0..PARTITIONS {
-        let name = format!("usage-{partition}.ndjson");
-        let text: String =
-            input.partitions[partition].iter().map(|line| format!("{}\n", line.line)).collect();
-        std::fs::write(inputs.join(&name), text).unwrap();
-        names.push(format!("{name:?}"));
-    }
+    let names = write_inputs(&host, &input);
     let delivery = format!(
         "[[deliver]]\noutput = \"periods\"\n[deliver.http]\nurl = {:?}\nmax_in_flight = 2\nretry_initial = \"20ms\"\nretry_max = \"100ms\"\n",
         receiver.url()
@@ -91,20 +142,8 @@ fn a_promoted_shadow_corrects_each_changed_period_once_through_kills() {
     });
     let before = billed(&receiver);
     assert_eq!(billed_values(&before), settled_periods(&v1_reference), "v1 billed whole");
-    let changed: Vec<&String> = v2
-        .iter()
-        .filter(|(period, value)| before[*period].last().unwrap().1["value"] != **value)
-        .map(|(period, _)| period)
-        .collect();
-    assert!(changed.len() > 3 && changed.len() < v2.len(), "{} of {}", changed.len(), v2.len());
-
-    let body = serde_json::json!({"plugin": base64_of(&component), "plugin_config": max_calls()});
-    acme.request(
-        "POST",
-        "/v1/jobs/billing/shadow",
-        Some(("application/json", body.to_string().into_bytes())),
-    )
-    .unwrap();
+    let changed = changed_periods(&before, &v2);
+    start_shadow(&acme, &component, Some(max_calls()));
     let shadow_path = host.dir.join("data/jobs/acme/billing/out/versions/v2/periods.v2.ndjson");
     wait_settled(&host, "the shadow", &shadow_path, &settled(&v2_reference));
 
@@ -196,15 +235,7 @@ fn a_promoted_shadow_corrects_each_changed_period_once_through_kills() {
     // (so an idle partition closes other periods than it did for v2); its
     // promotion by the CLI corrects exactly the periods whose billed value
     // it changes, and sends nothing else.
-    acme.request(
-        "POST",
-        "/v1/jobs/billing/shadow",
-        Some((
-            "application/json",
-            serde_json::json!({"plugin": base64_of(&component)}).to_string().into_bytes(),
-        )),
-    )
-    .unwrap();
+    start_shadow(&acme, &component, None);
     let status = acme.status("billing").unwrap();
     assert_eq!(status["shadow"]["version"], "v3", "{status}");
     tally(&["replay", job_arg, "--version", "v3", "--plugin-config", config.to_str().unwrap()]);
@@ -248,4 +279,79 @@ fn a_promoted_shadow_corrects_each_changed_period_once_through_kills() {
     assert!(host.dir.join("data/jobs/acme/billing/state/versions/v2").exists(), "v2's state stays");
     let (ok, out) = cli(&host, ACME, &["plugin", "promote", "billing"]);
     assert!(!ok && out.contains("has no shadow to promote"), "{out}");
+}
+
+/// Per period (as [`billed`] names them), the rows of a PostgreSQL
+/// delivery's table, in version order: idempotency key and value.
+fn rows(database: &mut postgres::Client, table: &str) -> crate::versions::Billed {
+    let mut periods = crate::versions::Billed::new();
+    for row in
+        database.query(&format!("SELECT idempotency_key, value::text FROM {table}"), &[]).unwrap()
+    {
+        let value: Value = serde_json::from_str(row.get::<_, &str>(1)).unwrap();
+        let period = format!("{}/{}/{}", value["customer"], value["metric"], value["period"]);
+        periods.entry(period).or_default().push((row.get(0), value));
+    }
+    for bodies in periods.values_mut() {
+        bodies.sort_by_key(|(_, value)| value["version"].as_i64());
+    }
+    periods
+}
+
+#[test]
+fn a_promoted_shadow_switches_a_postgres_delivery_with_one_correcting_row_per_changed_period() {
+    let table = format!("promoted_periods_{}", std::process::id());
+    let mut database = crate::deliver::database();
+    database.batch_execute(&format!("DROP TABLE IF EXISTS {table}")).unwrap();
+    database
+        .execute("DELETE FROM tally_delivery_positions WHERE target_table = $1", &[&table])
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let acme_lines =
+        format!("[tenants.acme.deliver]\npostgres_url = {:?}\n", crate::deliver::postgres_url());
+    let mut host = ServeHost::start_with(dir.path(), "", &acme_lines, "");
+    let input = generate(94, 1_000);
+    let reference = Reference::of(&input);
+    let (v1, v2) = (settled_periods(&reference.v1), settled_periods(&reference.v2));
+
+    let names = write_inputs(&host, &input);
+    let delivery =
+        format!("[[deliver]]\noutput = \"periods\"\n[deliver.postgres]\ntable = {table:?}\n");
+    let acme = host.client(ACME);
+    let component = plugin(plugins::BILLING_PERIODS);
+    acme.deploy(&period_job(&names, &delivery, "1s"), &component).unwrap();
+    let live_path = host.output("acme", "billing", "periods");
+    wait_settled(&host, "the live version", &live_path, &settled(&reference.v1));
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while billed_values(&rows(&mut database, &table)) != v1 {
+        assert!(std::time::Instant::now() < deadline, "v1 never reached the table\n{}", host.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let before = rows(&mut database, &table);
+    let changed = changed_periods(&before, &v2);
+    start_shadow(&acme, &component, Some(max_calls()));
+    let shadow_path = host.dir.join("data/jobs/acme/billing/out/versions/v2/periods.v2.ndjson");
+    wait_settled(&host, "the shadow", &shadow_path, &settled(&reference.v2));
+    let promoted = acme.request("POST", "/v1/jobs/billing/promote", None).unwrap();
+    assert_eq!(promoted["deliveries"][0]["adjustments"], changed.len(), "{promoted}");
+    // Killed and started again at once: the switch is applied once.
+    host.kill();
+    host.launch();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while billed_values(&rows(&mut database, &table)) != v2 {
+        assert!(std::time::Instant::now() < deadline, "v2 never reached the table\n{}", host.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = rows(&mut database, &table);
+    assert_corrected_once((&before, &after), &changed, &v2, ("acme.billing.v2/", "/promotion-1"));
+    chain_holds(&after);
+    // The delivery reads v2's output from where the switch put it: the
+    // positions are v2's, and v2's records already there are not rows.
+    let status = host.client(ACME).status("billing").unwrap();
+    assert_eq!(status["output_version"], "v2", "{status}");
+    let rows_now: i64 =
+        database.query_one(&format!("SELECT count(*) FROM {table}"), &[]).unwrap().get(0);
+    let expected = before.values().map(Vec::len).sum::<usize>() + changed.len();
+    assert_eq!(rows_now as usize, expected);
+    database.batch_execute(&format!("DROP TABLE {table}")).unwrap();
 }
