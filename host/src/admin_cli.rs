@@ -43,6 +43,13 @@ pub fn jobs(admin: &Admin, command: JobsCommand) -> anyhow::Result<()> {
             Ok(())
         }
         JobsCommand::Status { job, json } => print_status(&client.status(&job)?, json),
+        JobsCommand::Replay { job, plugin, plugin_config, from, json } => start_shadow(
+            admin,
+            &job,
+            (plugin.as_deref(), plugin_config.as_deref()),
+            Some(&from),
+            json,
+        ),
         JobsCommand::Deploy { file, plugin, json } => {
             let (job_text, plugin_path) = deploy_parts(&file, plugin.as_deref())?;
             let bytes = std::fs::read(&plugin_path)
@@ -112,32 +119,38 @@ pub fn push(admin: &Admin, job: &str, file: &Path, json: bool) -> anyhow::Result
     Ok(())
 }
 
-/// `tally plugin push --shadow`
-pub fn push_shadow(
+/// `tally plugin push --shadow` and `tally jobs replay`: a shadow of the
+/// job, running `plugin` (none: the job's own) from `from`.
+pub fn start_shadow(
     admin: &Admin,
     job: &str,
-    file: &Path,
-    plugin_config: Option<&Path>,
+    (plugin, plugin_config): (Option<&Path>, Option<&Path>),
+    from: Option<&str>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let bytes =
-        std::fs::read(file).with_context(|| format!("cannot read plugin `{}`", file.display()))?;
+    let bytes = plugin
+        .map(|file| {
+            std::fs::read(file).with_context(|| format!("cannot read plugin `{}`", file.display()))
+        })
+        .transpose()?;
     let plugin_config = plugin_config
         .map(|path| {
             std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read --plugin-config `{}`", path.display()))
         })
         .transpose()?;
-    let status: JobStatus = client(admin).start_shadow(job, &bytes, plugin_config.as_deref())?;
+    let status: JobStatus =
+        client(admin).start_shadow(job, bytes.as_deref(), plugin_config.as_deref(), from)?;
     if json {
         return print_json(&status);
     }
     let version = status.shadow.as_ref().map_or("?", |shadow| shadow.version.as_str());
     println!(
-        "started a shadow of `{job}` as {version}: it runs the job's input from the start into outputs of its own, never delivered"
+        "started a shadow of `{job}` as {version}: it runs the job's input from {} into outputs of its own, never delivered",
+        from.unwrap_or("the start")
     );
     println!(
-        "see its running diff with `tally jobs status {job}`; stop it with `tally plugin discard {job}`"
+        "see its running diff with `tally jobs status {job}`; make it live with `tally plugin promote {job}`, or stop it with `tally plugin discard {job}`"
     );
     Ok(())
 }

@@ -169,18 +169,20 @@ impl AdminClient {
         )
     }
 
-    /// Starts a shadow of a job: the candidate `plugin` (with
-    /// `plugin_config`, a TOML table, if given) beside the live version;
+    /// Starts a shadow of a job: the candidate `plugin` (none: the job's
+    /// own; with `plugin_config`, a TOML table, and from `from`, if given)
+    /// beside the live version;
     /// the job's [`JobStatus`](crate::serve::wire::JobStatus) (or the JSON itself, as `serde_json::Value`).
     pub fn start_shadow<T: DeserializeOwned>(
         &self,
         job: &str,
-        plugin: &[u8],
+        plugin: Option<&[u8]>,
         plugin_config: Option<&str>,
+        from: Option<&str>,
     ) -> Result<T, ClientError> {
-        let plugin = base64::engine::general_purpose::STANDARD.encode(plugin);
+        let plugin = plugin.map(|plugin| base64::engine::general_purpose::STANDARD.encode(plugin));
         let body = serde_json::to_vec(
-            &serde_json::json!({ "plugin": plugin, "plugin_config": plugin_config }),
+            &serde_json::json!({ "plugin": plugin, "plugin_config": plugin_config, "from": from }),
         )
         .expect("a JSON object serializes");
         self.typed("POST", &format!("/v1/jobs/{job}/shadow"), Some(("application/json", body)))

@@ -11,7 +11,7 @@ use tally_core::plugin::{JobContext, LoadedPlugin};
 use tally_core::state::StateStore;
 
 use crate::config::JobConfig;
-use tally_kafka::{KafkaJob, KafkaJobError, KafkaRunOptions};
+use tally_kafka::{KafkaJob, KafkaJobError, KafkaRunOptions, StartAt};
 use tally_local::{LocalTask, TaskError};
 
 /// A driver's error, saying itself what should happen next.
@@ -47,6 +47,13 @@ pub trait Job: Sized {
     /// The committed state, and how many input partitions namespace it (0:
     /// not namespaced).
     fn state(&self) -> (Arc<dyn StateStore>, i32);
+
+    /// Makes `start` its first transaction, before it first runs (a Kafka
+    /// job's replay from a time or offsets: see [`KafkaJob::seed_start`]).
+    /// A local job starts at its inputs' start: nothing to seed.
+    fn seed_start(&self, _start: &StartAt) -> Result<(), Self::Error> {
+        Ok(())
+    }
 
     /// Runs until `stop` is set, committing what it processed: a local job
     /// follows its inputs as they grow, a Kafka job keeps consuming.
@@ -128,6 +135,10 @@ impl Job for KafkaJob {
 
     fn state(&self) -> (Arc<dyn StateStore>, i32) {
         (self.store(), self.partitions())
+    }
+
+    fn seed_start(&self, start: &StartAt) -> Result<(), KafkaJobError> {
+        KafkaJob::seed_start(self, start).map(|_| ())
     }
 
     fn run(&mut self, stop: &AtomicBool) -> Result<RunSummary, KafkaJobError> {

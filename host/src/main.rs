@@ -136,6 +136,27 @@ enum JobsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Replay a job's input into a version of its own beside the live one
+    /// (its shadow): the job's plugin or another, from a start.
+    ///
+    /// Example: tally jobs replay billing --plugin-config fixed.toml --from 2026-11-01T00:00:00Z
+    #[command(verbatim_doc_comment)]
+    Replay {
+        job: String,
+        /// The plugin it runs (default: the job's own).
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+        /// A TOML file whose table it gets instead of the job's `[plugin_config]`.
+        #[arg(long)]
+        plugin_config: Option<PathBuf>,
+        /// Where it starts: `earliest`, or for a Kafka job an RFC 3339
+        /// time or offsets (`0:1200,1:980`).
+        #[arg(long, default_value = "earliest")]
+        from: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Deploy a job file with its plugin.
     ///
     /// Example: tally jobs deploy billing.toml --plugin usage_billing.wasm
@@ -398,7 +419,13 @@ fn run(command: Command, admin: &Admin) -> anyhow::Result<()> {
             admin_cli::push(admin, &job, &file, json)
         }
         Command::Plugin(PluginCommand::Push { job, file, shadow: true, plugin_config, json }) => {
-            admin_cli::push_shadow(admin, &job, &file, plugin_config.as_deref(), json)
+            admin_cli::start_shadow(
+                admin,
+                &job,
+                (Some(&file), plugin_config.as_deref()),
+                None,
+                json,
+            )
         }
         Command::Plugin(PluginCommand::Discard { job, json }) => {
             admin_cli::discard(admin, &job, json)

@@ -566,3 +566,68 @@ fn a_kafka_jobs_shadow_writes_topics_of_its_own_that_its_running_diff_compares()
         &format!("{}.v2", job.dead_letters),
     ]);
 }
+
+#[test]
+fn a_kafka_jobs_replay_through_the_api_starts_at_the_offsets_it_is_given() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let host = ServeHost::start(dir.path(), 32 << 20);
+    let job = KafkaBillingJob::create("acme.replay", 2);
+    let name = unique("replay");
+    let acme = host.client(ACME);
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
+        .unwrap();
+    let lines = usage_lines(59, 2_000, 0);
+    let placed = produce_usage(&job.input, &lines, 2);
+    let group = group_reader(&format!("tally-acme.{name}"));
+    wait_for("the job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 2) == lines.len() as i64
+    });
+    create_topic(&format!("{}.v2", job.totals), 2);
+    create_topic(&format!("{}.v2", job.dead_letters), 2);
+
+    // A start that is not one is refused, naming the forms it takes.
+    let body = serde_json::json!({"from": "yesterday"}).to_string().into_bytes();
+    let err = acme
+        .request("POST", &format!("/v1/jobs/{name}/shadow"), Some(("application/json", body)))
+        .unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(err.to_string().contains("RFC 3339"), "{err}");
+    assert!(acme.status(&name).unwrap().get("shadow").is_none());
+
+    // The job's own plugin replayed from the middle of each partition.
+    let start: Vec<i64> = (0..2)
+        .map(|partition| placed.iter().filter(|at| at.partition == partition).count() as i64 / 2)
+        .collect();
+    let from = format!("0:{},1:{}", start[0], start[1]);
+    let (ok, out) = crate::serve::cli(&host, ACME, &["jobs", "replay", &name, "--from", &from]);
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("started a shadow of `{name}` as v2")), "{out}");
+    let replayed: Vec<UsageLine> = lines
+        .iter()
+        .zip(&placed)
+        .filter(|(_, at)| at.offset >= start[at.partition as usize])
+        .map(|(line, _)| line.clone())
+        .collect();
+    let outputs = |topic: &str| read_topic(&format!("{topic}.v2"), true).len();
+    wait_for("the replay to reach the input's end", Duration::from_secs(120), || {
+        outputs(&job.totals) + outputs(&job.dead_letters) == replayed.len()
+    });
+    let verdict = check(
+        &job.input,
+        &lines,
+        &placed,
+        &read_topic(&format!("{}.v2", job.totals), true),
+        &read_topic(&format!("{}.v2", job.dead_letters), true),
+    );
+    assert_eq!(verdict.doubled, 0);
+    assert_eq!(verdict.missing, lines.len() - replayed.len(), "nothing before the start counted");
+    assert_eq!(verdict.totals, expected_totals(&replayed));
+    delete_topics(&[
+        &job.input,
+        &job.totals,
+        &job.dead_letters,
+        &format!("{}.v2", job.totals),
+        &format!("{}.v2", job.dead_letters),
+    ]);
+}

@@ -10,7 +10,7 @@
 //! | `POST /v1/jobs/<job>/plugin`            | push a plugin version (body: the component) |
 //! | `GET /v1/jobs/<job>/plugin/history`     | every version pushed                  |
 //! | `POST /v1/jobs/<job>/plugin/rollback`   | go back to the previous version       |
-//! | `POST /v1/jobs/<job>/shadow`            | run a candidate beside the job `{"plugin": base64}` |
+//! | `POST /v1/jobs/<job>/shadow`            | run a candidate (or replay) beside the job `{"plugin": base64, "from": …}` |
 //! | `DELETE /v1/jobs/<job>/shadow`          | discard the job's shadow              |
 //! | `POST /v1/jobs/<job>/promote`           | make the job's shadow its live version |
 //! | `GET /v1/jobs/<job>/state?key=<key>`    | one committed state value             |
@@ -497,11 +497,17 @@ async fn start_shadow(
     let status = api
         .run(move |host| {
             let request: ShadowRequest = serde_json::from_slice(&body).map_err(|err| {
-                ApiError::bad_request(format!("the shadow request must be JSON {{\"plugin\": \"<base64 component>\", \"plugin_config\": \"<TOML table, optional>\"}}: {err}"))
+                ApiError::bad_request(format!("the shadow request must be JSON {{\"plugin\": \"<base64 component, optional>\", \"plugin_config\": \"<TOML table, optional>\", \"from\": \"<earliest, a time or offsets, optional>\"}}: {err}"))
             })?;
             drop(body);
-            let plugin = decode_plugin(&request.plugin)?;
-            host.start_shadow(&tenant, &job, &plugin, request.plugin_config.as_deref())
+            let plugin = request.plugin.as_deref().map(decode_plugin).transpose()?;
+            host.start_shadow(
+                &tenant,
+                &job,
+                plugin.as_deref(),
+                request.plugin_config.as_deref(),
+                request.from.as_deref(),
+            )
         })
         .await?;
     Ok(json(StatusCode::ACCEPTED, &status))

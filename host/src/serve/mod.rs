@@ -276,8 +276,18 @@ impl Host {
         let record = dir.read_record()?;
         let active = record.active().ok_or(ServeError::NoActiveVersion)?.clone();
         let plugin = self.load_version(tenant, &dir, &active.digest)?;
+        // A replay's start not seeded yet.
+        let from_file = dir.path().join("from");
+        let start = match std::fs::read_to_string(&from_file) {
+            Ok(from) => replay_from(&parsed.config, from.trim())
+                .map_err(|err| ServeError::Shadow { reason: err.message })?,
+            Err(_) => None,
+        };
         let runtime =
             self.shadow_runtime(tenant, name, version, parsed.config, dir, record, plugin);
+        if let Some(start) = start {
+            runtime.start_at(start, from_file);
+        }
         let shadow = Shadow::start(version, runtime, job.config.clone());
         if let Err(reason) = job.set_shadow(shadow.clone()) {
             shadow.join();
@@ -707,10 +717,27 @@ impl Host {
         &self,
         tenant: &str,
         name: &str,
-        bytes: &[u8],
+        plugin: Option<&[u8]>,
         plugin_config: Option<&str>,
+        from: Option<&str>,
     ) -> Result<JobStatus, ApiError> {
         let job = self.job(tenant, name)?;
+        // No candidate: the live plugin, replayed (with another
+        // `[plugin_config]`, or from another start).
+        let live_plugin;
+        let bytes = match plugin {
+            Some(bytes) => bytes,
+            None => {
+                let digest = job.status().plugin;
+                live_plugin = std::fs::read(job.dir.plugin_file(&digest)).map_err(|err| {
+                    ApiError::internal(format!(
+                        "cannot read the job's plugin {digest}: {}",
+                        err.kind()
+                    ))
+                })?;
+                &live_plugin
+            }
+        };
         if let Some(shadow) = job.shadow() {
             return Err(ApiError::new(
                 409,
@@ -738,6 +765,12 @@ impl Host {
         })?;
         let parsed = job_spec::parse(&text, tenant, tenant_config, &self.config)
             .map_err(|err| ApiError::bad_request(format!("the shadow's job: {err}")))?;
+        let start = from
+            .map(|from| {
+                replay_from(&parsed.config, from).map(|start| start.map(|start| (from, start)))
+            })
+            .transpose()?
+            .flatten();
         let key = (tenant.to_string(), format!("{name}#shadow"));
         {
             let jobs = lock(&self.jobs);
@@ -766,7 +799,7 @@ impl Host {
                 ),
             ))
         } else {
-            self.create_shadow(tenant, name, &job, parsed, &text, bytes)
+            self.create_shadow(tenant, name, &job, (parsed, &text, start), bytes)
         };
         lock(&self.deploying).remove(&key);
         result?;
@@ -779,8 +812,7 @@ impl Host {
         tenant: &str,
         name: &str,
         job: &Arc<JobRuntime>,
-        parsed: job_spec::ParsedJob,
-        text: &str,
+        (parsed, text, start): (job_spec::ParsedJob, &str, Option<(&str, tally_kafka::StartAt)>),
         bytes: &[u8],
     ) -> Result<(), ApiError> {
         let plugin = self.compile(tenant, name, bytes)?;
@@ -843,6 +875,10 @@ impl Host {
             .and_then(|()| {
                 dir.write_file(&dir.path().join("version"), version.to_string().as_bytes())
             })
+            .and_then(|()| match &start {
+                Some((from, _)) => dir.write_file(&dir.path().join("from"), from.as_bytes()),
+                None => Ok(()),
+            })
             // The record last: without it the directory is not a shadow.
             .and_then(|()| dir.write_record(&record))
             .map_err(|err| {
@@ -851,6 +887,9 @@ impl Host {
             })?;
         let runtime =
             self.shadow_runtime(tenant, name, version, parsed.config, dir.clone(), record, plugin);
+        if let Some((_, start)) = start {
+            runtime.start_at(start, dir.path().join("from"));
+        }
         let shadow = Shadow::start(version, runtime, job.config.clone());
         if let Err(reason) = job.set_shadow(shadow.clone()) {
             // The job ended meanwhile (a host shutdown): nothing of it stays.
@@ -1222,6 +1261,33 @@ impl Host {
             job.join_shadow();
         }
         tracing::info!(jobs = jobs.len(), "every job stopped");
+    }
+}
+
+/// Where a shadow of `job` starts, read from `from` as `tally replay
+/// --from` reads it: `None` for `earliest`, its inputs' start; a time or
+/// offsets for a Kafka job only.
+fn replay_from(
+    job: &crate::config::JobConfig,
+    from: &str,
+) -> Result<Option<tally_kafka::StartAt>, ApiError> {
+    const MAX_FROM_BYTES: usize = 64 << 10;
+    if from.len() > MAX_FROM_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "`from` has {} bytes; at most {MAX_FROM_BYTES} (a time, or an offset per partition)",
+            from.len()
+        )));
+    }
+    let bad = |err: anyhow::Error| ApiError::bad_request(format!("`from`: {err:#}"));
+    match &job.mode {
+        crate::config::Mode::Kafka(kafka) => {
+            crate::replay_start::parse(from, &kafka.inputs).map_err(bad)
+        }
+        crate::config::Mode::Local(_) if from == "earliest" => Ok(None),
+        crate::config::Mode::Local(_) => Err(ApiError::bad_request(format!(
+            "`from` {:?}: a local job's input lines carry no Kafka timestamps or offsets to start at; replay it from earliest",
+            tally_core::text::sanitize(from, 100)
+        ))),
     }
 }
 

@@ -111,6 +111,9 @@ pub struct JobRuntime {
     replacing: Mutex<()>,
     /// A candidate running beside it, if any.
     shadow: Mutex<Option<Arc<Shadow>>>,
+    /// Where a replay starts, seeded when the job first opens, and the
+    /// file that keeps it until then.
+    start: Mutex<Option<(tally_kafka::StartAt, std::path::PathBuf)>>,
 }
 
 #[derive(Default)]
@@ -230,7 +233,15 @@ impl JobRuntime {
             deliveries: Mutex::new(deliveries.into_iter().map(DeliveryRunner::new).collect()),
             replacing: Mutex::new(()),
             shadow: Mutex::new(None),
+            start: Mutex::new(None),
         })
+    }
+
+    /// Makes the job start at `start` (a replay's start) when it first
+    /// opens, before it runs; `kept_in` holds it until then and is removed
+    /// once it is seeded. Call before [`JobRuntime::spawn`].
+    pub fn start_at(&self, start: tally_kafka::StartAt, kept_in: std::path::PathBuf) {
+        *lock(&self.start) = Some((start, kept_in));
     }
 
     /// Starts the job's thread, and its deliveries'.
@@ -656,6 +667,20 @@ impl JobRuntime {
             .active_plugin()
             .map_err(|err| Failure { message: err.to_string(), then: AfterFailure::Halt })?;
         let mut job = J::open(&self.config, &plugin, self.context.clone()).map_err(Failure::of)?;
+        let start = lock(&self.start).take();
+        if let Some((start, kept_in)) = start {
+            // Seeded again after a crash before the file went: the same
+            // start, nothing processed since, is accepted.
+            if let Err(err) = job.seed_start(&start) {
+                *lock(&self.start) = Some((start, kept_in));
+                return Err(Failure::of(err));
+            }
+            if let Err(err) = std::fs::remove_file(&kept_in)
+                && err.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::error!(tenant = %self.tenant, job = %self.name, error = %err, "cannot remove a seeded start's file");
+            }
+        }
         job.attach(self.slot.clone(), self.config.settings.hot_swap, self.observer());
         job.report_restores_to(self.metrics.restore.clone());
         *lock(&self.store) = Some(job.state());

@@ -99,12 +99,18 @@ pub struct JobStatus {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShadowRequest {
-    /// The candidate plugin component, base64-encoded.
-    pub plugin: String,
+    /// The candidate plugin component, base64-encoded; none: the job's
+    /// own plugin, replayed.
+    #[serde(default)]
+    pub plugin: Option<String>,
     /// A `[plugin_config]` table (TOML) the candidate gets instead of the
     /// job's; none: the job's own.
     #[serde(default)]
     pub plugin_config: Option<String>,
+    /// Where it starts, as `tally replay --from` takes it: `earliest` (the
+    /// default), or for a Kafka job an RFC 3339 time or offsets.
+    #[serde(default)]
+    pub from: Option<String>,
 }
 
 /// A job's shadow, as the job's status shows it.
