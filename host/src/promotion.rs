@@ -93,6 +93,17 @@ pub fn promote(
         if reading == to {
             bail!("delivery {name} already reads {to}");
         }
+        // A switch the live version's promotion left unfinished decides
+        // what the receiver has: planning past it would send its records
+        // again, or skip others.
+        let unfinished = promote::read_next_switch(&settings.state_dir)?
+            .filter(|next| next.to == live.to_string() && next.from == reading.to_string());
+        if let Some(next) = unfinished {
+            bail!(
+                "delivery {name} has not finished its switch to {} yet (its corrections are not all delivered): let it catch up (`tally deliver --until-caught-up`), then promote",
+                next.to
+            );
+        }
         settle_names(job, &mut settings);
         let from_job = reading.of(job);
         let (_, mirror) = committed_output(&from_job, &mut settings)?;

@@ -279,6 +279,12 @@ fn a_promoted_shadow_corrects_each_changed_period_once_through_kills() {
     assert!(host.dir.join("data/jobs/acme/billing/state/versions/v2").exists(), "v2's state stays");
     let (ok, out) = cli(&host, ACME, &["plugin", "promote", "billing"]);
     assert!(!ok && out.contains("has no shadow to promote"), "{out}");
+    // A promoted job's delivery, once removed, is not added again: it would
+    // send v3's records as new ones to a receiver holding v1's and v2's.
+    acme.set_deliveries("billing", "").unwrap();
+    let err = acme.set_deliveries("billing", &delivery).unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(err.to_string().contains("runs v3 (promoted)"), "{err}");
 }
 
 /// Per period (as [`billed`] names them), the rows of a PostgreSQL

@@ -100,6 +100,12 @@ pub enum ServeError {
         /// The job.
         job: String,
     },
+    /// The job is being promoted: it starts again in a moment.
+    #[error("job `{job}` is being promoted to its shadow's version; try again once it runs again")]
+    Promoting {
+        /// The job.
+        job: String,
+    },
     /// The admin API's runtime could not start.
     #[error("cannot start the admin API's runtime: {0}")]
     Runtime(#[source] std::io::Error),

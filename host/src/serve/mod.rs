@@ -76,7 +76,9 @@ impl From<ServeError> for ApiError {
     /// trouble, whose details (paths) stay in its log.
     fn from(err: ServeError) -> ApiError {
         match &err {
-            ServeError::Deleted { .. } => ApiError::new(409, err.to_string()),
+            ServeError::Deleted { .. } | ServeError::Promoting { .. } => {
+                ApiError::new(409, err.to_string())
+            }
             _ => {
                 tracing::error!(error = %err, "an admin request failed on the host's side");
                 ApiError::internal("the host could not update the job's files (its log says why)")
@@ -127,6 +129,8 @@ pub struct Host {
     /// Jobs on disk that could not be resumed at start, and why.
     broken: Mutex<BTreeMap<JobKey, String>>,
     threads: Mutex<HashMap<JobKey, JoinHandle<()>>>,
+    /// Held by the one promotion that runs (see [`Host::promote_shadow`]).
+    promotion: Mutex<()>,
     _lock: DirLock,
 }
 
@@ -158,6 +162,7 @@ impl Host {
             deploying: Mutex::default(),
             broken: Mutex::default(),
             threads: Mutex::default(),
+            promotion: Mutex::default(),
             _lock: data_lock,
         });
         for (tenant, name, dir) in registry::list_jobs(&host.config.data_dir)? {
@@ -608,6 +613,15 @@ impl Host {
             ));
         }
         drop(deploying);
+        // A promotion meanwhile replaced the runtime: delete the new one.
+        let current = lock(&self.jobs).get(&key).cloned();
+        if !current.is_some_and(|current| Arc::ptr_eq(&current, &job)) {
+            lock(&self.deploying).remove(&key);
+            return Err(ApiError::new(
+                409,
+                format!("job `{name}` was promoted or started again meanwhile; try again"),
+            ));
+        }
         job.mark_deleted();
         job.end();
         let thread = lock(&self.threads).remove(&key);
@@ -1166,6 +1180,12 @@ impl Host {
             |running| {
                 for new in &parsed.deliveries {
                     let Some(old) = running.iter().find(|old| old.output() == new.output) else {
+                        if job.version != Version::LIVE {
+                            return Err(ApiError::bad_request(format!(
+                                "job `{name}` runs {} (promoted): a delivery of output {:?} added now would send {}'s records as new ones to a receiver that may hold an older version's; deploy the job under a new name to deliver to a new receiver",
+                                job.version, new.output, job.version
+                            )));
+                        }
                         continue;
                     };
                     let refusal = match (&old.settings().target, &new.target) {

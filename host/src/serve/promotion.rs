@@ -43,35 +43,14 @@ impl Host {
         name: &str,
     ) -> Result<Promoted, ApiError> {
         let job = self.job(tenant, name)?;
-        let Some(shadow) = job.shadow() else {
+        // One promotion at a time on the host: it reads both versions'
+        // outputs whole.
+        let Ok(_one) = self.promotion.try_lock() else {
             return Err(ApiError::new(
-                404,
-                format!(
-                    "job `{name}` has no shadow to promote; start one with `tally plugin push {name} <file> --shadow`"
-                ),
+                409,
+                "another promotion runs on this host right now; try again in a few seconds",
             ));
         };
-        let status = shadow.status();
-        if !matches!(status.state, JobState::Running | JobState::Starting | JobState::Restoring) {
-            return Err(ApiError::new(
-                409,
-                format!(
-                    "the shadow of job `{name}` ({}) is {}{}: only a shadow that runs is promoted; discard it, or fix and start it again",
-                    status.version,
-                    format!("{:?}", status.state).to_lowercase(),
-                    status.last_error.map(|error| format!(" ({error})")).unwrap_or_default()
-                ),
-            ));
-        }
-        if let Some(pending) = job.record().pending() {
-            return Err(ApiError::new(
-                409,
-                format!(
-                    "job `{name}` has plugin version {} waiting for its trial; promote once it is judged (`tally jobs status {name}`)",
-                    pending.digest
-                ),
-            ));
-        }
         // Nothing else starts, discards, deploys or deletes the job meanwhile.
         let keys = [
             (tenant.to_string(), name.to_string()),
@@ -91,12 +70,66 @@ impl Host {
                 deploying.insert(key.clone(), 0);
             }
         }
-        let result = self.promote_reserved(tenant, name, &job, shadow.version());
+        let result = self.check_promotable(name, &job).and_then(|version| {
+            let promote = std::panic::AssertUnwindSafe(|| {
+                self.promote_reserved(tenant, name, &job, version)
+            });
+            std::panic::catch_unwind(promote).unwrap_or_else(|_| {
+                tracing::error!(%tenant, job = %name, "a promotion failed (a bug); starting the job again from its files");
+                self.restart(tenant, name, &job)?;
+                Err(ApiError::internal(
+                    "the promotion failed on the host's side (a bug: it was logged); the job starts again from its files",
+                ))
+            })
+        });
         let mut deploying = lock(&self.deploying);
         for key in &keys {
             deploying.remove(key);
         }
         result
+    }
+
+    /// The version of `job`'s shadow, if it can be promoted now (checked
+    /// under the promotion's reservation).
+    fn check_promotable(&self, name: &str, job: &JobRuntime) -> Result<Version, ApiError> {
+        let Some(shadow) = job.shadow().filter(|_| job.dir.shadow().exists()) else {
+            return Err(ApiError::new(
+                404,
+                format!(
+                    "job `{name}` has no shadow to promote; start one with `tally plugin push {name} <file> --shadow`"
+                ),
+            ));
+        };
+        let status = shadow.status();
+        if !matches!(status.state, JobState::Running | JobState::Restoring) {
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "the shadow of job `{name}` ({}) is {}{}: only a shadow that runs is promoted; wait until it runs, or discard it",
+                    status.version,
+                    format!("{:?}", status.state).to_lowercase(),
+                    status.last_error.map(|error| format!(" ({error})")).unwrap_or_default()
+                ),
+            ));
+        }
+        if job.dir.shadow().path().join("from").exists() {
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "the shadow of job `{name}` has not seeded its replay's start yet; promote it once it has (`tally jobs status {name}`)"
+                ),
+            ));
+        }
+        if let Some(pending) = job.record().pending() {
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "job `{name}` has plugin version {} waiting for its trial; promote once it is judged (`tally jobs status {name}`)",
+                    pending.digest
+                ),
+            ));
+        }
+        Ok(shadow.version())
     }
 
     fn promote_reserved(
@@ -107,6 +140,9 @@ impl Host {
         version: Version,
     ) -> Result<Promoted, ApiError> {
         let from = job.version;
+        // Nothing changes through this runtime any more (a push, a pause):
+        // the job starts again from its files under a new one.
+        job.mark_promoted();
         // The job, its shadow and its deliveries stop, each committing what
         // it processed: the outputs stand still.
         job.end();
@@ -156,6 +192,15 @@ impl Host {
     /// stopped `job` (finishing a promotion its files show).
     fn restart(&self, tenant: &str, name: &str, job: &Arc<JobRuntime>) -> Result<(), ApiError> {
         let key = (tenant.to_string(), name.to_string());
+        // Stopped already, unless a failure cut the promotion short.
+        job.mark_promoted();
+        job.end();
+        let thread = lock(&self.threads).remove(&key);
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+        job.join_deliveries();
+        job.join_shadow();
         self.metrics.remove(&job.metrics.labels, &job.status().plugin);
         if let Some(shadow) = job.take_shadow() {
             let runtime = shadow.runtime();

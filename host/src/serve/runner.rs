@@ -93,8 +93,12 @@ pub struct JobRuntime {
     /// current run commit and return, and any plugin call stop at its next
     /// epoch tick), the CPU seat, the log, the live meters.
     context: JobContext,
-    /// Set (under the record lock) once a delete began: nothing more is written.
+    /// Set (under the record lock) once a delete or a promotion began:
+    /// nothing more is written through this runtime.
     deleted: AtomicBool,
+    /// Set with `deleted` by a promotion: the job starts again under a
+    /// new runtime.
+    promoted: AtomicBool,
     control: Mutex<Control>,
     wake: Condvar,
     status: Mutex<StatusInner>,
@@ -213,6 +217,7 @@ impl JobRuntime {
             metrics,
             context,
             deleted: AtomicBool::new(false),
+            promoted: AtomicBool::new(false),
             control: Mutex::new(Control { paused, ..Control::default() }),
             wake: Condvar::new(),
             status: Mutex::new(StatusInner {
@@ -347,7 +352,7 @@ impl JobRuntime {
         // Under the record lock, so the record and the slot agree.
         let mut record = lock(&self.record);
         if self.deleted.load(Ordering::SeqCst) {
-            return Err(ServeError::Deleted { job: self.name.clone() });
+            return Err(self.retired());
         }
         if record.undecided_or_active(plugin.digest()).is_some() {
             // Pushed twice at once: the first push stands.
@@ -381,6 +386,24 @@ impl JobRuntime {
     pub fn offer(&self, plugin: LoadedPlugin) -> Option<LoadedPlugin> {
         lock(&self.plugins).insert(plugin.digest().to_string(), plugin.clone());
         self.slot.push(plugin)
+    }
+
+    /// Refuses every change from now on: the job is being promoted, and
+    /// starts again under a new runtime.
+    pub fn mark_promoted(&self) {
+        let _record = lock(&self.record);
+        self.promoted.store(true, Ordering::SeqCst);
+        self.deleted.store(true, Ordering::SeqCst);
+    }
+
+    /// Why a change is refused once [`JobRuntime::mark_deleted`] or
+    /// [`JobRuntime::mark_promoted`] ran.
+    fn retired(&self) -> ServeError {
+        if self.promoted.load(Ordering::SeqCst) {
+            ServeError::Promoting { job: self.name.clone() }
+        } else {
+            ServeError::Deleted { job: self.name.clone() }
+        }
     }
 
     /// Refuses every change from now on: the job is being deleted.
@@ -434,7 +457,7 @@ impl JobRuntime {
         {
             let mut record = lock(&self.record);
             if self.deleted.load(Ordering::SeqCst) {
-                return Err(ServeError::Deleted { job: self.name.clone() });
+                return Err(self.retired());
             }
             let updated = JobRecord { paused, ..record.clone() };
             self.dir.write_record(&updated)?;
