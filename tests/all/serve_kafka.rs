@@ -631,3 +631,75 @@ fn a_kafka_jobs_replay_through_the_api_starts_at_the_offsets_it_is_given() {
         &format!("{}.v2", job.dead_letters),
     ]);
 }
+
+#[test]
+fn a_promoted_kafka_shadow_goes_on_in_its_own_topics_and_group() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = ServeHost::start(dir.path(), 32 << 20);
+    let job = KafkaBillingJob::create("acme.promote", 2);
+    let name = unique("promote");
+    let acme = host.client(ACME);
+    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
+        .unwrap();
+    let lines = usage_lines(61, 2_000, 0);
+    let placed = produce_usage(&job.input, &lines, 2);
+    let group = group_reader(&format!("tally-acme.{name}"));
+    wait_for("the job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 2) == lines.len() as i64
+    });
+    let (v2_totals, v2_dead) = (format!("{}.v2", job.totals), format!("{}.v2", job.dead_letters));
+    create_topic(&v2_totals, 2);
+    create_topic(&v2_dead, 2);
+    // Another build of the same plugin: the same totals.
+    let body = serde_json::json!({
+        "plugin": base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            std::fs::read(plugins::BILLING_VARIANT).unwrap(),
+        ),
+    })
+    .to_string();
+    acme.request(
+        "POST",
+        &format!("/v1/jobs/{name}/shadow"),
+        Some(("application/json", body.into_bytes())),
+    )
+    .unwrap();
+    let live_outputs = read_topic(&job.totals, true).len();
+    wait_for("the shadow to catch up", Duration::from_secs(120), || {
+        read_topic(&v2_totals, true).len() == live_outputs
+    });
+    let promoted = acme.request("POST", &format!("/v1/jobs/{name}/promote"), None).unwrap();
+    assert_eq!((&promoted["version"], &promoted["from"]), (&"v2".into(), &"v1".into()));
+
+    // v2 goes on from its own group's offsets, through a host kill, in
+    // its own topics; v1's topic gets nothing more.
+    let more = usage_lines(62, 1_000, 0);
+    let placed_more = produce_usage(&job.input, &more, 2);
+    host.kill();
+    host.launch();
+    let acme = host.client(ACME);
+    assert_eq!(acme.status(&name).unwrap()["output_version"], "v2");
+    let all: Vec<UsageLine> = lines.iter().chain(&more).cloned().collect();
+    let all_placed: Vec<Placed> = placed.iter().chain(&placed_more).copied().collect();
+    let v2_group = group_reader(&format!("tally-acme.{name}.v2"));
+    wait_for("v2 to commit every record", Duration::from_secs(120), || {
+        committed_progress(&v2_group, &job.input, 2) == all.len() as i64
+    });
+    let verdict = check(
+        &job.input,
+        &all,
+        &all_placed,
+        &read_topic(&v2_totals, true),
+        &read_topic(&v2_dead, true),
+    );
+    assert_eq!((verdict.missing, verdict.doubled), (0, 0));
+    assert_eq!(verdict.totals, expected_totals(&all));
+    assert_eq!(read_topic(&job.totals, true).len(), live_outputs, "v1 ran after its promotion");
+    delete_topics(&[
+        &format!("tally-acme.{name}-state-changelog"),
+        &format!("tally-acme.{name}.v2-state-changelog"),
+        &v2_totals,
+        &v2_dead,
+    ]);
+}
