@@ -483,17 +483,8 @@ fn a_kafka_jobs_shadow_writes_topics_of_its_own_that_its_running_diff_compares()
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let host = ServeHost::start(dir.path(), 32 << 20);
-    let job = KafkaBillingJob::create("acme.shadow", 2);
-    let name = unique("shadow");
     let acme = host.client(ACME);
-    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
-        .unwrap();
-    let lines = usage_lines(53, 4_000, 0);
-    let placed = produce_usage(&job.input, &lines, 2);
-    let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit every record", Duration::from_secs(120), || {
-        committed_progress(&group, &job.input, 2) == lines.len() as i64
-    });
+    let (job, name, lines, placed) = deployed_and_committed(&host, "shadow", 53, 4_000);
 
     // Another build of the same plugin: other bytes, the same totals.
     let body = serde_json::json!({
@@ -572,17 +563,8 @@ fn a_kafka_jobs_replay_through_the_api_starts_at_the_offsets_it_is_given() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let host = ServeHost::start(dir.path(), 32 << 20);
-    let job = KafkaBillingJob::create("acme.replay", 2);
-    let name = unique("replay");
     let acme = host.client(ACME);
-    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
-        .unwrap();
-    let lines = usage_lines(59, 2_000, 0);
-    let placed = produce_usage(&job.input, &lines, 2);
-    let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit every record", Duration::from_secs(120), || {
-        committed_progress(&group, &job.input, 2) == lines.len() as i64
-    });
+    let (job, name, lines, placed) = deployed_and_committed(&host, "replay", 59, 2_000);
     create_topic(&format!("{}.v2", job.totals), 2);
     create_topic(&format!("{}.v2", job.dead_letters), 2);
 
@@ -637,17 +619,8 @@ fn a_promoted_kafka_shadow_goes_on_in_its_own_topics_and_group() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let mut host = ServeHost::start(dir.path(), 32 << 20);
-    let job = KafkaBillingJob::create("acme.promote", 2);
-    let name = unique("promote");
     let acme = host.client(ACME);
-    acme.deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
-        .unwrap();
-    let lines = usage_lines(61, 2_000, 0);
-    let placed = produce_usage(&job.input, &lines, 2);
-    let group = group_reader(&format!("tally-acme.{name}"));
-    wait_for("the job to commit every record", Duration::from_secs(120), || {
-        committed_progress(&group, &job.input, 2) == lines.len() as i64
-    });
+    let (job, name, lines, placed) = deployed_and_committed(&host, "promote", 61, 2_000);
     let (v2_totals, v2_dead) = (format!("{}.v2", job.totals), format!("{}.v2", job.dead_letters));
     create_topic(&v2_totals, 2);
     create_topic(&v2_dead, 2);
@@ -702,4 +675,27 @@ fn a_promoted_kafka_shadow_goes_on_in_its_own_topics_and_group() {
         &v2_totals,
         &v2_dead,
     ]);
+}
+
+/// Acme's served Kafka billing job (`usage-billing`, 2 input partitions)
+/// named after `what`, deployed, with `count` lines of `seed` produced and
+/// committed: the job, its name, the lines and where they landed.
+fn deployed_and_committed(
+    host: &ServeHost,
+    what: &str,
+    seed: u64,
+    count: usize,
+) -> (KafkaBillingJob, String, Vec<UsageLine>, Vec<Placed>) {
+    let job = KafkaBillingJob::create(&format!("acme.{what}"), 2);
+    let name = unique(what);
+    host.client(ACME)
+        .deploy(&kafka_job_file(&name, &job), &std::fs::read(plugins::USAGE_BILLING).unwrap())
+        .unwrap();
+    let lines = usage_lines(seed, count, 0);
+    let placed = produce_usage(&job.input, &lines, 2);
+    let group = group_reader(&format!("tally-acme.{name}"));
+    wait_for("the job to commit every record", Duration::from_secs(120), || {
+        committed_progress(&group, &job.input, 2) == lines.len() as i64
+    });
+    (job, name, lines, placed)
 }
