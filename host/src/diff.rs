@@ -20,6 +20,8 @@ const READ_STALL: Duration = Duration::from_secs(60);
 
 /// Records read per call.
 const READ_BATCH: usize = 4096;
+/// Lines a [`GrowingOutput`] reads at a time.
+const GROWING_READ_BATCH: usize = 256;
 
 /// One version's output: the value per key, and how far it was read.
 #[derive(Debug, Default)]
@@ -49,10 +51,10 @@ pub struct Record {
 
 /// Reads `source` to the end of what is committed, handing each record to
 /// `visit` in order within each partition; returns where each partition's
-/// read ended.
+/// read ended. An error of `visit` ends the read with it.
 pub fn read_records(
     source: &mut dyn Source,
-    mut visit: impl FnMut(Record),
+    mut visit: impl FnMut(Record) -> anyhow::Result<()>,
 ) -> anyhow::Result<Positions> {
     let mut positions = Positions::new();
     source.start(&Positions::new())?;
@@ -72,7 +74,7 @@ pub fn read_records(
         last_record = Instant::now();
         for line in &lines {
             positions.insert(line.partition, line.next);
-            visit(record_of(line)?);
+            visit(record_of(line)?)?;
         }
     }
 }
@@ -120,21 +122,28 @@ impl GrowingOutput {
         GrowingOutput { source, started: false, values: OutputValues::default(), held_bytes: 0 }
     }
 
-    /// Reads up to `most` more records of what is committed now; `true`
-    /// once it read all of it.
-    pub fn read_more(&mut self, most: usize) -> anyhow::Result<bool> {
+    /// Reads up to `most` more records of what is committed now, and
+    /// stops early once it holds more than `max_held_bytes`; `true` once
+    /// it read all of it.
+    pub fn read_more(&mut self, most: usize, max_held_bytes: u64) -> anyhow::Result<bool> {
         if !self.started {
             self.source.start(&Positions::new())?;
             self.started = true;
         }
         let mut read = 0;
-        while read < most {
-            let lines = self.source.read(READ_BATCH.min(most - read))?;
+        while read < most && self.held_bytes <= max_held_bytes {
+            // Few lines at a time: each may be as large as a value may be.
+            let lines = self.source.read(GROWING_READ_BATCH.min(most - read))?;
             if lines.is_empty() {
                 return Ok(self.source.caught_up());
             }
             read += lines.len();
             for line in &lines {
+                if self.held_bytes > max_held_bytes {
+                    // Over its budget: the caller stops comparing this
+                    // output, so the rest goes unread.
+                    break;
+                }
                 let record = record_of(line)?;
                 self.values.positions.insert(line.partition, line.next);
                 self.values.records += 1;
@@ -157,6 +166,7 @@ pub fn read_values(source: &mut dyn Source) -> anyhow::Result<OutputValues> {
     let positions = read_records(source, |record| {
         records += 1;
         values.insert(record.key.to_string(), counted_value(record.value));
+        Ok(())
     })?;
     Ok(OutputValues { values, records, positions })
 }
@@ -406,14 +416,14 @@ mod tests {
         let mut output =
             GrowingOutput::new(Box::new(Growing { committed: committed.clone(), next: 0 }));
         // At most `most` records a call.
-        assert!(!output.read_more(2).unwrap());
+        assert!(!output.read_more(2, u64::MAX).unwrap());
         assert_eq!(output.values.records, 2);
-        assert!(output.read_more(10).unwrap());
+        assert!(output.read_more(10, u64::MAX).unwrap());
         assert_eq!(output.values.records, 3);
         assert_eq!(output.values.values["\"a\""], json!({"total": 3}));
-        assert!(output.read_more(10).unwrap(), "nothing new is still caught up");
+        assert!(output.read_more(10, u64::MAX).unwrap(), "nothing new is still caught up");
         committed.lock().unwrap().push(line("b", 5));
-        assert!(output.read_more(10).unwrap());
+        assert!(output.read_more(10, u64::MAX).unwrap());
         assert_eq!(output.values.records, 4);
         assert_eq!(output.values.values["\"b\""], json!({"total": 5}));
         assert_eq!(output.values.positions[&0], 4);
@@ -422,8 +432,21 @@ mod tests {
         assert_eq!(output.held_bytes, held as u64);
         // A line that is not JSON is an error naming where it is.
         committed.lock().unwrap().push("not json".to_string());
-        let err = output.read_more(10).unwrap_err().to_string();
+        let err = output.read_more(10, u64::MAX).unwrap_err().to_string();
         assert!(err.contains("partition 0 offset 4 is not JSON"), "{err}");
+    }
+
+    #[test]
+    fn a_growing_output_stops_reading_once_it_holds_more_than_it_may() {
+        let committed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let big = "x".repeat(10_000);
+        committed.lock().unwrap().extend(
+            (0..100).map(|key| format!(r#"{{"key":"k{key}","value":{{"note":{big:?}}}}}"#)),
+        );
+        let mut output = GrowingOutput::new(Box::new(Growing { committed, next: 0 }));
+        assert!(!output.read_more(1_000, 50_000).unwrap(), "not all of it");
+        assert!(output.held_bytes > 50_000, "just past what it may hold");
+        assert!(output.values.records < 10, "read {} records", output.values.records);
     }
 
     #[test]

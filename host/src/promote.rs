@@ -32,7 +32,7 @@ use tally_deliver::ledger::{Entry, Outcome};
 use tally_deliver::{Line, Payload, Positions, Source, SourceError};
 
 use crate::config::{JobConfig, Mode};
-use crate::diff::{Record, counted_value, delta};
+use crate::diff::{Record, counted_value, delta, value_size};
 use crate::versions::Version;
 
 /// The job's live version, when a promotion made one other than v1.
@@ -217,123 +217,228 @@ fn period_version(value: &Value) -> Option<i64> {
     matches!(kind, "final" | "adjustment").then(|| value.get("version")?.as_i64())?
 }
 
-/// Computes a delivery's switch from version `from` to version `to`.
-///
-/// `earlier`: the switch that made `from` the delivered version, if one
-/// did (the receiver's view then, and how `from`'s later records were
-/// rebased; `from`'s records before its positions never reached the
-/// receiver). `old`: `from`'s records in output order; `delivered`: what
-/// the ledger says of them. `new`: `to`'s records up to `positions`, where
-/// its output is read from after the switch.
-pub fn plan_switch(
-    (from, to): (&str, &str),
-    earlier: Option<&Switch>,
-    old: &[Record],
-    delivered: &Delivered,
-    new: &[Record],
-    positions: Positions,
-) -> Switch {
-    // The receiver's view, key by key: its last record.
-    let mut billed: BTreeMap<String, Value> = BTreeMap::new();
-    let no_rebase = BTreeMap::new();
-    let (mut old_rebase, mut old_start) = (&no_rebase, Positions::new());
-    if let Some(earlier) = earlier {
-        billed = earlier.billed.clone();
-        old_rebase = &earlier.rebase;
-        old_start = earlier.positions.clone();
-    }
-    for record in old {
-        let before = old_start.get(&record.partition).is_some_and(|start| record.offset < *start);
-        if before || !delivered.applied(record) {
-            continue;
+/// Keys a switch's planning holds at most (the receiver's view, the new
+/// version's last record of each, the corrections): a promotion past it is
+/// refused, and says so.
+pub const MAX_SWITCH_KEYS: usize = 2_000_000;
+/// Bytes of records a switch's planning holds at most (about).
+pub const MAX_SWITCH_BYTES: usize = 512 << 20;
+
+/// A switch too large to plan within its limits ([`MAX_SWITCH_KEYS`] and
+/// [`MAX_SWITCH_BYTES`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the switch from {from} to {to} would hold more than {max_keys} keys or {max_bytes} bytes of records (MAX_SWITCH_KEYS, MAX_SWITCH_BYTES): this output has too many keys to promote in one step"
+)]
+pub struct SwitchTooLarge {
+    from: String,
+    to: String,
+    max_keys: usize,
+    max_bytes: usize,
+}
+
+/// Plans a delivery's switch from version `from` to version `to` from the
+/// records of both, read one at a time, `from`'s first: it holds one record
+/// per key and the corrections, never an output whole.
+pub struct SwitchPlanner<'a> {
+    from: String,
+    to: String,
+    earlier: Option<&'a Switch>,
+    delivered: &'a Delivered,
+    /// The receiver's view, key by key: its last record.
+    billed: BTreeMap<String, Value>,
+    /// `to`'s records of keys never billed, each with its place in `to`'s
+    /// output: they go out as they are.
+    never_billed: Vec<(usize, Correction)>,
+    /// `to`'s last record of each billed key, with its place.
+    last_billed: HashMap<String, (usize, Record)>,
+    /// `to`'s records seen so far.
+    read: usize,
+    /// Bytes held (about).
+    bytes: usize,
+    /// The most keys and bytes it may hold.
+    limits: (usize, usize),
+}
+
+impl<'a> SwitchPlanner<'a> {
+    /// A planner. `earlier`: the switch that made `from` the delivered
+    /// version, if one did (the receiver's view then, and how `from`'s
+    /// later records were rebased; `from`'s records before its positions
+    /// never reached the receiver). `delivered`: what the ledger says of
+    /// `from`'s records.
+    pub fn new(
+        (from, to): (&str, &str),
+        earlier: Option<&'a Switch>,
+        delivered: &'a Delivered,
+    ) -> SwitchPlanner<'a> {
+        let billed = earlier.map(|earlier| earlier.billed.clone()).unwrap_or_default();
+        let bytes = billed.iter().map(|(key, value)| key.len() + value_size(value)).sum();
+        SwitchPlanner {
+            from: from.to_string(),
+            to: to.to_string(),
+            earlier,
+            delivered,
+            billed,
+            never_billed: Vec::new(),
+            last_billed: HashMap::new(),
+            read: 0,
+            bytes,
+            limits: (MAX_SWITCH_KEYS, MAX_SWITCH_BYTES),
         }
-        let key = record.key.to_string();
-        let mut value = record.value.clone();
-        if let Some(rebase) = old_rebase.get(&key) {
-            rebase.apply(&mut value);
-        }
-        billed.insert(key, value);
     }
 
-    let mut last_of: HashMap<String, usize> = HashMap::new();
-    for (index, record) in new.iter().enumerate() {
-        last_of.insert(record.key.to_string(), index);
+    /// The same planner, holding at most `max_keys` keys and `max_bytes`
+    /// bytes.
+    pub fn with_limits(self, max_keys: usize, max_bytes: usize) -> SwitchPlanner<'a> {
+        SwitchPlanner { limits: (max_keys, max_bytes), ..self }
     }
-    let number = earlier.map_or(1, |earlier| earlier.number + 1);
-    let mut switch = Switch {
-        number,
-        from: from.to_string(),
-        to: to.to_string(),
-        positions,
-        rebase: BTreeMap::new(),
-        billed: BTreeMap::new(),
-        corrections: Vec::new(),
-    };
-    let mut after = billed.clone();
-    for (index, record) in new.iter().enumerate() {
-        let key = record.key.to_string();
-        let idempotency_key = record.idempotency_key.clone().unwrap_or_default();
-        let Some(billed) = billed.get(&key) else {
-            // Never billed: the receiver gets the new version's records of it.
-            switch.corrections.push(Correction {
-                key: record.key.clone(),
-                value: record.value.clone(),
-                idempotency_key,
-            });
-            after.insert(key, record.value.clone());
-            continue;
+
+    /// Takes `from`'s next record (in output order).
+    pub fn old(&mut self, record: Record) -> Result<(), SwitchTooLarge> {
+        let (rebase, start) = match self.earlier {
+            Some(earlier) => {
+                (earlier.rebase.get(&record.key.to_string()), Some(&earlier.positions))
+            }
+            None => (None, None),
         };
-        if last_of[&key] != index {
-            continue;
+        let before = start
+            .and_then(|start| start.get(&record.partition))
+            .is_some_and(|start| record.offset < *start);
+        if before || !self.delivered.applied(&record) {
+            return Ok(());
         }
-        let same = counted_value(billed.clone()) == counted_value(record.value.clone());
-        match (period_version(billed), period_version(&record.value)) {
-            (Some(billed_version), Some(new_version)) => {
-                let next = if same { billed_version } else { billed_version + 1 };
-                if next != new_version {
-                    switch
-                        .rebase
-                        .insert(key.clone(), Rebase { shift: next - new_version, previous: None });
-                }
-                if !same {
-                    let mut adjustment = record.value.clone();
-                    let previous = billed.get("value").cloned().unwrap_or(Value::Null);
-                    adjust(&mut adjustment, previous, next);
-                    switch.corrections.push(Correction {
-                        key: record.key.clone(),
-                        value: adjustment.clone(),
-                        idempotency_key: format!("{idempotency_key}/promotion-{number}"),
-                    });
-                    after.insert(key, adjustment);
-                }
+        let key = record.key.to_string();
+        let mut value = record.value;
+        if let Some(rebase) = rebase {
+            rebase.apply(&mut value);
+        }
+        self.bytes += key.len() + value_size(&value);
+        if let Some(replaced) = self.billed.insert(key, value) {
+            self.bytes = self.bytes.saturating_sub(value_size(&replaced));
+        }
+        self.check()
+    }
+
+    /// Takes `to`'s next record (in output order), once `from`'s are all
+    /// taken.
+    pub fn new_record(&mut self, record: Record) -> Result<(), SwitchTooLarge> {
+        let index = self.read;
+        self.read += 1;
+        let key = record.key.to_string();
+        if self.billed.contains_key(&key) {
+            let size = key.len() + value_size(&record.value);
+            if let Some((_, replaced)) = self.last_billed.insert(key, (index, record)) {
+                self.bytes = self.bytes.saturating_sub(value_size(&replaced.value));
             }
-            // Not a period record (a running total): the latest one, whole.
-            _ if !same => {
-                switch.corrections.push(Correction {
-                    key: record.key.clone(),
-                    value: record.value.clone(),
-                    idempotency_key,
-                });
-                after.insert(key, record.value.clone());
+            self.bytes += size;
+        } else {
+            // Never billed: the receiver gets the new version's records of it.
+            self.bytes += value_size(&record.key) + value_size(&record.value);
+            self.never_billed.push((
+                index,
+                Correction {
+                    key: record.key,
+                    value: record.value,
+                    idempotency_key: record.idempotency_key.unwrap_or_default(),
+                },
+            ));
+        }
+        self.check()
+    }
+
+    fn check(&self) -> Result<(), SwitchTooLarge> {
+        let keys = self.billed.len() + self.last_billed.len() + self.never_billed.len();
+        let (max_keys, max_bytes) = self.limits;
+        if keys > max_keys || self.bytes > max_bytes {
+            return Err(SwitchTooLarge {
+                from: self.from.clone(),
+                to: self.to.clone(),
+                max_keys,
+                max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// The switch, with `to`'s output read from `positions` after it.
+    pub fn finish(self, positions: Positions) -> Switch {
+        let number = self.earlier.map_or(1, |earlier| earlier.number + 1);
+        let billed = self.billed;
+        let mut after = billed.clone();
+        let mut corrections = self.never_billed;
+        for (_, correction) in &corrections {
+            after.insert(correction.key.to_string(), correction.value.clone());
+        }
+        let mut rebase = BTreeMap::new();
+        let written: HashSet<String> = self.last_billed.keys().cloned().collect();
+        let mut last_billed: Vec<(String, (usize, Record))> =
+            self.last_billed.into_iter().collect();
+        last_billed.sort_by_key(|(_, (index, _))| *index);
+        for (key, (index, record)) in last_billed {
+            let billed = &billed[&key];
+            let idempotency_key = record.idempotency_key.clone().unwrap_or_default();
+            let same = counted_value(billed.clone()) == counted_value(record.value.clone());
+            match (period_version(billed), period_version(&record.value)) {
+                (Some(billed_version), Some(new_version)) => {
+                    let next = if same { billed_version } else { billed_version + 1 };
+                    if next != new_version {
+                        rebase.insert(
+                            key.clone(),
+                            Rebase { shift: next - new_version, previous: None },
+                        );
+                    }
+                    if !same {
+                        let mut adjustment = record.value;
+                        let previous = billed.get("value").cloned().unwrap_or(Value::Null);
+                        adjust(&mut adjustment, previous, next);
+                        after.insert(key, adjustment.clone());
+                        corrections.push((
+                            index,
+                            Correction {
+                                key: record.key,
+                                value: adjustment,
+                                idempotency_key: format!("{idempotency_key}/promotion-{number}"),
+                            },
+                        ));
+                    }
+                }
+                // Not a period record (a running total): the latest one, whole.
+                _ if !same => {
+                    after.insert(key, record.value.clone());
+                    corrections.push((
+                        index,
+                        Correction { key: record.key, value: record.value, idempotency_key },
+                    ));
+                }
+                _ => {}
             }
-            _ => {}
+        }
+        // Periods billed that the new version had not written yet: its FINAL,
+        // when it comes, goes out as an ADJUSTMENT from the billed value.
+        for (key, value) in &billed {
+            if written.contains(key) {
+                continue;
+            }
+            if let Some(billed_version) = period_version(value) {
+                let previous = value.get("value").cloned().unwrap_or(Value::Null);
+                rebase.insert(
+                    key.clone(),
+                    Rebase { shift: billed_version, previous: Some(previous) },
+                );
+            }
+        }
+        // The corrections go out in the new version's output order.
+        corrections.sort_by_key(|(index, _)| *index);
+        Switch {
+            number,
+            from: self.from,
+            to: self.to,
+            positions,
+            rebase,
+            billed: after,
+            corrections: corrections.into_iter().map(|(_, correction)| correction).collect(),
         }
     }
-    // Periods billed that the new version had not written yet: its FINAL,
-    // when it comes, goes out as an ADJUSTMENT from the billed value.
-    for (key, value) in &billed {
-        if last_of.contains_key(key) {
-            continue;
-        }
-        if let Some(billed_version) = period_version(value) {
-            let previous = value.get("value").cloned().unwrap_or(Value::Null);
-            switch
-                .rebase
-                .insert(key.clone(), Rebase { shift: billed_version, previous: Some(previous) });
-        }
-    }
-    switch.billed = after;
-    switch
 }
 
 /// Makes period record `value` an ADJUSTMENT from `previous` at `version`.
@@ -534,6 +639,26 @@ mod tests {
         }
     }
 
+    /// [`SwitchPlanner`] over records in memory: `old` are `from`'s records in
+    /// output order, `new` `to`'s up to `positions`.
+    fn plan_switch(
+        from_to: (&str, &str),
+        earlier: Option<&Switch>,
+        old: &[Record],
+        delivered: &Delivered,
+        new: &[Record],
+        positions: Positions,
+    ) -> Result<Switch, SwitchTooLarge> {
+        let mut planner = SwitchPlanner::new(from_to, earlier, delivered);
+        for record in old {
+            planner.old(record.clone())?;
+        }
+        for record in new {
+            planner.new_record(record.clone())?;
+        }
+        Ok(planner.finish(positions))
+    }
+
     fn all_delivered() -> Delivered {
         Delivered {
             positions: Positions::from([(0, u64::MAX)]),
@@ -562,7 +687,8 @@ mod tests {
             &all_delivered(),
             &new,
             Positions::from([(0, 3)]),
-        );
+        )
+        .unwrap();
         assert_eq!(switch.corrections.len(), 2, "{switch:#?}");
         let acme = &switch.corrections[0];
         assert_eq!(acme.key, key("acme"));
@@ -621,7 +747,8 @@ mod tests {
             record(1, "globex", period("final", 6, 1), "v2/globex/1"),
             record(2, "initech", period("final", 7, 1), "v2/initech/1"),
         ];
-        let switch = plan_switch(("v1", "v2"), None, &old, &delivered, &new, Positions::new());
+        let switch =
+            plan_switch(("v1", "v2"), None, &old, &delivered, &new, Positions::new()).unwrap();
         let sent: Vec<&str> =
             switch.corrections.iter().map(|c| c.idempotency_key.as_str()).collect();
         assert_eq!(
@@ -645,7 +772,8 @@ mod tests {
         ];
         let positions = Positions::from([(0, 2)]);
         let first =
-            plan_switch(("v1", "v2"), None, &v1, &all_delivered(), &v2_then, positions.clone());
+            plan_switch(("v1", "v2"), None, &v1, &all_delivered(), &v2_then, positions.clone())
+                .unwrap();
         // v2 went on after the switch: its ADJUSTMENT version 2 of acme was
         // delivered as version 3.
         let mut v2 = v2_then.clone();
@@ -655,7 +783,8 @@ mod tests {
             record(1, "globex", period("final", 7, 1), "v3/globex/1"),
         ];
         let second =
-            plan_switch(("v2", "v3"), Some(&first), &v2, &all_delivered(), &v3, Positions::new());
+            plan_switch(("v2", "v3"), Some(&first), &v2, &all_delivered(), &v3, Positions::new())
+                .unwrap();
         assert_eq!(second.number, 2);
         assert_eq!(second.corrections.len(), 1, "globex is billed, unchanged: {second:#?}");
         let acme = &second.corrections[0];
@@ -690,5 +819,35 @@ mod tests {
         let line: Value = serde_json::from_slice(bytes).unwrap();
         assert_eq!(line["value"]["version"], 5);
         assert!(rebased.caught_up());
+    }
+
+    #[test]
+    fn a_switch_holds_one_record_per_billed_key_and_refuses_past_its_limits() {
+        let delivered = all_delivered();
+        // Many updates of one billed key hold one record.
+        let mut planner =
+            SwitchPlanner::new(("v1", "v2"), None, &delivered).with_limits(3, 1 << 20);
+        planner.old(record(0, "acme", period("final", 1, 1), "v1/acme/1")).unwrap();
+        for offset in 0..1000 {
+            planner.new_record(record(offset, "acme", period("final", 2, 1), "v2/acme/1")).unwrap();
+        }
+        let switch = planner.finish(Positions::new());
+        assert_eq!(switch.corrections.len(), 1, "one ADJUSTMENT, from the last record");
+        // Past the keys it may hold, the planner says which limit.
+        let mut planner =
+            SwitchPlanner::new(("v1", "v2"), None, &delivered).with_limits(3, 1 << 20);
+        for (offset, customer) in ["a", "b", "c"].into_iter().enumerate() {
+            planner
+                .new_record(record(offset as u64, customer, period("final", 1, 1), "k"))
+                .unwrap();
+        }
+        let refused = planner.new_record(record(3, "d", period("final", 1, 1), "k")).unwrap_err();
+        assert!(refused.to_string().contains("more than 3 keys"), "{refused}");
+        // And past the bytes.
+        let mut planner = SwitchPlanner::new(("v1", "v2"), None, &delivered).with_limits(10, 200);
+        let refused = planner
+            .old(record(0, "acme", json!({"value": "x".repeat(300)}), "v1/acme/1"))
+            .unwrap_err();
+        assert!(refused.to_string().contains("200 bytes"), "{refused}");
     }
 }

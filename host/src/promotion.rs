@@ -1,6 +1,6 @@
 //! Carrying out a promotion, for `tally promote` and a served job's
 //! promotion of its shadow alike: each delivery's switch planned from the
-//! versions' committed outputs and its ledger ([`promote::plan_switch`]),
+//! versions' committed outputs and its ledger ([`promote::SwitchPlanner`]),
 //! written, then the job's live pointer; and, on the deliverer's side, a
 //! switch left by a promotion finished before the new version's output is
 //! read (see `docs/versions.md`).
@@ -19,7 +19,7 @@ use crate::config::{JobConfig, Mode};
 use crate::deliver_kafka::default_ledger_topic;
 use crate::delivery::{committed_output, output_source};
 use crate::diff::{Record, read_records};
-use crate::promote::{self, Corrections, Delivered, Live, Switch};
+use crate::promote::{self, Corrections, Delivered, Live, Switch, SwitchPlanner, SwitchTooLarge};
 use crate::versions::Version;
 
 /// A delivery to switch at a promotion.
@@ -78,13 +78,16 @@ pub fn promote(
     let to_job = to.of(job);
     let view = tempfile::tempdir().context("creating a directory for views of the job's state")?;
     let reader = format!("tally-promote-{}-{}", job.settings.name, std::process::id());
-    let read = |config: &JobConfig, output: &str, view: &Path| {
-        let mut records = Vec::new();
+    // Each output is read one record at a time into `take`: a promotion
+    // holds what the switch needs, not the outputs.
+    let read = |config: &JobConfig,
+                output: &str,
+                view: &Path,
+                take: &mut dyn FnMut(Record) -> Result<(), SwitchTooLarge>| {
         let mut source =
             output_source(config, output, view, &format!("{reader}-{}", config.settings.name))?;
-        let positions = read_records(source.as_mut(), |record| records.push(record))
-            .with_context(|| format!("reading output {output:?} of {}", config.settings.name))?;
-        anyhow::Ok((records, positions))
+        read_records(source.as_mut(), |record| Ok(take(record)?))
+            .with_context(|| format!("reading output {output:?} of {}", config.settings.name))
     };
 
     let mut switches = Vec::new();
@@ -132,19 +135,20 @@ pub fn promote(
             },
         };
         promote::check_settled(&delivered, &name)?;
-        let (old, _): (Vec<Record>, _) =
-            read(&from_job, &settings.output, &view.path().join(format!("old-{index}")))?;
-        let (new, positions) =
-            read(&to_job, &settings.output, &view.path().join(format!("new-{index}")))?;
         let earlier = promote::read_switch(&settings.state_dir)?;
-        let switch = promote::plan_switch(
-            (&reading.to_string(), &to.to_string()),
-            earlier.as_ref(),
-            &old,
-            &delivered,
-            &new,
-            positions,
-        );
+        let (from_name, to_name) = (reading.to_string(), to.to_string());
+        let mut planner = SwitchPlanner::new((&from_name, &to_name), earlier.as_ref(), &delivered);
+        let output = &settings.output;
+        read(&from_job, output, &view.path().join(format!("old-{index}")), &mut |record| {
+            planner.old(record)
+        })
+        .with_context(|| format!("planning delivery {name}'s switch"))?;
+        let positions =
+            read(&to_job, output, &view.path().join(format!("new-{index}")), &mut |record| {
+                planner.new_record(record)
+            })
+            .with_context(|| format!("planning delivery {name}'s switch"))?;
+        let switch = planner.finish(positions);
         // Held until the pointer is written: no deliverer starts meanwhile.
         switches.push((name, settings, switch, ledger));
     }
@@ -154,7 +158,8 @@ pub fn promote(
     if to != live {
         let mut outputs = BTreeMap::new();
         for (index, output) in to_job.settings.outputs.iter().enumerate() {
-            let (_, positions) = read(&to_job, output, &view.path().join(format!("end-{index}")))?;
+            let positions =
+                read(&to_job, output, &view.path().join(format!("end-{index}")), &mut |_| Ok(()))?;
             outputs.insert(output.clone(), positions);
         }
         let pointer = Live {

@@ -165,7 +165,16 @@ impl Differ {
                     now.push(last.clone());
                     continue;
                 }
-                let diff = match self.check(index, output, &mut sides[index]) {
+                // What the other outputs' sides hold counts against this one's budget.
+                let others: u64 = sides
+                    .iter()
+                    .enumerate()
+                    .filter(|(other, _)| *other != index)
+                    .flat_map(|(_, sides)| sides.iter())
+                    .map(|sides| sides.live.held_bytes + sides.shadow.held_bytes)
+                    .sum();
+                let budget = MAX_DIFF_BYTES.saturating_sub(others);
+                let diff = match self.check(index, output, &mut sides[index], budget) {
                     Ok(diff) => diff,
                     Err(err) => {
                         // Read again from the start at the next check.
@@ -208,6 +217,7 @@ impl Differ {
         index: usize,
         output: &str,
         sides: &mut Option<Sides>,
+        budget: u64,
     ) -> anyhow::Result<RunningDiff> {
         if sides.is_none() {
             let open = |config: &JobConfig, side: &str| -> anyhow::Result<GrowingOutput> {
@@ -223,8 +233,13 @@ impl Differ {
         }
         let sides = sides.as_mut().expect("opened above");
         let read_before = (sides.live.values.records, sides.shadow.values.records);
-        let live_done = sides.live.read_more(RECORDS_PER_CHECK)?;
-        let shadow_done = sides.shadow.read_more(RECORDS_PER_CHECK)?;
+        // Each side stops reading once both hold more than the budget.
+        let live_done = sides
+            .live
+            .read_more(RECORDS_PER_CHECK, budget.saturating_sub(sides.shadow.held_bytes))?;
+        let shadow_done = sides
+            .shadow
+            .read_more(RECORDS_PER_CHECK, budget.saturating_sub(sides.live.held_bytes))?;
         let read_now = (sides.live.values.records, sides.shadow.values.records);
         if let Some(last) = &sides.last
             && read_now == read_before
