@@ -147,6 +147,9 @@ pub struct Task {
     context: JobContext,
     batches: BatchRunner,
     commit_interval: Duration,
+    /// Whether it also commits as soon as its input is caught up (see
+    /// [`Task::commit_when_caught_up`]).
+    commit_when_caught_up: bool,
     /// What the open transaction processed: counted in the run's summary
     /// when it commits, so records redone after an abort count once.
     uncommitted: RunSummary,
@@ -172,8 +175,17 @@ impl Task {
             context,
             batches: BatchRunner::new(),
             commit_interval,
+            commit_when_caught_up: false,
             uncommitted: RunSummary::default(),
         }
+    }
+
+    /// Also commits as soon as the input is caught up and no commit is in
+    /// flight, not only every `commit_interval`: an event waits for one
+    /// commit instead of the next interval's end, at the cost of more
+    /// transactions while the input is slow (see `docs/kafka-mode.md`).
+    pub fn commit_when_caught_up(&mut self, yes: bool) {
+        self.commit_when_caught_up = yes;
     }
 
     /// Lets new plugin versions pushed into `slot` be swapped in at
@@ -223,6 +235,16 @@ impl Task {
     fn commit_due(&self, last_commit: Instant) -> bool {
         last_commit.elapsed() >= self.commit_interval
             || self.txn.pending_bytes() >= MAX_TRANSACTION_BYTES
+    }
+
+    /// Whether the open transaction should commit early: the job commits
+    /// when caught up, it is, its transaction holds records, and no commit
+    /// is in flight.
+    fn commit_early<D: Driver>(&self, driver: &D) -> bool {
+        self.commit_when_caught_up
+            && self.uncommitted.records > 0
+            && driver.caught_up_now()
+            && !driver.commit_in_flight()
     }
 
     /// Step 1, at a transaction boundary: takes a pushed plugin version, if

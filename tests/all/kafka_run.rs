@@ -526,3 +526,51 @@ fn metric(metrics: &str, name: &str) -> Option<f64> {
         .parse()
         .ok()
 }
+
+#[test]
+fn a_job_that_commits_when_caught_up_commits_each_trickle_long_before_its_interval_and_counts_once()
+{
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = KafkaBillingJob::create("caught-up", 4);
+    // Two minutes between interval commits: every commit the test waits
+    // for below is one the job made because it was caught up.
+    let job_file = job.write_job_file_with_kafka(
+        dir.path(),
+        USAGE_BILLING,
+        &dir.path().join("state"),
+        "commit_interval_ms = 120000",
+        "commit_when_caught_up = true\ntransaction_timeout_ms = 300000",
+        "",
+    );
+    let started = std::time::Instant::now();
+    let mut tally = Command::new(tally_binary()).arg("run").arg(&job_file).spawn().unwrap();
+    let lines = usage_lines(23, 3_000, 10);
+    let trickles: Vec<&[UsageLine]> = lines.chunks(1_000).collect();
+    let mut placed = Vec::new();
+    for (number, trickle) in trickles.iter().enumerate() {
+        placed.extend(produce_usage(&job.input, trickle, job.partitions));
+        if number == trickles.len() - 1 {
+            break;
+        }
+        let so_far = &lines[..placed.len()];
+        tally_tests::serve::wait_for(
+            "the trickle's events committed, read_committed",
+            Duration::from_secs(40),
+            || {
+                let totals = read_topic(&job.totals, true);
+                let dead = read_topic(&job.dead_letters, true);
+                check(&job.input, so_far, &placed, &totals, &dead).missing == 0
+            },
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "the trickles were committed before the first interval commit could be"
+    );
+    // Killed with the last trickle perhaps half committed: the next run
+    // counts each event once.
+    tally.kill().unwrap();
+    tally.wait().unwrap();
+    run_until_caught_up_exactly_once(&job, &job_file, &lines, &placed);
+}

@@ -114,6 +114,7 @@ fn main() {
         create_topics: false,
         create_partitions: 4,
         transaction_timeout_ms: 10_000,
+        commit_when_caught_up: false,
         restore_stall_ms: tally_kafka::DEFAULT_RESTORE_STALL_MS,
         restore_checkpoint_bytes: tally_kafka::DEFAULT_RESTORE_CHECKPOINT_BYTES,
         restore_fetch: Default::default(),

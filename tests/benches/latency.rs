@@ -19,7 +19,8 @@
 //! TALLY_BENCH_SECONDS (measured, default 30), TALLY_BENCH_WARMUP
 //! (seconds, default 15) and TALLY_BENCH_ROUNDS (default 3) change it;
 //! TALLY_BENCH_BASELINE=<path of another `tally` binary> races that build
-//! too, in the same rounds (an A/B); TALLY_BENCH_CLIENT adds lines to
+//! too, in the same rounds (an A/B); TALLY_BENCH_CAUGHT_UP=1 races the
+//! same build with `commit_when_caught_up = true`; TALLY_BENCH_CLIENT adds lines to
 //! Tally's `[kafka.client]`; TALLY_BENCH_KEEP=1 keeps the contenders' logs
 //! (with `RUST_LOG=tally_kafka=debug`, each commit's phases).
 
@@ -234,6 +235,8 @@ fn spawn_logged(command: &mut Command, log: &Path) -> Child {
 struct TallyBuild {
     label: String,
     binary: PathBuf,
+    /// Lines of its job file's `[kafka]` section.
+    kafka: &'static str,
 }
 
 /// One round: every Tally build and the peer on a fresh input topic; their
@@ -269,11 +272,12 @@ fn round(
         .zip(builds)
         .map(|(job, build)| {
             let state = dir.join(format!("{}-state", job.name));
-            let job_file = job.write_job_file(
+            let job_file = job.write_job_file_with_kafka(
                 dir,
                 plugins::USAGE_BILLING,
                 &state,
                 "commit_interval_ms = 100",
+                build.kafka,
                 &client,
             );
             spawn_logged(
@@ -380,10 +384,22 @@ fn main() {
         "end-to-end latency, exactly-once, 100 ms commits: {rate} events/s over {PARTITIONS} partitions, \
          {seconds} s measured after {warmup} s of warm-up, {rounds} round(s); milliseconds, monotonic clock"
     );
-    let mut builds = vec![TallyBuild { label: "tally".into(), binary: tally_binary() }];
+    let mut builds = vec![TallyBuild { label: "tally".into(), binary: tally_binary(), kafka: "" }];
+    // TALLY_BENCH_CAUGHT_UP=1: the same build with `commit_when_caught_up`, in the same rounds.
+    if std::env::var_os("TALLY_BENCH_CAUGHT_UP").is_some() {
+        builds.push(TallyBuild {
+            label: "tally, commit when caught up".into(),
+            binary: tally_binary(),
+            kafka: "commit_when_caught_up = true",
+        });
+    }
     // TALLY_BENCH_BASELINE: another `tally` binary, raced in the same rounds (A/B).
     if let Some(baseline) = std::env::var_os("TALLY_BENCH_BASELINE") {
-        builds.push(TallyBuild { label: "tally baseline".into(), binary: baseline.into() });
+        builds.push(TallyBuild {
+            label: "tally baseline".into(),
+            binary: baseline.into(),
+            kafka: "",
+        });
     }
     let labels: Vec<&str> =
         builds.iter().map(|build| build.label.as_str()).chain(["kafka streams"]).collect();

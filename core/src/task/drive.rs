@@ -11,6 +11,10 @@ use crate::observe::RunSummary;
 use crate::plugin::Event;
 use crate::transaction::Transaction;
 
+/// How long a job that commits when caught up waits for input while
+/// records wait for their commit.
+const CAUGHT_UP_LOOK: Duration = Duration::from_millis(1);
+
 /// What a driver read for the open transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Input {
@@ -150,6 +154,17 @@ pub trait Driver {
     fn idle_due(&mut self) -> bool {
         false
     }
+
+    /// Whether the last read took everything the input had: the job is
+    /// caught up with it for now. A driver that cannot tell says `false`.
+    fn caught_up_now(&self) -> bool {
+        false
+    }
+
+    /// Whether a commit is in flight (not settled yet).
+    fn commit_in_flight(&self) -> bool {
+        false
+    }
 }
 
 impl Task {
@@ -202,7 +217,11 @@ impl Task {
             {
                 continue;
             }
-            let wait = self.commit_interval.saturating_sub(last_commit.elapsed());
+            let mut wait = self.commit_interval.saturating_sub(last_commit.elapsed());
+            if self.commit_when_caught_up && self.uncommitted.records > 0 {
+                // Look again soon: the commit in flight may finish first.
+                wait = wait.min(CAUGHT_UP_LOOK);
+            }
             let more_buffered = match driver.next_batch(&mut self.txn, &mut events, wait)? {
                 Input::Batch { read, oversized, more_buffered } => {
                     match self.run(&events, read, oversized)? {
@@ -250,7 +269,7 @@ impl Task {
                     continue;
                 }
             };
-            if !more_buffered && self.commit_due(last_commit) {
+            if !more_buffered && (self.commit_due(last_commit) || self.commit_early(driver)) {
                 self.commit(driver, summary, true)?;
                 last_commit = Instant::now();
             }
@@ -383,6 +402,8 @@ mod tests {
         /// the background.
         aborting: Vec<usize>,
         overlapping: bool,
+        /// What `caught_up_now` says.
+        caught_up: bool,
         commits: usize,
         in_flight: Option<RunSummary>,
         calls: Vec<String>,
@@ -494,6 +515,14 @@ mod tests {
             self.calls.push("wait".into());
             Ok(())
         }
+
+        fn caught_up_now(&self) -> bool {
+            self.caught_up
+        }
+
+        fn commit_in_flight(&self) -> bool {
+            self.in_flight.is_some()
+        }
     }
 
     fn task(commit_interval: Duration) -> Task {
@@ -526,6 +555,46 @@ mod tests {
         let (result, summary) = drive(&mut driver, Duration::from_secs(3600));
         assert_eq!(result.unwrap(), Finish::End);
         assert_eq!((summary.records, summary.commits), (5, 1));
+        assert_eq!(driver.calls, ["Batch(3)", "ran 3", "Batch(2)", "ran 2", "End", "commit 5"]);
+    }
+
+    #[test]
+    fn a_job_that_commits_when_caught_up_commits_at_once_unless_a_commit_is_in_flight() {
+        let mut driver = Scripted {
+            script: vec![Step::Batch(3), Step::Batch(2), Step::End],
+            overlapping: true,
+            caught_up: true,
+            ..Scripted::default()
+        };
+        let mut eager = task(Duration::from_secs(3600));
+        eager.commit_when_caught_up(true);
+        let mut summary = RunSummary::default();
+        let result = eager.drive(&mut driver, &AtomicBool::new(false), &mut summary);
+        assert_eq!(result.unwrap(), Finish::End);
+        assert_eq!(
+            driver.calls,
+            [
+                "Batch(3)",
+                "ran 3",
+                "commit 3",
+                "Batch(2)",
+                "ran 2",
+                "End",
+                "settle Wait",
+                "commit 2"
+            ],
+            "the first batch commits at once; the second waits for the commit in flight"
+        );
+        assert_eq!((summary.records, summary.commits), (5, 2));
+
+        // Not caught up (more input waits): the interval decides.
+        let mut driver = Scripted {
+            script: vec![Step::Batch(3), Step::Batch(2), Step::End],
+            ..Scripted::default()
+        };
+        let mut eager = task(Duration::from_secs(3600));
+        eager.commit_when_caught_up(true);
+        eager.drive(&mut driver, &AtomicBool::new(false), &mut RunSummary::default()).unwrap();
         assert_eq!(driver.calls, ["Batch(3)", "ran 3", "Batch(2)", "ran 2", "End", "commit 5"]);
     }
 

@@ -381,6 +381,9 @@ impl ServedJob {
                     create_topics: kafka.create_topics,
                     create_partitions: kafka.create_partitions,
                     transaction_timeout_ms: kafka.transaction_timeout_ms,
+                    // Not a tenant's to choose: it multiplies the shared
+                    // broker's transactions while the input is slow.
+                    commit_when_caught_up: false,
                     restore_stall_ms: kafka.restore_stall_ms,
                     restore_checkpoint_bytes: tally_kafka::DEFAULT_RESTORE_CHECKPOINT_BYTES,
                     restore_fetch: tally_kafka::RestoreFetch::default(),

@@ -257,12 +257,14 @@ impl KafkaJob {
             txn = txn.with_periods(book);
         }
         tracing::info!(job = %config.name, plugin = %processor.digest(), partitions = layout.partitions, instance = %instance, "Kafka job opened");
+        let mut task = Task::new(&config.name, processor, txn, context, config.commit_interval());
+        task.commit_when_caught_up(kafka.commit_when_caught_up);
         Ok(KafkaJob {
             config: config.clone(),
             kafka,
             layout,
             store,
-            task: Task::new(&config.name, processor, txn, context, config.commit_interval()),
+            task,
             instance,
             restorer: None,
             restore_progress: Arc::default(),
@@ -472,6 +474,7 @@ impl KafkaJob {
                 watermarks,
                 shared: BTreeMap::new(),
                 registered: BTreeSet::new(),
+                drained: false,
             };
             task.drive(&mut session, stop, summary)
         });

@@ -59,6 +59,8 @@ pub(super) struct Session<'s, 'scope, 'env> {
     /// Changelog partitions added to the open Kafka transaction ahead of
     /// its commit ([`Session::register_changelog_partitions`]).
     pub(super) registered: BTreeSet<i32>,
+    /// Whether the last read took all the fetch queue held.
+    pub(super) drained: bool,
 }
 
 impl Driver for Session<'_, '_, '_> {
@@ -134,6 +136,14 @@ impl Driver for Session<'_, '_, '_> {
         how: Settle,
     ) -> Result<Option<CommitOutcome>, SessionError> {
         self.settle_if(txn, how)
+    }
+
+    fn caught_up_now(&self) -> bool {
+        self.drained && self.progress.pending.is_empty()
+    }
+
+    fn commit_in_flight(&self) -> bool {
+        self.in_flight.is_some()
     }
 
     /// Aborts the transaction and moves the consumer back to the committed
@@ -279,6 +289,7 @@ impl Session<'_, '_, '_> {
                 || self.progress.pending.len() >= batch_size
                 || self.progress.pending_bytes >= batch_bytes
             {
+                self.drained = read == 0;
                 return Ok(None);
             }
             wait = Duration::ZERO; // more may be waiting: fill the batch first
