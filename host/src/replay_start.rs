@@ -43,6 +43,13 @@ pub fn parse(text: &str, inputs: &[String]) -> anyhow::Result<Option<StartAt>> {
         if partition < 0 || offset < 0 {
             return Err(bad());
         }
+        if !inputs.contains(&topic) {
+            bail!(
+                "--from {text:?} names topic `{}`, which the job does not read: name one of its inputs ({})",
+                tally_core::text::sanitize(&topic, 100),
+                inputs.join(", ")
+            );
+        }
         if offsets.insert((topic.clone(), partition), offset).is_some() {
             bail!("--from {text:?} names `{topic}` partition {partition} twice");
         }
@@ -66,7 +73,15 @@ mod tests {
             parse("2026-11-01T04:00:00Z", &one).unwrap(),
             Some(StartAt::Time("2026-11-01T04:00:00Z".parse().unwrap()))
         );
-        let Some(StartAt::Offsets(offsets)) = parse("0:12, 3:0,usage.eu:1:7", &one).unwrap() else {
+        let Some(StartAt::Offsets(offsets)) = parse("0:12, 3:0", &one).unwrap() else {
+            panic!("offsets expected")
+        };
+        let usage = |partition| ("usage".to_string(), partition);
+        assert_eq!(offsets.into_iter().collect::<Vec<_>>(), vec![(usage(0), 12), (usage(3), 0)]);
+        let two = inputs(&["usage", "usage.eu"]);
+        let Some(StartAt::Offsets(offsets)) =
+            parse("usage:0:12, usage:3:0,usage.eu:1:7", &two).unwrap()
+        else {
             panic!("offsets expected")
         };
         let usage = |partition| ("usage".to_string(), partition);
@@ -89,5 +104,7 @@ mod tests {
         assert!(err.contains("names `usage` partition 0 twice"), "{err}");
         let err = parse("0:1", &inputs(&["usage", "usage.eu"])).unwrap_err().to_string();
         assert!(err.contains("reads 2 inputs; name each offset's topic"), "{err}");
+        let err = parse("usage.eu:1:7", &one).unwrap_err().to_string();
+        assert!(err.contains("names topic `usage.eu`, which the job does not read"), "{err}");
     }
 }

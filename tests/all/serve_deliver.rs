@@ -158,6 +158,8 @@ fn a_tenant_delivers_only_where_the_operator_allows_it() {
         ("no database from the operator", "[[deliver]]\noutput = \"totals\"\n[deliver.postgres]\ntable = \"t\"\n".into(), "no deliver.postgres_url"),
         ("an output the job does not have", "[[deliver]]\noutput = \"nope\"\n[deliver.http]\nurl = \"x\"\n".into(), "must be one of the job's outputs"),
         ("too many requests in flight", format!("{}max_in_flight = 200\n", http(&receiver.url())), "max_in_flight may be at most 32"),
+        ("a request that may hang for ten years", format!("{}timeout = \"3650d\"\n", http(&receiver.url())), "http.timeout may be at most 60s on this host"),
+        ("a connection that may hang for an hour", format!("{}connect_timeout = \"1h\"\n", http(&receiver.url())), "http.connect_timeout may be at most 60s"),
     ];
     for (what, deliver, expected) in cases {
         let err = acme.deploy(&job(&deliver), &billing).unwrap_err().to_string();
@@ -298,8 +300,12 @@ fn a_served_jobs_delivery_changes_in_place_and_goes_on_from_its_ledger() {
     let body_changed = http(&second_receiver.url(), "body = \"record\"\n");
     let postgres = "[[deliver]]\noutput = \"totals\"\n[deliver.postgres]\ntable = \"t\"\n";
     let elsewhere = http("http://127.0.0.1:1/usage", "");
-    let cases: [(&str, &str, &str); 5] = [
+    let header_changed = http(&second_receiver.url(), "idempotency_header = \"X-Key\"\n");
+    let huge = format!("{}# {}\n", http(&second_receiver.url(), ""), "x".repeat(70_000));
+    let cases: [(&str, &str, &str); 7] = [
         ("another body", &body_changed, "its HTTP body would change"),
+        ("another idempotency header", &header_changed, "its idempotency header would change"),
+        ("more than a job file may hold", &huge, "at most 65536 (MAX_JOB_FILE_BYTES)"),
         ("another kind of target", postgres, "between HTTP and PostgreSQL"),
         ("a URL the operator does not allow", &elsewhere, "deliver.urls"),
         (

@@ -576,6 +576,17 @@ async fn resolve(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read_body(&api, &headers, body).await?;
+    // A key and a flag: decoded here, so kept small.
+    const MAX_RESOLVE_BYTES: usize = 16 << 10;
+    if body.len() > MAX_RESOLVE_BYTES {
+        return Err(ApiError::new(
+            413,
+            format!(
+                "the request has {} bytes; a resolve request (a key and a flag) may have at most {MAX_RESOLVE_BYTES}",
+                body.len()
+            ),
+        ));
+    }
     let request: ResolveRequest = serde_json::from_slice(&body).map_err(|err| {
         ApiError::bad_request(format!(
             "the request must be JSON {{\"key\": \"<idempotency key>\", \"applied\": true|false}} (applied: the receiver applied it; false: send it again): {err}"

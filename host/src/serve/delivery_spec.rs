@@ -28,6 +28,10 @@ pub const MAX_DELIVERIES: usize = 4;
 
 /// Most requests in flight one served delivery may have.
 pub const MAX_SERVED_IN_FLIGHT: usize = 32;
+/// The longest `http.timeout` and `http.connect_timeout` of a served
+/// delivery: stopping a delivery (a change, a promotion, a delete) waits
+/// for its requests in flight.
+pub const MAX_SERVED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the operator allows a tenant's deliveries (`[tenants.<name>.deliver]`).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -166,6 +170,20 @@ pub enum DeliverySpecError {
         /// What the job asked for.
         got: usize,
     },
+    /// A request timeout over the host's cap.
+    #[error(
+        "[[deliver]] of output {output:?}: {key} may be at most {}s on this host (MAX_SERVED_TIMEOUT), got {}s",
+        MAX_SERVED_TIMEOUT.as_secs(),
+        got.as_secs_f64()
+    )]
+    Timeout {
+        /// The output.
+        output: String,
+        /// The setting (`http.timeout`, `http.connect_timeout`).
+        key: &'static str,
+        /// What the job asked for.
+        got: std::time::Duration,
+    },
     /// A setting the delivery cannot use.
     #[error("[[deliver]] of output {output:?}: {source}")]
     Settings {
@@ -273,7 +291,15 @@ fn http_target(
     };
     let mut table = table.clone();
     table.max_in_flight = Some(table.max_in_flight.unwrap_or(16).min(MAX_SERVED_IN_FLIGHT));
-    HttpSettings::for_tenant(table, secret).map_err(settings_error)
+    let settings = HttpSettings::for_tenant(table, secret).map_err(settings_error)?;
+    for (key, got) in
+        [("http.timeout", settings.timeout), ("http.connect_timeout", settings.connect_timeout)]
+    {
+        if got > MAX_SERVED_TIMEOUT {
+            return Err(DeliverySpecError::Timeout { output: output.to_string(), key, got });
+        }
+    }
+    Ok(settings)
 }
 
 /// A URL reduced to what decides where a request goes: scheme, host, port

@@ -448,7 +448,7 @@ impl Host {
             if !jobs.contains_key(&key) {
                 self.within_limits(tenant, &jobs, &deploying, asked, "this job")?;
             }
-            if jobs.contains_key(&key) || deploying.insert(key.clone(), asked).is_some() {
+            if jobs.contains_key(&key) || !reserve(&mut deploying, &key, asked) {
                 return Err(ApiError::new(
                     409,
                     format!(
@@ -603,7 +603,7 @@ impl Host {
         // nor while its shadow is started or discarded.
         let mut deploying = lock(&self.deploying);
         if deploying.contains_key(&(tenant.to_string(), format!("{name}#shadow")))
-            || deploying.insert(key.clone(), job.config.settings.limits.memory_bytes).is_some()
+            || !reserve(&mut deploying, &key, job.config.settings.limits.memory_bytes)
         {
             return Err(ApiError::new(
                 409,
@@ -691,10 +691,17 @@ impl Host {
         let version =
             PluginVersion::new(plugin.digest(), bytes.len() as u64, VersionStatus::Pending);
         let removed = job.push(plugin, version.clone(), self.config.plugin_versions_kept)?;
-        // A compiled form is shared by every job with the same plugin.
+        // A compiled form is shared by every job and shadow with the same plugin.
         let jobs: Vec<Arc<JobRuntime>> = lock(&self.jobs).values().cloned().collect();
+        let runtimes: Vec<Arc<JobRuntime>> = jobs
+            .iter()
+            .flat_map(|job| {
+                std::iter::once(job.clone())
+                    .chain(job.shadow().map(|shadow| shadow.runtime().clone()))
+            })
+            .collect();
         for digest in removed {
-            let in_use = jobs.iter().any(|other| {
+            let in_use = runtimes.iter().any(|other| {
                 other
                     .record()
                     .versions
@@ -767,6 +774,7 @@ impl Host {
         // Never delivered: its outputs are compared, not sent.
         table.remove("deliver");
         if let Some(text) = plugin_config {
+            refuse_over_job_file_size("`plugin_config`", text)?;
             let config: toml::Table = toml::from_str(text).map_err(|err| {
                 ApiError::bad_request(format!(
                     "`plugin_config` must be a TOML table (the candidate's [plugin_config]): {err}"
@@ -792,7 +800,7 @@ impl Host {
             let asked = parsed.config.settings.limits.memory_bytes;
             self.within_limits(tenant, &jobs, &deploying, asked, "a shadow")?;
             if deploying.contains_key(&(tenant.to_string(), name.to_string()))
-                || deploying.insert(key.clone(), asked).is_some()
+                || !reserve(&mut deploying, &key, asked)
             {
                 return Err(ApiError::new(
                     409,
@@ -994,7 +1002,7 @@ impl Host {
         {
             let mut deploying = lock(&self.deploying);
             if deploying.contains_key(&(tenant.to_string(), name.to_string()))
-                || deploying.insert(key.clone(), 0).is_some()
+                || !reserve(&mut deploying, &key, 0)
             {
                 return Err(ApiError::new(
                     409,
@@ -1156,6 +1164,7 @@ impl Host {
         let job = self.job(tenant, name)?;
         let tenant_config =
             self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
+        refuse_over_job_file_size("the deliveries", text)?;
         let mut sections: toml::Table = toml::from_str(text).map_err(|err| {
             ApiError::bad_request(format!(
                 "the deliveries must be TOML `[[deliver]]` sections: {err}"
@@ -1193,6 +1202,14 @@ impl Host {
                             "its HTTP body would change from {:?} to {:?}, and a record is never sent again with another body",
                             old.body, new.body
                         )),
+                        (Target::Http(old), Target::Http(new))
+                            if old.idempotency_header != new.idempotency_header =>
+                        {
+                            Some(format!(
+                                "its idempotency header would change from {:?} to {:?}, and a record in doubt sent again under another header is a new request to the receiver",
+                                old.idempotency_header, new.idempotency_header
+                            ))
+                        }
                         (Target::Http(_), Target::Postgres(_)) | (Target::Postgres(_), Target::Http(_)) => {
                             Some("its target would change between HTTP and PostgreSQL".to_string())
                         }
@@ -1320,6 +1337,31 @@ fn deployed_job_file(job: &JobRuntime, tenant: &str, name: &str) -> Result<toml:
     toml::from_str(&current).map_err(|err| {
         ApiError::internal(format!("the job's file as deployed no longer reads as TOML: {err}"))
     })
+}
+
+/// Reserves `key` with `memory` bytes unless something holds it already
+/// (a reservation it does not own is never changed); `false` if held.
+fn reserve(deploying: &mut HashMap<JobKey, u64>, key: &JobKey, memory: u64) -> bool {
+    match deploying.entry(key.clone()) {
+        std::collections::hash_map::Entry::Occupied(_) => false,
+        std::collections::hash_map::Entry::Vacant(vacant) => {
+            vacant.insert(memory);
+            true
+        }
+    }
+}
+
+/// Refuses TOML `what` larger than a whole job file may be, before it is
+/// parsed (a parse holds many times its size).
+fn refuse_over_job_file_size(what: &str, text: &str) -> Result<(), ApiError> {
+    if text.len() > job_spec::MAX_JOB_FILE_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "{what} has {} bytes; it is part of a job file, which may have at most {} (MAX_JOB_FILE_BYTES)",
+            text.len(),
+            job_spec::MAX_JOB_FILE_BYTES
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use super::error::ServeError;
 use super::registry::{JobDir, PluginVersion, VersionStatus};
 use super::runner::JobRuntime;
 use super::wire::{JobState, Promoted};
-use super::{ApiError, Host};
+use super::{ApiError, Host, job_spec};
 use crate::promote;
 use crate::promotion::{self, DeliveryToSwitch, Reading};
 use crate::versions::Version;
@@ -70,7 +70,7 @@ impl Host {
                 deploying.insert(key.clone(), 0);
             }
         }
-        let result = self.check_promotable(name, &job).and_then(|version| {
+        let result = self.check_promotable(tenant, name, &job).and_then(|version| {
             let promote = std::panic::AssertUnwindSafe(|| {
                 self.promote_reserved(tenant, name, &job, version)
             });
@@ -91,7 +91,12 @@ impl Host {
 
     /// The version of `job`'s shadow, if it can be promoted now (checked
     /// under the promotion's reservation).
-    fn check_promotable(&self, name: &str, job: &JobRuntime) -> Result<Version, ApiError> {
+    fn check_promotable(
+        &self,
+        tenant: &str,
+        name: &str,
+        job: &JobRuntime,
+    ) -> Result<Version, ApiError> {
         let Some(shadow) = job.shadow().filter(|_| job.dir.shadow().exists()) else {
             return Err(ApiError::new(
                 404,
@@ -129,6 +134,19 @@ impl Host {
                 ),
             ));
         }
+        // The job file the job will start from must be one the host takes:
+        // after the commit point there is no going back.
+        let tenant_config =
+            self.config.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
+        let text = promoted_job_file(&job.dir).map_err(ApiError::from)?;
+        if let Err(err) = job_spec::parse(&text, tenant, tenant_config, &self.config) {
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "job `{name}` with its shadow's job file and its own deliveries would be refused ({err}): discard the shadow and start one the job file can take"
+                ),
+            ));
+        }
         Ok(shadow.version())
     }
 
@@ -142,7 +160,14 @@ impl Host {
         let from = job.version;
         // Nothing changes through this runtime any more (a push, a pause):
         // the job starts again from its files under a new one.
-        job.mark_promoted();
+        job.try_mark_promoted().map_err(|digest| {
+            ApiError::new(
+                409,
+                format!(
+                    "job `{name}` has plugin version {digest} waiting for its trial; promote once it is judged (`tally jobs status {name}`)"
+                ),
+            )
+        })?;
         // The job, its shadow and its deliveries stop, each committing what
         // it processed: the outputs stand still.
         job.end();
@@ -232,9 +257,9 @@ impl Host {
         if !shadow.exists() {
             return Ok(());
         }
-        let failed = |reason: String| ServeError::Promotion { reason };
         let base = self.read_job_file(tenant, dir)?.config;
-        let live = promote::live_version(&base).map_err(|err| failed(format!("{err:#}")))?;
+        let live = promote::live_version(&base)
+            .map_err(|err| ServeError::Promotion { reason: format!("{err:#}") })?;
         let version_file = shadow.path().join("version");
         let version = std::fs::read_to_string(&version_file)
             .map_err(ServeError::file("read", &version_file))?;
@@ -246,16 +271,7 @@ impl Host {
         let bytes = std::fs::read(shadow.plugin_file(&active.digest))
             .map_err(|source| ServeError::ReadVersion { digest: active.digest.clone(), source })?;
         dir.write_file(&dir.plugin_file(&active.digest), &bytes)?;
-        // The shadow's job file, delivered as the job's is.
-        let read_table = |path: std::path::PathBuf| -> Result<toml::Table, ServeError> {
-            let text = std::fs::read_to_string(&path).map_err(ServeError::file("read", &path))?;
-            toml::from_str(&text).map_err(|err| failed(format!("`{}`: {err}", path.display())))
-        };
-        let mut table = read_table(shadow.job_file())?;
-        if let Some(deliver) = read_table(dir.job_file())?.remove("deliver") {
-            table.insert("deliver".to_string(), deliver);
-        }
-        let text = toml::to_string(&table).map_err(|err| failed(err.to_string()))?;
+        let text = promoted_job_file(dir)?;
         dir.write_file(&dir.job_file(), text.as_bytes())?;
         let mut record = dir.read_record()?;
         if record.active().map(|version| &version.digest) != Some(&active.digest) {
@@ -267,6 +283,21 @@ impl Host {
         tracing::info!(%tenant, job = %dir.path().display(), %live, "the promoted shadow's plugin and job file are the job's");
         Ok(())
     }
+}
+
+/// The job file a promotion of the shadow kept in `dir` gives the job: the
+/// shadow's (its `[plugin_config]`), with the job's `[[deliver]]` sections.
+fn promoted_job_file(dir: &JobDir) -> Result<String, ServeError> {
+    let failed = |reason: String| ServeError::Promotion { reason };
+    let read_table = |path: std::path::PathBuf| -> Result<toml::Table, ServeError> {
+        let text = std::fs::read_to_string(&path).map_err(ServeError::file("read", &path))?;
+        toml::from_str(&text).map_err(|err| failed(format!("`{}`: {err}", path.display())))
+    };
+    let mut table = read_table(dir.shadow().job_file())?;
+    if let Some(deliver) = read_table(dir.job_file())?.remove("deliver") {
+        table.insert("deliver".to_string(), deliver);
+    }
+    toml::to_string(&table).map_err(|err| failed(err.to_string()))
 }
 
 /// Lets each of `job`'s deliveries (stopped) deliver what the live

@@ -389,9 +389,20 @@ impl JobRuntime {
     }
 
     /// Refuses every change from now on: the job is being promoted, and
-    /// starts again under a new runtime.
+    /// starts again under a new runtime. Refused (nothing marked) while a
+    /// pushed version waits for its trial: its digest.
+    pub fn try_mark_promoted(&self) -> Result<(), String> {
+        let record = lock(&self.record);
+        // Checked under the lock a push takes: none slips in after.
+        if let Some(pending) = record.pending() {
+            return Err(pending.digest.clone());
+        }
+        self.mark_promoted();
+        Ok(())
+    }
+
+    /// Refuses every change from now on, whatever waits.
     pub fn mark_promoted(&self) {
-        let _record = lock(&self.record);
         self.promoted.store(true, Ordering::SeqCst);
         self.deleted.store(true, Ordering::SeqCst);
     }
