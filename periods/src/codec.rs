@@ -178,6 +178,10 @@ pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Stored, Damaged> {
         }
         Some(&SEEN_ID) => {
             let id = std::str::from_utf8(&key[1..]).map_err(|_| damaged("an event id"))?;
+            // Only ids the rules took were stored: 1 to MAX_EVENT_ID_BYTES.
+            if id.is_empty() || id.len() > crate::rules::MAX_EVENT_ID_BYTES {
+                return Err(damaged("an event id"));
+            }
             let seconds = value_reader.array().map(i64::from_be_bytes);
             let expires = seconds.and_then(|seconds| Timestamp::from_second(seconds).ok());
             let digest = value_reader.array();

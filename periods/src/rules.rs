@@ -807,7 +807,9 @@ impl PartitionPeriods {
         out: &mut Vec<PeriodRecord>,
     ) -> Result<(), A::Error> {
         if self.effective_watermark().is_some_and(|effective| effective >= adopted) {
-            return Ok(());
+            // Nothing to adopt; but what is due under the settings now (a
+            // shorter grace or horizon since the last run) closes still.
+            return exact(self.close_and_purge(aggregation, out));
         }
         self.idle_through = Some(adopted);
         let stored = codec::idle_through(adopted);
@@ -981,7 +983,21 @@ fn exact<T, E>(result: Result<T, Stop<E>>) -> Result<T, E> {
     }
 }
 
-/// Why `event`'s facts cannot be kept, if they cannot.
+/// The fields the host writes in every period record's key or value: an
+/// aggregation key field may not take one of their names.
+pub const RESERVED_KEY_FIELDS: &[&str] = &[
+    "type",
+    "period",
+    "time_zone",
+    "start",
+    "end",
+    "value",
+    "version",
+    "previous",
+    "delta",
+    "tzdata",
+];
+
 /// Why a plugin's description of an event is refused before any rule
 /// reads it (an id, key or customer past its bound), if it is.
 pub fn refusal_of_facts(event: &EventFacts) -> Option<String> {
@@ -997,6 +1013,21 @@ pub fn refusal_of_facts(event: &EventFacts) -> Option<String> {
             "refused: an aggregation key may have {MAX_KEY_FIELDS} fields of {MAX_KEY_BYTES} bytes in all, this one has {} of {key_bytes}",
             event.key.len()
         ));
+    }
+    for (index, (name, _)) in event.key.iter().enumerate() {
+        if RESERVED_KEY_FIELDS.contains(&name.as_str()) {
+            return Some(format!(
+                "refused: an aggregation key field may not be named {:?}: the host writes that field of every period record (the reserved names: {})",
+                name,
+                RESERVED_KEY_FIELDS.join(", ")
+            ));
+        }
+        if event.key[..index].iter().any(|(earlier, _)| earlier == name) {
+            return Some(format!(
+                "refused: the aggregation key names field {:?} twice; each field once",
+                name
+            ));
+        }
     }
     if event.customer.len() > MAX_CUSTOMER_BYTES {
         return Some(format!(

@@ -719,6 +719,14 @@ fn facts_past_their_bounds_are_refused_naming_the_bound_and_the_size() {
             "refused: an aggregation key may have 16 fields of 1024 bytes in all, this one has 1 of 1025"
         )
     );
+    // The host's own fields of a period record are not the plugin's to name.
+    let refused = with(&|f| f.key.insert(0, ("type".into(), "adjustment".into()))).unwrap();
+    assert!(refused.contains("may not be named \"type\""), "{refused}");
+    let refused = with(&|f| f.key.push(("value".into(), "1".into()))).unwrap();
+    assert!(refused.contains("may not be named \"value\""), "{refused}");
+    let refused = with(&|f| f.key.push(f.key[0].clone())).unwrap();
+    assert!(refused.contains("names field"), "{refused}");
+    assert!(refused.contains("twice"), "{refused}");
     assert_eq!(with(&|f| f.customer = "c".repeat(1024)), None);
     assert_eq!(
         with(&|f| f.customer = "c".repeat(1025)).as_deref(),
