@@ -238,10 +238,12 @@ impl Task {
     }
 
     /// Whether the open transaction should commit early: the job commits
-    /// when caught up, it is, its transaction holds records, and no commit
-    /// is in flight.
+    /// when caught up, it is, its transaction holds records, no commit is
+    /// in flight, and no version is on trial (a trial is judged on an
+    /// interval's transaction, not on its first few events).
     fn commit_early<D: Driver>(&self, driver: &D) -> bool {
         self.commit_when_caught_up
+            && self.swap_idle()
             && self.uncommitted.records > 0
             && driver.caught_up_now()
             && !driver.commit_in_flight()

@@ -312,9 +312,11 @@ impl<'a> SwitchPlanner<'a> {
         if let Some(rebase) = rebase {
             rebase.apply(&mut value);
         }
-        self.bytes += key.len() + value_size(&value);
-        if let Some(replaced) = self.billed.insert(key, value) {
-            self.bytes = self.bytes.saturating_sub(value_size(&replaced));
+        let (key_bytes, value_bytes) = (key.len(), value_size(&value));
+        self.bytes += value_bytes;
+        match self.billed.insert(key, value) {
+            Some(replaced) => self.bytes -= value_size(&replaced),
+            None => self.bytes += key_bytes,
         }
         self.check()
     }
@@ -326,11 +328,12 @@ impl<'a> SwitchPlanner<'a> {
         self.read += 1;
         let key = record.key.to_string();
         if self.billed.contains_key(&key) {
-            let size = key.len() + value_size(&record.value);
-            if let Some((_, replaced)) = self.last_billed.insert(key, (index, record)) {
-                self.bytes = self.bytes.saturating_sub(value_size(&replaced.value));
+            let (key_bytes, value_bytes) = (key.len(), value_size(&record.value));
+            self.bytes += value_bytes;
+            match self.last_billed.insert(key, (index, record)) {
+                Some((_, replaced)) => self.bytes -= value_size(&replaced.value),
+                None => self.bytes += key_bytes,
             }
-            self.bytes += size;
         } else {
             // Never billed: the receiver gets the new version's records of it.
             self.bytes += value_size(&record.key) + value_size(&record.value);
@@ -824,11 +827,13 @@ mod tests {
     #[test]
     fn a_switch_holds_one_record_per_billed_key_and_refuses_past_its_limits() {
         let delivered = all_delivered();
-        // Many updates of one billed key hold one record.
+        // Many updates of one billed key hold one record, and its bytes once.
         let mut planner =
             SwitchPlanner::new(("v1", "v2"), None, &delivered).with_limits(3, 1 << 20);
-        planner.old(record(0, "acme", period("final", 1, 1), "v1/acme/1")).unwrap();
-        for offset in 0..1000 {
+        for offset in 0..100_000 {
+            planner.old(record(offset, "acme", period("final", 1, 1), "v1/acme/1")).unwrap();
+        }
+        for offset in 0..100_000 {
             planner.new_record(record(offset, "acme", period("final", 2, 1), "v2/acme/1")).unwrap();
         }
         let switch = planner.finish(Positions::new());

@@ -82,8 +82,8 @@ pub struct KafkaConfig {
     /// Kafka transaction timeout, in milliseconds.
     #[serde(default = "default_transaction_timeout_ms")]
     pub transaction_timeout_ms: u64,
-    /// Also commit as soon as the job has read all its input holds and no
-    /// commit is in flight, not only every `commit_interval_ms`: an event
+    /// Also commit as soon as the job has read all its input holds (each
+    /// partition at its end) and no commit is in flight, not only every `commit_interval_ms`: an event
     /// waits for one commit instead of for the interval's end. More
     /// transactions while the input is slow; `commit_interval_ms` still
     /// bounds the wait under load. Off by default.

@@ -544,7 +544,15 @@ fn a_job_that_commits_when_caught_up_commits_each_trickle_long_before_its_interv
         "",
     );
     let started = std::time::Instant::now();
-    let mut tally = Command::new(tally_binary()).arg("run").arg(&job_file).spawn().unwrap();
+    /// Killed when dropped: a failed wait leaves no job running.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let tally = Killed(Command::new(tally_binary()).arg("run").arg(&job_file).spawn().unwrap());
     let lines = usage_lines(23, 3_000, 10);
     let trickles: Vec<&[UsageLine]> = lines.chunks(1_000).collect();
     let mut placed = Vec::new();
@@ -570,7 +578,6 @@ fn a_job_that_commits_when_caught_up_commits_each_trickle_long_before_its_interv
     );
     // Killed with the last trickle perhaps half committed: the next run
     // counts each event once.
-    tally.kill().unwrap();
-    tally.wait().unwrap();
+    drop(tally);
     run_until_caught_up_exactly_once(&job, &job_file, &lines, &placed);
 }

@@ -138,8 +138,17 @@ impl Driver for Session<'_, '_, '_> {
         self.settle_if(txn, how)
     }
 
+    /// The last read took all the fetch queue held, and every partition
+    /// the job reads (restored) reported its end since its last record: a
+    /// backlog that only arrives slower than the job runs is not caught up.
     fn caught_up_now(&self) -> bool {
-        self.drained && self.progress.pending.is_empty()
+        let progress = &self.progress;
+        self.drained
+            && progress.pending.is_empty()
+            && progress.assigned.difference(&progress.restoring).all(|&partition| {
+                (0..self.kafka.inputs.len())
+                    .all(|topic| progress.at_end.contains_key(&(topic, partition)))
+            })
     }
 
     fn commit_in_flight(&self) -> bool {
