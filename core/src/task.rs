@@ -181,9 +181,9 @@ impl Task {
     }
 
     /// Also commits as soon as the input is caught up and no commit is in
-    /// flight, not only every `commit_interval`: an event waits for one
-    /// commit instead of the next interval's end, at the cost of more
-    /// transactions while the input is slow (see `docs/kafka-mode.md`).
+    /// flight, not only every `commit_interval`: output comes promptly
+    /// while the input is quiet, at the cost of more transactions while
+    /// it is slow (see `docs/kafka-mode.md`).
     pub fn commit_when_caught_up(&mut self, yes: bool) {
         self.commit_when_caught_up = yes;
     }

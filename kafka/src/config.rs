@@ -83,10 +83,10 @@ pub struct KafkaConfig {
     #[serde(default = "default_transaction_timeout_ms")]
     pub transaction_timeout_ms: u64,
     /// Also commit as soon as the job has read all its input holds (each
-    /// partition at its end) and no commit is in flight, not only every `commit_interval_ms`: an event
-    /// waits for one commit instead of for the interval's end. More
-    /// transactions while the input is slow; `commit_interval_ms` still
-    /// bounds the wait under load. Off by default.
+    /// partition at its end) and no commit is in flight, not only every
+    /// `commit_interval_ms`: output comes promptly while the input is
+    /// quiet, and the interval bounds the wait under load. More
+    /// transactions while the input is slow. Off by default.
     #[serde(default)]
     pub commit_when_caught_up: bool,
     /// How long a state restore may go without a changelog record or a
