@@ -157,6 +157,11 @@ fn a_promoted_shadow_corrects_each_changed_period_once_through_kills() {
     // not, it is made again, or at last by the CLI without a kill.
     let mut promoted = false;
     for delay in [100, 300, 700, 1500, 3000] {
+        // The kill is to fall in the promotion, not in the shadow's start
+        // after the last restart (which the promotion would wait out).
+        wait_for("the shadow to run", Duration::from_secs(120), || {
+            host.client(ACME).status("billing").unwrap()["shadow"]["state"] == "running"
+        });
         let promoting = {
             let server = host.server.clone();
             std::thread::spawn(move || {

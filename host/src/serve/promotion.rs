@@ -32,6 +32,10 @@ use crate::versions::Version;
 /// committed, and settle it, before it gives up (and changes nothing).
 pub const SETTLE_WAIT: Duration = Duration::from_secs(20);
 
+/// How long a promotion waits for a shadow that is still starting (just
+/// started, or the host just restarted) to run before it refuses.
+pub const SHADOW_START_WAIT: Duration = Duration::from_secs(30);
+
 impl Host {
     /// Makes the shadow of `tenant`'s job `name` its live version: see the
     /// module. Refused, with nothing changed, while the shadow is not
@@ -43,6 +47,7 @@ impl Host {
         name: &str,
     ) -> Result<Promoted, ApiError> {
         let job = self.job(tenant, name)?;
+        wait_while_shadow_starts(&job, SHADOW_START_WAIT);
         // One promotion at a time on the host: it reads both versions'
         // outputs whole.
         let Ok(_one) = self.promotion.try_lock() else {
@@ -298,6 +303,19 @@ fn promoted_job_file(dir: &JobDir) -> Result<String, ServeError> {
         table.insert("deliver".to_string(), deliver);
     }
     toml::to_string(&table).map_err(|err| failed(err.to_string()))
+}
+
+/// Waits, for at most `most`, while `job`'s shadow is starting: opening its
+/// state and plugin after it was started or the host restarted. A shadow
+/// that runs, failed or is gone ends the wait at once; the promotion then
+/// judges what it finds.
+fn wait_while_shadow_starts(job: &JobRuntime, most: Duration) {
+    let deadline = Instant::now() + most;
+    while Instant::now() < deadline
+        && job.shadow().is_some_and(|shadow| shadow.status().state == JobState::Starting)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Lets each of `job`'s deliveries (stopped) deliver what the live
