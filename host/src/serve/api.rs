@@ -253,11 +253,38 @@ fn router(api: Api) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(api)
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, timeout))
+        .layer(axum::middleware::from_fn(move |request, next| within(timeout, request, next)))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_panic: Box<dyn std::any::Any + Send>| {
             tracing::error!("an admin request panicked; the API goes on");
             ApiError::internal("the host failed on this request (a bug: it was logged); nothing else is affected").into_response()
         }))
+}
+
+/// Runs `request` for at most `limit`; past it the client is answered 503
+/// with the limit named (the work it started runs to its end, as a request
+/// the client gave up on would).
+async fn within(
+    limit: Duration,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(
+                limit_seconds = limit.as_secs(),
+                "an admin request ran past its time limit"
+            );
+            ApiError::new(
+                503,
+                format!(
+                    "the request took longer than the host's limit of {} s for one request; it may still finish on the host: check with `tally jobs status` before trying again",
+                    limit.as_secs()
+                ),
+            )
+            .into_response()
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -633,6 +660,39 @@ mod tests {
     fn query_parameters_are_decoded() {
         assert_eq!(query_param("key=%7B%22a%22%3A1%7D&x=2", "key").as_deref(), Some("{\"a\":1}"));
         assert_eq!(query_param("x=2", "key"), None);
+    }
+
+    /// A request past its time limit is answered 503 with the limit named;
+    /// one within it, as its handler answers.
+    #[test]
+    fn a_request_past_its_time_limit_is_told_the_limit() {
+        use tower::ServiceExt as _;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let app = Router::new()
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    "late"
+                }),
+            )
+            .route("/quick", get(|| async { "done" }))
+            .layer(axum::middleware::from_fn(|request, next| {
+                within(Duration::from_secs(1), request, next)
+            }));
+        let answer = |path: &str| {
+            let request = axum::http::Request::get(path).body(Body::empty()).unwrap();
+            runtime.block_on(async {
+                let response = app.clone().oneshot(request).await.unwrap();
+                let status = response.status();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                (status, String::from_utf8(body.to_vec()).unwrap())
+            })
+        };
+        let (status, body) = answer("/slow");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("the host's limit of 1 s for one request"), "{body}");
+        assert_eq!(answer("/quick"), (StatusCode::OK, "done".to_string()));
     }
 
     mod fuzz {
