@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use tally_tests::serve::{ACME, JsonApi, ServeHost, local_job};
+use tally_tests::serve::{ACME, GLOBEX, JsonApi, ServeHost, local_job};
 use tally_tests::usage_lines;
 
 use crate::plugins;
@@ -175,4 +175,48 @@ fn lying_stalling_and_flooding_clients_cannot_take_the_api_down() {
 
     assert!(host.is_running(), "the host is up:\n{}", host.log());
     assert!(host.terminate(), "SIGTERM stops the host cleanly:\n{}", host.log());
+}
+
+#[test]
+fn a_tenant_stalling_its_uploads_leaves_other_tenants_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = ServeHost::start_with(dir.path(), "max_upload_bytes = 1048576", "", "");
+    let lines = usage_lines(62, 100, 0);
+    write_input(&host, "acme", "usage.ndjson", &lines);
+    write_input(&host, "globex", "usage.ndjson", &lines);
+    let component = plugin(plugins::USAGE_BILLING);
+    host.client(ACME).deploy(&local_job("billing", &["usage.ndjson"], ""), &component).unwrap();
+
+    // acme announces more bodies than the host reads at once and sends
+    // none of them.
+    let token = format!("Authorization: Bearer {ACME}\r\n");
+    let stalled: Vec<TcpStream> = (0..2 * tally_host::serve::api::MAX_UPLOADS_IN_FLIGHT)
+        .map(|_| {
+            let mut stream = TcpStream::connect(host.address()).unwrap();
+            stream.write_all(format!("POST /v1/jobs/billing/plugin HTTP/1.1\r\nHost: x\r\n{token}Content-Length: 2000\r\n\r\n").as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    // Let the stalled requests take their turns at reading first.
+    std::thread::sleep(Duration::from_millis(500));
+
+    // globex's upload is read and its job deployed while acme's uploads
+    // still wait for their bodies (unanswered: they would be answered 408
+    // once their body timeout ran out, and only then would globex's turn
+    // come if acme could hold every turn).
+    host.client(GLOBEX)
+        .deploy(&local_job("billing", &["usage.ndjson"], ""), &component)
+        .unwrap_or_else(|err| panic!("globex's deploy: {err}\n{}", host.log()));
+    for mut stream in stalled {
+        stream.set_nonblocking(true).unwrap();
+        let mut answer = [0u8; 64];
+        match stream.read(&mut answer) {
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!(
+                "acme's stalled upload was answered before globex's deploy was: {other:?} {:?}",
+                String::from_utf8_lossy(&answer)
+            ),
+        }
+    }
+    answers(&host);
 }

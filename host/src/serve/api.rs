@@ -30,7 +30,9 @@
 //! request answered with a 500 instead of taking the API down. At most
 //! [`MAX_UPLOADS_IN_FLIGHT`] bodies are read at once, and the work of a
 //! request (decoding, compiles, disk, locks) runs on a bounded pool of
-//! blocking threads, never on the threads that serve connections.
+//! blocking threads, never on the threads that serve connections. One
+//! tenant has at most half of each: [`MAX_WORKING_PER_TENANT`] requests
+//! doing work, [`MAX_UPLOADS_PER_TENANT`] bodies being read.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -76,6 +78,12 @@ pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(600);
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
 /// Requests doing work (compiles, disk, locks) at once; more wait.
 pub const MAX_WORKING_REQUESTS: usize = 16;
+/// One tenant's requests doing work at once: half of
+/// [`MAX_WORKING_REQUESTS`], so that no tenant holds every turn; more wait.
+pub const MAX_WORKING_PER_TENANT: usize = MAX_WORKING_REQUESTS / 2;
+/// One tenant's request bodies read at once: half of
+/// [`MAX_UPLOADS_IN_FLIGHT`]; more wait.
+pub const MAX_UPLOADS_PER_TENANT: usize = MAX_UPLOADS_IN_FLIGHT / 2;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -85,23 +93,58 @@ struct Api {
     working: Arc<Semaphore>,
     /// Turns at reading a request body.
     uploads: Arc<Semaphore>,
+    /// Each tenant's own turns, within the host's.
+    tenants: Arc<HashMap<String, Arc<TenantTurns>>>,
+}
+
+/// One tenant's share of the API's turns.
+struct TenantTurns {
+    /// Its requests doing work ([`MAX_WORKING_PER_TENANT`]).
+    working: Semaphore,
+    /// Its bodies being read ([`MAX_UPLOADS_PER_TENANT`]).
+    uploads: Semaphore,
 }
 
 impl Api {
     fn new(host: Arc<Host>) -> Api {
         Api {
-            host,
             working: Arc::new(Semaphore::new(MAX_WORKING_REQUESTS)),
             uploads: Arc::new(Semaphore::new(MAX_UPLOADS_IN_FLIGHT)),
+            tenants: Arc::new(
+                host.config()
+                    .tenants
+                    .keys()
+                    .map(|tenant| {
+                        let turns = TenantTurns {
+                            working: Semaphore::new(MAX_WORKING_PER_TENANT),
+                            uploads: Semaphore::new(MAX_UPLOADS_PER_TENANT),
+                        };
+                        (tenant.clone(), Arc::new(turns))
+                    })
+                    .collect(),
+            ),
+            host,
         }
     }
 
     /// Runs `work` on the blocking pool, within the bound on working
-    /// requests; a panic in it is a 500, not a dead worker.
+    /// requests (and on the tenant's, for a tenant's request); a panic in
+    /// it is a 500, not a dead worker.
     async fn run<T: Send + 'static>(
         &self,
+        tenant: Option<&TenantTurns>,
         work: impl FnOnce(&Arc<Host>) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
+        let _tenant_permit = match tenant {
+            Some(turns) => Some(
+                turns
+                    .working
+                    .acquire()
+                    .await
+                    .map_err(|_| ApiError::new(503, "the host is shutting down"))?,
+            ),
+            None => None,
+        };
         let _permit = self
             .working
             .clone()
@@ -320,17 +363,20 @@ fn text(body: impl Into<String>) -> Response {
 }
 
 /// The tenant whose bearer token a request carries: checked from the
-/// headers alone, before any of the body is read.
-struct Tenant(String);
+/// headers alone, before any of the body is read; with its share of the
+/// API's turns.
+struct Tenant(String, Arc<TenantTurns>);
 
 impl FromRequestParts<Api> for Tenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Tenant, ApiError> {
         let token = bearer(&parts.headers)?;
-        api.host.config().tenant_of(&token).map(|tenant| Tenant(tenant.to_string())).ok_or_else(
-            || ApiError::new(401, "the token is not recognised; check --token or TALLY_TOKEN"),
-        )
+        let tenant = api.host.config().tenant_of(&token).ok_or_else(|| {
+            ApiError::new(401, "the token is not recognised; check --token or TALLY_TOKEN")
+        })?;
+        let turns = api.tenants.get(tenant).ok_or_else(|| ApiError::new(401, "unknown tenant"))?;
+        Ok(Tenant(tenant.to_string(), turns.clone()))
     }
 }
 
@@ -359,20 +405,26 @@ fn decode_plugin(text: &str) -> Result<Vec<u8>, ApiError> {
 /// tenant's before any of its body is read.
 async fn read_owned_body(
     api: &Api,
-    tenant: &str,
+    (tenant, turns): (&str, &TenantTurns),
     job: &str,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Bytes, ApiError> {
-    let (tenant, job) = (tenant.to_string(), job.to_string());
-    api.run(move |host| host.job(&tenant, &job).map(drop)).await?;
-    read_body(api, headers, body).await
+    let (owner, job) = (tenant.to_string(), job.to_string());
+    api.run(Some(turns), move |host| host.job(&owner, &job).map(drop)).await?;
+    read_body(api, turns, headers, body).await
 }
 
 /// The request body, refused unread when its announced length is over
 /// the host's `max_upload_bytes`, and cut off once it grows past it;
-/// within [`BODY_TIMEOUT`], once it is its turn ([`MAX_UPLOADS_IN_FLIGHT`]).
-async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+/// within [`BODY_TIMEOUT`], once it is the tenant's turn
+/// ([`MAX_UPLOADS_PER_TENANT`]) and the host's ([`MAX_UPLOADS_IN_FLIGHT`]).
+async fn read_body(
+    api: &Api,
+    turns: &TenantTurns,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
     let limit = api.host.config().max_upload_bytes;
     let too_large = || {
         ApiError::new(
@@ -387,8 +439,9 @@ async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, 
     if announced.is_some_and(|length| length > limit) {
         return Err(too_large());
     }
-    let _turn =
-        api.uploads.acquire().await.map_err(|_| ApiError::new(503, "the host is shutting down"))?;
+    let shutting_down = |_| ApiError::new(503, "the host is shutting down");
+    let _tenant_turn = turns.uploads.acquire().await.map_err(shutting_down)?;
+    let _turn = api.uploads.acquire().await.map_err(shutting_down)?;
     let limited = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
     match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
         Err(_) => Err(ApiError::new(
@@ -407,7 +460,7 @@ async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response,
     let token = bearer(&headers)?;
     match &api.host.config().metrics_token {
         Some(expected) if super::config::same_secret(expected, &token) => {
-            Ok(text(api.run(|host| Ok(host.render_metrics())).await?))
+            Ok(text(api.run(None, |host| Ok(host.render_metrics())).await?))
         }
         Some(_) => Err(ApiError::new(
             403,
@@ -420,19 +473,19 @@ async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response,
     }
 }
 
-async fn list(State(api): State<Api>, Tenant(tenant): Tenant) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &api.run(move |host| Ok(host.list(&tenant))).await?))
+async fn list(State(api): State<Api>, Tenant(tenant, turns): Tenant) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &api.run(Some(&turns), move |host| Ok(host.list(&tenant))).await?))
 }
 
 async fn deploy(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&api, &headers, body).await?;
+    let body = read_body(&api, &turns, &headers, body).await?;
     let status = api
-        .run(move |host| {
+        .run(Some(&turns), move |host| {
             let deploy: DeployRequest = serde_json::from_slice(&body).map_err(|err| {
                 ApiError::bad_request(format!("the deploy request must be JSON {{\"job\": \"<TOML>\", \"plugin\": \"<base64 component>\"}}: {err}"))
             })?;
@@ -447,14 +500,14 @@ async fn deploy(
 /// `PUT /v1/jobs/{job}/deliveries`: `{"deliver": "<TOML [[deliver]] sections>"}`.
 async fn set_deliveries(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&api, &headers, body).await?;
+    let body = read_body(&api, &turns, &headers, body).await?;
     let status = api
-        .run(move |host| {
+        .run(Some(&turns), move |host| {
             let request: DeliveriesRequest = serde_json::from_slice(&body).map_err(|err| {
                 ApiError::bad_request(format!(
                     "the request must be JSON {{\"deliver\": \"<TOML [[deliver]] sections>\"}}: {err}"
@@ -468,61 +521,70 @@ async fn set_deliveries(
 
 async fn status(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &api.run(move |host| Ok(host.job(&tenant, &job)?.status())).await?))
+    Ok(json(
+        StatusCode::OK,
+        &api.run(Some(&turns), move |host| Ok(host.job(&tenant, &job)?.status())).await?,
+    ))
 }
 
 async fn delete(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
 ) -> Result<Response, ApiError> {
     let deleted = job.clone();
-    api.run(move |host| host.delete(&tenant, &job)).await?;
+    api.run(Some(&turns), move |host| host.delete(&tenant, &job)).await?;
     Ok(json(StatusCode::OK, &Deleted { deleted }))
 }
 
 async fn pause(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &api.run(move |host| host.set_paused(&tenant, &job, true)).await?))
+    Ok(json(
+        StatusCode::OK,
+        &api.run(Some(&turns), move |host| host.set_paused(&tenant, &job, true)).await?,
+    ))
 }
 
 async fn resume(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &api.run(move |host| host.set_paused(&tenant, &job, false)).await?))
+    Ok(json(
+        StatusCode::OK,
+        &api.run(Some(&turns), move |host| host.set_paused(&tenant, &job, false)).await?,
+    ))
 }
 
 async fn push(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_owned_body(&api, &tenant, &job, &headers, body).await?;
-    let pushed = api.run(move |host| host.push(&tenant, &job, &body)).await?;
+    let body = read_owned_body(&api, (&tenant, &turns), &job, &headers, body).await?;
+    let pushed = api.run(Some(&turns), move |host| host.push(&tenant, &job, &body)).await?;
     Ok(json(if pushed.accepted { StatusCode::ACCEPTED } else { StatusCode::OK }, &pushed.version))
 }
 
 /// `POST /v1/jobs/{job}/shadow`: `{"plugin": "<base64>", "plugin_config": "<TOML>"}`.
 async fn start_shadow(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_owned_body(&api, &tenant, &job, &headers, body).await?;
+    let body = read_owned_body(&api, (&tenant, &turns), &job, &headers, body).await?;
     let status = api
-        .run(move |host| {
+        .run(Some(&turns), move |host| {
             let request: ShadowRequest = serde_json::from_slice(&body).map_err(|err| {
                 ApiError::bad_request(format!("the shadow request must be JSON {{\"plugin\": \"<base64 component, optional>\", \"plugin_config\": \"<TOML table, optional>\", \"from\": \"<earliest, a time or offsets, optional>\"}}: {err}"))
             })?;
@@ -542,40 +604,46 @@ async fn start_shadow(
 
 async fn discard_shadow(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &api.run(move |host| host.discard_shadow(&tenant, &job)).await?))
+    Ok(json(
+        StatusCode::OK,
+        &api.run(Some(&turns), move |host| host.discard_shadow(&tenant, &job)).await?,
+    ))
 }
 
 async fn promote_shadow(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &api.run(move |host| host.promote_shadow(&tenant, &job)).await?))
+    Ok(json(
+        StatusCode::OK,
+        &api.run(Some(&turns), move |host| host.promote_shadow(&tenant, &job)).await?,
+    ))
 }
 
 async fn history(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &api.run(move |host| host.history(&tenant, &job)).await?))
+    Ok(json(StatusCode::OK, &api.run(Some(&turns), move |host| host.history(&tenant, &job)).await?))
 }
 
 async fn rollback(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
 ) -> Result<Response, ApiError> {
-    let pushed = api.run(move |host| host.rollback(&tenant, &job)).await?;
+    let pushed = api.run(Some(&turns), move |host| host.rollback(&tenant, &job)).await?;
     Ok(json(if pushed.accepted { StatusCode::ACCEPTED } else { StatusCode::OK }, &pushed.version))
 }
 
 async fn state(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path(job): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -583,26 +651,30 @@ async fn state(
         .as_deref()
         .and_then(|query| query_param(query, "key"))
         .ok_or_else(|| ApiError::bad_request("give the key as ?key=<url-encoded key>"))?;
-    Ok(json(StatusCode::OK, &api.run(move |host| host.state_get(&tenant, &job, &key)).await?))
+    Ok(json(
+        StatusCode::OK,
+        &api.run(Some(&turns), move |host| host.state_get(&tenant, &job, &key)).await?,
+    ))
 }
 
 async fn unknown(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path((job, output)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let records = api.run(move |host| host.delivery_unknown(&tenant, &job, &output)).await?;
+    let records =
+        api.run(Some(&turns), move |host| host.delivery_unknown(&tenant, &job, &output)).await?;
     Ok(json(StatusCode::OK, &records))
 }
 
 async fn resolve(
     State(api): State<Api>,
-    Tenant(tenant): Tenant,
+    Tenant(tenant, turns): Tenant,
     Path((job, output)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&api, &headers, body).await?;
+    let body = read_body(&api, &turns, &headers, body).await?;
     // A key and a flag: decoded here, so kept small.
     const MAX_RESOLVE_BYTES: usize = 16 << 10;
     if body.len() > MAX_RESOLVE_BYTES {
@@ -620,7 +692,7 @@ async fn resolve(
         ))
     })?;
     let resolved = api
-        .run(move |host| {
+        .run(Some(&turns), move |host| {
             host.delivery_resolve(&tenant, &job, &output, request.key, request.applied)
         })
         .await?;
