@@ -7,21 +7,27 @@
 //! |---|---|
 //! | `w` | the watermark: seconds (i64), nanoseconds (i32) |
 //! | `i` | the effective watermark idleness closed through, the same way |
+//! | `f` | the latest period end whose state and ids may be forgotten, the same way |
 //! | `p` end key-fields label | start, version (u32), value (u64), zone, the aggregation's state |
-//! | `e` expiry chunk | event ids that expire then, each with its payload's digest (8 bytes) |
+//! | `e` end chunk | event ids of the periods that end then, each with its payload's digest (8 bytes) |
 //!
 //! Integers are big-endian; an instant's seconds have their sign bit
-//! flipped in keys so that periods sort by end and ids by expiry; strings
+//! flipped in keys so that periods and ids sort by end; strings
 //! carry a u16 length (key fields, labels and event ids) and the
 //! aggregation's state runs to the value's end.
 //!
 //! Event ids are stored by the transaction that remembered them, not one
 //! entry each: each transaction appends chunks (numbered from 0, each at
-//! most [`SEEN_CHUNK_BYTES`]) for every expiry it remembered ids under, and
-//! a purge deletes all of an expiry's chunks. An entry per id cost a
+//! most [`SEEN_CHUNK_BYTES`]) for every period end it remembered ids under,
+//! and a purge deletes all of an end's chunks. An entry per id cost a
 //! memtable insert and a changelog record per event; such entries (key
 //! `s` and the id; value the expiry in whole seconds, rounded up, and the
 //! digest) are still read, and rewritten as chunks by the next commit.
+//!
+//! Until 2026-12, `e` entries were keyed by the ids' expiry (their period's
+//! end plus the horizon) instead of the end: such an entry is read as ids
+//! of a period ending then, so its ids are kept one horizon longer than
+//! they need be, never shorter. Likewise a first-format id's expiry.
 
 use jiff::Timestamp;
 use sha2::{Digest, Sha256};
@@ -47,17 +53,18 @@ pub struct Damaged {
 pub(crate) enum Stored {
     Watermark(Timestamp),
     IdleThrough(Timestamp),
+    ForgottenThrough(Timestamp),
     Period((Timestamp, AggregationKey, String), PeriodState),
-    /// Chunk `chunk` of the ids that expire at `expires`.
+    /// Chunk `chunk` of the ids of the periods that end at `period_end`.
     SeenIds {
-        expires: Timestamp,
+        period_end: Timestamp,
         chunk: u64,
         ids: Vec<(String, PayloadDigest)>,
     },
     /// One id in the first format: an entry of its own.
     SeenId {
         id: String,
-        expires: Timestamp,
+        period_end: Timestamp,
         digest: PayloadDigest,
     },
 }
@@ -68,6 +75,7 @@ pub const SEEN_CHUNK_BYTES: usize = 32 * 1024;
 
 const WATERMARK: u8 = b'w';
 const IDLE_THROUGH: u8 = b'i';
+const FORGOTTEN_THROUGH: u8 = b'f';
 const PERIOD: u8 = b'p';
 const SEEN_IDS: u8 = b'e';
 const SEEN_ID: u8 = b's';
@@ -86,6 +94,10 @@ pub(crate) fn watermark(at: Timestamp) -> Entry {
 
 pub(crate) fn idle_through(at: Timestamp) -> Entry {
     (vec![IDLE_THROUGH], instant(at).to_vec())
+}
+
+pub(crate) fn forgotten_through(at: Timestamp) -> Entry {
+    (vec![FORGOTTEN_THROUGH], instant(at).to_vec())
 }
 
 pub(crate) fn period_key(id: &(Timestamp, AggregationKey, String)) -> Vec<u8> {
@@ -110,19 +122,19 @@ pub(crate) fn period(id: &(Timestamp, AggregationKey, String), period: &PeriodSt
     (period_key(id), value)
 }
 
-/// The key of chunk `chunk` of the ids expiring at `expires`.
-pub(crate) fn seen_ids_key(expires: Timestamp, chunk: u64) -> Vec<u8> {
+/// The key of chunk `chunk` of the ids of the periods that end at `period_end`.
+pub(crate) fn seen_ids_key(period_end: Timestamp, chunk: u64) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + 12 + 8);
     key.push(SEEN_IDS);
-    key.extend_from_slice(&ordered_instant(expires));
+    key.extend_from_slice(&ordered_instant(period_end));
     key.extend_from_slice(&chunk.to_be_bytes());
     key
 }
 
-/// `ids` (each with its payload's digest), all expiring at `expires`, as
+/// `ids` (each with its payload's digest), all of periods that end at `period_end`, as
 /// chunks numbered from `first_chunk`.
 pub(crate) fn seen_ids<'a>(
-    expires: Timestamp,
+    period_end: Timestamp,
     first_chunk: u64,
     ids: impl IntoIterator<Item = (&'a str, PayloadDigest)>,
 ) -> Vec<Entry> {
@@ -133,12 +145,12 @@ pub(crate) fn seen_ids<'a>(
         value.extend_from_slice(&digest);
         if value.len() >= SEEN_CHUNK_BYTES {
             let chunk = first_chunk + entries.len() as u64;
-            entries.push((seen_ids_key(expires, chunk), std::mem::take(&mut value)));
+            entries.push((seen_ids_key(period_end, chunk), std::mem::take(&mut value)));
         }
     }
     if !value.is_empty() {
         let chunk = first_chunk + entries.len() as u64;
-        entries.push((seen_ids_key(expires, chunk), value));
+        entries.push((seen_ids_key(period_end, chunk), value));
     }
     entries
 }
@@ -154,6 +166,11 @@ pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Stored, Damaged> {
         Some(&IDLE_THROUGH) if key.len() == 1 => Ok(Stored::IdleThrough(
             value_reader.instant().ok_or_else(|| damaged("an idle watermark"))?,
         )),
+        Some(&FORGOTTEN_THROUGH) if key.len() == 1 => Ok(Stored::ForgottenThrough(
+            value_reader
+                .instant()
+                .ok_or_else(|| damaged("the end periods are forgotten through"))?,
+        )),
         Some(&PERIOD) => {
             let mut key_reader = Reader { bytes: &key[1..] };
             let id = key_reader.period_id().ok_or_else(|| damaged("a period's key"))?;
@@ -165,16 +182,16 @@ pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Stored, Damaged> {
         }
         Some(&SEEN_IDS) => {
             let mut key_reader = Reader { bytes: &key[1..] };
-            let expires = key_reader.ordered_instant().ok_or_else(|| damaged("an expiry"))?;
+            let period_end = key_reader.ordered_instant().ok_or_else(|| damaged("a period end"))?;
             let chunk = u64::from_be_bytes(key_reader.array().ok_or_else(|| damaged("a chunk"))?);
             // One chunk has one key: another spelling of it (an instant's
             // seconds and nanoseconds of opposite signs) would never be
             // deleted.
-            if seen_ids_key(expires, chunk) != key {
+            if seen_ids_key(period_end, chunk) != key {
                 return Err(damaged("a chunk of seen ids' key"));
             }
             let ids = value_reader.seen_ids().ok_or_else(|| damaged("a chunk of seen ids"))?;
-            Ok(Stored::SeenIds { expires, chunk, ids })
+            Ok(Stored::SeenIds { period_end, chunk, ids })
         }
         Some(&SEEN_ID) => {
             let id = std::str::from_utf8(&key[1..]).map_err(|_| damaged("an event id"))?;
@@ -183,11 +200,11 @@ pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Stored, Damaged> {
                 return Err(damaged("an event id"));
             }
             let seconds = value_reader.array().map(i64::from_be_bytes);
-            let expires = seconds.and_then(|seconds| Timestamp::from_second(seconds).ok());
+            let period_end = seconds.and_then(|seconds| Timestamp::from_second(seconds).ok());
             let digest = value_reader.array();
-            match (expires, digest, value_reader.bytes.is_empty()) {
-                (Some(expires), Some(digest), true) => {
-                    Ok(Stored::SeenId { id: id.to_string(), expires, digest })
+            match (period_end, digest, value_reader.bytes.is_empty()) {
+                (Some(period_end), Some(digest), true) => {
+                    Ok(Stored::SeenId { id: id.to_string(), period_end, digest })
                 }
                 _ => Err(damaged("a seen event id")),
             }
@@ -311,15 +328,17 @@ mod tests {
         assert!(matches!(decode(&key, &value), Ok(Stored::Watermark(read)) if read == at));
         let (key, value) = idle_through(at);
         assert!(matches!(decode(&key, &value), Ok(Stored::IdleThrough(read)) if read == at));
+        let (key, value) = forgotten_through(at);
+        assert!(matches!(decode(&key, &value), Ok(Stored::ForgottenThrough(read)) if read == at));
 
         // A seen id costs its length, its bytes and its digest.
         let chunks = seen_ids(at, 3, [("evt-1", [7; 8]), ("é", [1; 8])]);
         let [(key, value)] = chunks.as_slice() else { panic!("one chunk: {chunks:?}") };
         assert_eq!(value.len(), (2 + 5 + 8) + (2 + 2 + 8));
-        let Ok(Stored::SeenIds { expires, chunk, ids }) = decode(key, value) else {
+        let Ok(Stored::SeenIds { period_end, chunk, ids }) = decode(key, value) else {
             panic!("a chunk of seen ids")
         };
-        assert_eq!((expires, chunk), (at, 3));
+        assert_eq!((period_end, chunk), (at, 3));
         assert_eq!(ids, vec![("evt-1".to_string(), [7; 8]), ("é".to_string(), [1; 8])]);
     }
 
@@ -327,10 +346,10 @@ mod tests {
     fn a_seen_id_in_the_first_format_still_reads() {
         let mut value = 1_796_965_200_i64.to_be_bytes().to_vec();
         value.extend_from_slice(&[7; 8]);
-        let Ok(Stored::SeenId { id, expires, digest }) = decode(b"sevt-1", &value) else {
+        let Ok(Stored::SeenId { id, period_end, digest }) = decode(b"sevt-1", &value) else {
             panic!("a seen id")
         };
-        assert_eq!((id.as_str(), expires.as_second(), digest), ("evt-1", 1_796_965_200, [7; 8]));
+        assert_eq!((id.as_str(), period_end.as_second(), digest), ("evt-1", 1_796_965_200, [7; 8]));
         assert!(decode(b"sevt-1", &value[..15]).is_err());
     }
 
@@ -356,16 +375,16 @@ mod tests {
         let mut read = Vec::new();
         for (number, (key, value)) in chunks.iter().enumerate() {
             assert!(value.len() < SEEN_CHUNK_BYTES + 2 + 256 + 8, "a chunk is cut near the limit");
-            let Ok(Stored::SeenIds { expires, chunk, ids }) = decode(key, value) else {
+            let Ok(Stored::SeenIds { period_end, chunk, ids }) = decode(key, value) else {
                 panic!("chunk {number}")
             };
-            assert_eq!((expires, chunk), (at, 7 + number as u64));
+            assert_eq!((period_end, chunk), (at, 7 + number as u64));
             read.extend(ids.into_iter().map(|(id, _)| id));
         }
         assert_eq!(read, names, "every id, in order");
         assert!(chunks.windows(2).all(|pair| pair[0].0 < pair[1].0), "keys sort by chunk");
         let before: Timestamp = "1969-01-05T05:00:00Z".parse().unwrap();
-        assert!(seen_ids_key(before, u64::MAX) < seen_ids_key(at, 0), "and by expiry first");
+        assert!(seen_ids_key(before, u64::MAX) < seen_ids_key(at, 0), "and by end first");
     }
 
     #[test]
@@ -381,7 +400,7 @@ mod tests {
         fn damaged_entries_are_errors_never_panics(
             key in prop::collection::vec(any::<u8>(), 0..64),
             value in prop::collection::vec(any::<u8>(), 0..64),
-            kind in prop::sample::select(vec![b'w', b'i', b'p', b'e', b's', b'x']),
+            kind in prop::sample::select(vec![b'w', b'i', b'f', b'p', b'e', b's', b'x']),
         ) {
             let mut key = key;
             key.insert(0, kind);

@@ -5,7 +5,8 @@
 //! 1. an event time past its arrival plus `max_future` is a dead letter
 //!    (`future:`), and the watermark does not move;
 //! 2. an event whose period ended `horizon` or more before the effective
-//!    watermark is a dead letter (`too_old:`);
+//!    watermark, or whose period may be forgotten already (under a shorter
+//!    horizon of an earlier run), is a dead letter (`too_old:`);
 //! 3. an event id already seen in the partition is not applied: a dead
 //!    letter `duplicate:`, or `duplicate_conflict:` when its payload
 //!    differs from the first one's (the first one wins);
@@ -207,8 +208,8 @@ pub(crate) struct PeriodState {
 /// another payload is told apart (either way it is not applied).
 pub(crate) type PayloadDigest = [u8; 8];
 
-/// What the committed entries hold of the ids expiring at one instant: how
-/// many chunks, holding the first how many of them.
+/// What the committed entries hold of the ids of the periods that end at
+/// one instant: how many chunks, holding the first how many of them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct StoredIds {
     chunks: u64,
@@ -240,6 +241,10 @@ pub struct PartitionPeriods {
     watermark: Option<Timestamp>,
     /// The effective watermark idleness closed the partition through.
     idle_through: Option<Timestamp>,
+    /// The latest period end whose state and ids may have been purged:
+    /// events of periods ending then or before are too old, whatever the
+    /// horizon is now (a longer one must not open a forgotten period anew).
+    forgotten_through: Option<Timestamp>,
     /// Periods not yet final.
     open: BTreeMap<PeriodId, PeriodState>,
     /// Final periods, kept for adjustments until the horizon.
@@ -248,10 +253,11 @@ pub struct PartitionPeriods {
     marked: BTreeSet<PeriodId>,
     /// Seen ids; a randomly seeded hash keeps crafted ids from colliding.
     seen: HashMap<SeenId, PayloadDigest, foldhash::fast::RandomState>,
-    /// Seen ids by expiry (their period's end plus the horizon), in the
-    /// order they were remembered, for the purge.
-    expiring: BTreeMap<Timestamp, Vec<SeenId>>,
-    /// How much of each expiry's ids the committed entries hold: the ids
+    /// Seen ids by their period's end (they are purged with it, once the
+    /// effective watermark reaches that end plus the horizon), in the order
+    /// they were remembered.
+    ids_by_end: BTreeMap<Timestamp, Vec<SeenId>>,
+    /// How much of each end's ids the committed entries hold: the ids
     /// after those are stored by the next `take_changes`.
     stored_ids: BTreeMap<Timestamp, StoredIds>,
     /// Periods changed since the last [`PartitionPeriods::take_changes`],
@@ -277,6 +283,7 @@ pub struct PartitionPeriods {
 struct Journal {
     watermark: Option<Timestamp>,
     idle_through: Option<Timestamp>,
+    forgotten_through: Option<Timestamp>,
     watermark_moved: bool,
     counts: PeriodCounts,
     dirty: BTreeSet<PeriodId>,
@@ -287,15 +294,16 @@ struct Journal {
 }
 
 /// A seen event id: one copy in memory, shared by the map of seen ids and
-/// the expiry index.
+/// the index by period end.
 type SeenId = std::sync::Arc<str>;
 
 /// One change to the seen ids or marks, undone in reverse order.
 #[derive(Debug, Clone)]
 enum Undo {
-    /// An id was remembered, last under this expiry.
+    /// An id was remembered, last under this period end.
     Seen(Timestamp),
-    /// The ids expiring then were forgotten, and their stored chunks.
+    /// The ids of the periods ending then were forgotten, and their stored
+    /// chunks.
     Purged(Timestamp, Vec<(SeenId, Option<PayloadDigest>)>, Option<StoredIds>),
     /// A period was marked for an adjustment.
     Marked(PeriodId),
@@ -343,11 +351,12 @@ impl PartitionPeriods {
             settings,
             watermark: None,
             idle_through: None,
+            forgotten_through: None,
             open: BTreeMap::new(),
             closed: BTreeMap::new(),
             marked: BTreeSet::new(),
             seen: HashMap::default(),
-            expiring: BTreeMap::new(),
+            ids_by_end: BTreeMap::new(),
             stored_ids: BTreeMap::new(),
             dirty: BTreeSet::new(),
             watermark_moved: false,
@@ -365,7 +374,7 @@ impl PartitionPeriods {
         entries: impl IntoIterator<Item = Entry>,
     ) -> Result<PartitionPeriods, codec::Damaged> {
         let mut partition = PartitionPeriods::new(settings);
-        // Each expiry's chunks and the highest one's number: they must be
+        // Each period end's chunks and the highest one's number: they must be
         // numbered 0 to n, or a purge would leave some behind.
         let mut highest_chunk: BTreeMap<Timestamp, u64> = BTreeMap::new();
         let mut first_format = Vec::new();
@@ -373,6 +382,7 @@ impl PartitionPeriods {
             match codec::decode(&key, &value)? {
                 Stored::Watermark(at) => partition.watermark = Some(at),
                 Stored::IdleThrough(at) => partition.idle_through = Some(at),
+                Stored::ForgottenThrough(at) => partition.forgotten_through = Some(at),
                 Stored::Period(id, period) => {
                     let into = if period.version == 0 {
                         &mut partition.open
@@ -381,39 +391,39 @@ impl PartitionPeriods {
                     };
                     into.insert(id, period);
                 }
-                Stored::SeenIds { expires, chunk, ids } => {
-                    let stored = partition.stored_ids.entry(expires).or_default();
+                Stored::SeenIds { period_end, chunk, ids } => {
+                    let stored = partition.stored_ids.entry(period_end).or_default();
                     stored.chunks += 1;
                     stored.ids += ids.len();
-                    let highest = highest_chunk.entry(expires).or_default();
+                    let highest = highest_chunk.entry(period_end).or_default();
                     *highest = (*highest).max(chunk);
-                    let expiring = partition.expiring.entry(expires).or_default();
+                    let ids_by_end = partition.ids_by_end.entry(period_end).or_default();
                     for (id, digest) in ids {
                         let id = SeenId::from(id);
-                        expiring.push(id.clone());
+                        ids_by_end.push(id.clone());
                         partition.seen.insert(id, digest);
                     }
                 }
-                Stored::SeenId { id, expires, digest } => {
-                    first_format.push((key, id, expires, digest));
+                Stored::SeenId { id, period_end, digest } => {
+                    first_format.push((key, id, period_end, digest));
                 }
             }
         }
-        // Ids in the first format, an entry each, follow their expiry's
+        // Ids in the first format, an entry each, follow their end's
         // chunks as ids not stored yet: the next commit writes them into a
         // chunk and deletes their entries.
-        for (key, id, expires, digest) in first_format {
+        for (key, id, period_end, digest) in first_format {
             let id = SeenId::from(id);
             partition.changed.insert(key, None);
-            partition.expiring.entry(expires).or_default().push(id.clone());
+            partition.ids_by_end.entry(period_end).or_default().push(id.clone());
             partition.seen.insert(id, digest);
         }
-        for (expires, stored) in &partition.stored_ids {
-            let highest = highest_chunk.get(expires).copied().unwrap_or_default();
+        for (period_end, stored) in &partition.stored_ids {
+            let highest = highest_chunk.get(period_end).copied().unwrap_or_default();
             if highest.checked_add(1) != Some(stored.chunks) {
                 return Err(codec::Damaged {
-                    key: codec::seen_ids_key(*expires, highest),
-                    what: "the chunks of seen ids of one expiry, which are numbered from 0 without a gap",
+                    key: codec::seen_ids_key(*period_end, highest),
+                    what: "the chunks of seen ids of one period end, which are numbered from 0 without a gap",
                 });
             }
         }
@@ -555,6 +565,18 @@ impl PartitionPeriods {
             }
         };
         let purge_at = after(period.end, settings.horizon);
+        if let Some(forgotten) = self.forgotten_through
+            && period.end <= forgotten
+        {
+            self.counts.too_old += 1;
+            return Ok(Verdict::DeadLetter(format!(
+                "too_old: its period {} ({}) ended at {}, when this partition's periods may be forgotten already (through {forgotten}, under a shorter periods.horizon than {} of an earlier run)",
+                period.label,
+                zone.name(),
+                period.end,
+                friendly(settings.horizon)
+            )));
+        }
         if let Some(effective) = self.effective_watermark()
             && effective >= purge_at
         {
@@ -595,7 +617,7 @@ impl PartitionPeriods {
                 self.window.slots.get(&PeriodRef(period.end, &event.key, &period.label))
         {
             self.window.additions.push(Addition { period: slot, time: event.time, event: index });
-            self.remember(event, purge_at, digest);
+            self.remember(event, period.end, digest);
             return self.applied(event.time, aggregation, out);
         }
         let id: PeriodId = (period.end, event.key.clone(), period.label.clone());
@@ -651,17 +673,18 @@ impl PartitionPeriods {
             entry.state = state;
         }
         self.dirty.insert(id);
-        self.remember(event, purge_at, digest);
+        self.remember(event, period.end, digest);
         self.applied(event.time, aggregation, out)
     }
 
-    /// Remembers an applied event's id until `expires`.
-    fn remember(&mut self, event: &EventFacts, expires: Timestamp, digest: PayloadDigest) {
+    /// Remembers an applied event's id, with the period that ends at
+    /// `period_end`.
+    fn remember(&mut self, event: &EventFacts, period_end: Timestamp, digest: PayloadDigest) {
         let id = SeenId::from(event.id.as_str());
         self.seen.insert(id.clone(), digest);
-        self.expiring.entry(expires).or_default().push(id);
+        self.ids_by_end.entry(period_end).or_default().push(id);
         if let Some(journal) = &mut self.journal {
-            journal.log.push(Undo::Seen(expires));
+            journal.log.push(Undo::Seen(period_end));
         }
     }
 
@@ -686,6 +709,7 @@ impl PartitionPeriods {
         self.journal = Some(Journal {
             watermark: self.watermark,
             idle_through: self.idle_through,
+            forgotten_through: self.forgotten_through,
             watermark_moved: self.watermark_moved,
             counts: self.counts,
             dirty: self.dirty.clone(),
@@ -721,17 +745,17 @@ impl PartitionPeriods {
         let Some(journal) = self.journal.take() else { return };
         for undo in journal.log.into_iter().rev() {
             match undo {
-                Undo::Seen(expires) => {
-                    if let Some(ids) = self.expiring.get_mut(&expires) {
+                Undo::Seen(period_end) => {
+                    if let Some(ids) = self.ids_by_end.get_mut(&period_end) {
                         if let Some(id) = ids.pop() {
                             self.seen.remove(&id);
                         }
                         if ids.is_empty() {
-                            self.expiring.remove(&expires);
+                            self.ids_by_end.remove(&period_end);
                         }
                     }
                 }
-                Undo::Purged(expires, forgotten, stored) => {
+                Undo::Purged(period_end, forgotten, stored) => {
                     let mut ids = Vec::with_capacity(forgotten.len());
                     for (id, digest) in forgotten {
                         if let Some(digest) = digest {
@@ -739,9 +763,9 @@ impl PartitionPeriods {
                         }
                         ids.push(id);
                     }
-                    self.expiring.insert(expires, ids);
+                    self.ids_by_end.insert(period_end, ids);
                     if let Some(stored) = stored {
-                        self.stored_ids.insert(expires, stored);
+                        self.stored_ids.insert(period_end, stored);
                     }
                 }
                 Undo::Marked(id) => {
@@ -764,6 +788,7 @@ impl PartitionPeriods {
         }
         self.watermark = journal.watermark;
         self.idle_through = journal.idle_through;
+        self.forgotten_through = journal.forgotten_through;
         self.watermark_moved = journal.watermark_moved;
         self.counts = journal.counts;
         self.dirty = journal.dirty;
@@ -848,16 +873,16 @@ impl PartitionPeriods {
             let (key, value) = codec::watermark(watermark);
             self.changed.insert(key, Some(value));
         }
-        for (expires, ids) in &self.expiring {
-            let stored = self.stored_ids.get(expires).copied().unwrap_or_default();
+        for (period_end, ids) in &self.ids_by_end {
+            let stored = self.stored_ids.get(period_end).copied().unwrap_or_default();
             if ids.len() <= stored.ids {
                 continue;
             }
             let fresh =
                 ids[stored.ids..].iter().filter_map(|id| Some((&**id, *self.seen.get(id)?)));
-            let chunks = codec::seen_ids(*expires, stored.chunks, fresh);
+            let chunks = codec::seen_ids(*period_end, stored.chunks, fresh);
             let stored = StoredIds { chunks: stored.chunks + chunks.len() as u64, ids: ids.len() };
-            self.stored_ids.insert(*expires, stored);
+            self.stored_ids.insert(*period_end, stored);
             self.changed.extend(chunks.into_iter().map(|(key, value)| (key, Some(value))));
         }
         std::mem::take(&mut self.changed).into_iter().collect()
@@ -865,8 +890,8 @@ impl PartitionPeriods {
 
     /// Whether ids were remembered that the committed entries do not hold.
     fn has_unstored_ids(&self) -> bool {
-        self.expiring.iter().any(|(expires, ids)| {
-            ids.len() > self.stored_ids.get(expires).map_or(0, |stored| stored.ids)
+        self.ids_by_end.iter().any(|(period_end, ids)| {
+            ids.len() > self.stored_ids.get(period_end).map_or(0, |stored| stored.ids)
         })
     }
 
@@ -887,7 +912,10 @@ impl PartitionPeriods {
     /// event that makes room for its own id is not refused for the room.
     fn would_purge_one(&self, time: Timestamp) -> bool {
         let effective = self.effective_watermark().map_or(time, |effective| effective.max(time));
-        self.expiring.first_key_value().is_some_and(|(expires, _)| *expires <= effective)
+        let horizon = self.settings.horizon;
+        self.ids_by_end
+            .first_key_value()
+            .is_some_and(|(period_end, _)| after(*period_end, horizon) <= effective)
     }
 
     fn close_and_purge<A: Aggregation>(
@@ -921,10 +949,12 @@ impl PartitionPeriods {
             self.dirty.insert(id.clone());
             self.closed.insert(id, period);
         }
+        let mut forgot = false;
         while let Some((id, _)) = self.closed.first_key_value() {
             if after(id.0, horizon) > effective {
                 break;
             }
+            forgot = true;
             let id = id.clone();
             self.touch(&id);
             let Some(mut period) = self.closed.remove(&id) else { break };
@@ -939,11 +969,12 @@ impl PartitionPeriods {
             self.dirty.remove(&id);
             self.changed.insert(codec::period_key(&id), None);
         }
-        while let Some(entry) = self.expiring.first_entry() {
-            if *entry.key() > effective {
+        while let Some(entry) = self.ids_by_end.first_entry() {
+            if after(*entry.key(), horizon) > effective {
                 break;
             }
-            let (expires, ids) = entry.remove_entry();
+            forgot = true;
+            let (period_end, ids) = entry.remove_entry();
             let mut forgotten = Vec::new();
             for id in ids {
                 let digest = self.seen.remove(&id);
@@ -952,13 +983,21 @@ impl PartitionPeriods {
                 }
             }
             // Ids remembered since the last commit were never stored.
-            let stored = self.stored_ids.remove(&expires);
+            let stored = self.stored_ids.remove(&period_end);
             for chunk in 0..stored.map_or(0, |stored| stored.chunks) {
-                self.changed.insert(codec::seen_ids_key(expires, chunk), None);
+                self.changed.insert(codec::seen_ids_key(period_end, chunk), None);
             }
             if let Some(journal) = &mut self.journal {
-                journal.log.push(Undo::Purged(expires, forgotten, stored));
+                journal.log.push(Undo::Purged(period_end, forgotten, stored));
             }
+        }
+        // Whatever ends at or before `effective - horizon` may be gone now:
+        // a longer horizon later must not open such a period anew.
+        let line = effective.saturating_sub(horizon).unwrap_or(Timestamp::MIN);
+        if forgot && self.forgotten_through.is_none_or(|through| through < line) {
+            self.forgotten_through = Some(line);
+            let (key, value) = codec::forgotten_through(line);
+            self.changed.insert(key, Some(value));
         }
         Ok(())
     }

@@ -733,3 +733,72 @@ fn facts_past_their_bounds_are_refused_naming_the_bound_and_the_size() {
         Some("refused: a customer may have at most 1024 bytes, this one has 1025")
     );
 }
+
+/// A horizon made longer between runs keeps periods and ids longer from
+/// then on, and never opens a period the partition forgot under the
+/// shorter one: that would be a second FINAL, and its ids counted again.
+#[test]
+fn a_longer_horizon_after_a_restart_never_opens_a_forgotten_period_anew() {
+    let mut store = std::collections::BTreeMap::new();
+    let mut commit = |partition: &mut Partition| {
+        partition.end_transaction();
+        for (key, value) in partition.periods.take_changes() {
+            match value {
+                Some(value) => store.insert(key, value),
+                None => store.remove(&key),
+            };
+        }
+        store.clone()
+    };
+    let short = settings(r#"{"grace": "24h", "horizon": "35d"}"#);
+    let mut partition = Partition::new(short.clone());
+    // November in UTC ends 2026-12-01T00:00Z, December 2027-01-01T00:00Z.
+    assert_eq!(partition.offer(&event("a", "2026-11-10T00:00:00Z", "acme"), "5"), Verdict::Applied);
+    assert_eq!(partition.offer(&event("b", "2026-12-02T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    assert_eq!(partition.emitted(), vec![("final", "2026-11".into(), 5, 1, None)]);
+    // November's end plus 35 days: November is forgotten, December final.
+    assert_eq!(partition.offer(&event("c", "2027-01-05T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    assert_eq!(partition.emitted(), vec![("final", "2026-12".into(), 1, 1, None)]);
+    let entries = commit(&mut partition);
+
+    // The next run has a 60-day horizon: November would be within it.
+    let long = settings(r#"{"grace": "24h", "horizon": "60d"}"#);
+    let mut partition = Partition::new(long.clone());
+    partition.periods = PartitionPeriods::restore(long.clone(), entries).unwrap();
+    let late = reason(partition.offer(&event("d", "2026-11-20T00:00:00Z", "acme"), "7"));
+    assert!(
+        late.starts_with("too_old: its period 2026-11 (UTC) ended at 2026-12-01T00:00:00Z, when this partition's periods may be forgotten already"),
+        "{late}"
+    );
+    assert!(
+        reason(partition.offer(&event("a", "2026-11-10T00:00:00Z", "acme"), "5"))
+            .starts_with("too_old: ")
+    );
+    assert_eq!(partition.emitted(), vec![], "no second FINAL for November");
+
+    // December stays adjustable, and its ids known, for 60 days: past its
+    // end plus 35 days (2027-02-05) a retry of `b` is still a duplicate.
+    assert_eq!(partition.offer(&event("e", "2027-02-10T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    assert_eq!(partition.emitted(), vec![("final", "2027-01".into(), 1, 1, None)]);
+    assert!(
+        reason(partition.offer(&event("b", "2026-12-02T00:00:00Z", "acme"), "1"))
+            .starts_with("duplicate: ")
+    );
+    assert_eq!(partition.offer(&event("f", "2026-12-20T00:00:00Z", "acme"), "2"), Verdict::Applied);
+    partition.end_transaction();
+    assert_eq!(partition.emitted(), vec![("adjustment", "2026-12".into(), 3, 2, Some(1))]);
+    let entries = commit(&mut partition);
+
+    // And so after one more restart, with the 35 days again: December
+    // (ended 2027-01-01, plus 35 days) is forgotten at once, November too.
+    let mut partition = Partition::new(short.clone());
+    partition.periods = PartitionPeriods::restore(short, entries).unwrap();
+    assert!(
+        reason(partition.offer(&event("g", "2026-12-21T00:00:00Z", "acme"), "1"))
+            .starts_with("too_old: ")
+    );
+    assert!(
+        reason(partition.offer(&event("h", "2026-11-21T00:00:00Z", "acme"), "1"))
+            .starts_with("too_old: ")
+    );
+}
