@@ -265,6 +265,8 @@ pub struct PartitionPeriods {
     dirty: BTreeSet<PeriodId>,
     /// Whether the watermark moved since the last `take_changes`.
     watermark_moved: bool,
+    /// Whether `forgotten_through` moved since the last `take_changes`.
+    forgotten_moved: bool,
     /// Other entries changed since the last `take_changes` (deleted
     /// periods, the idle watermark).
     changed: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
@@ -285,6 +287,7 @@ struct Journal {
     idle_through: Option<Timestamp>,
     forgotten_through: Option<Timestamp>,
     watermark_moved: bool,
+    forgotten_moved: bool,
     counts: PeriodCounts,
     dirty: BTreeSet<PeriodId>,
     changed: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
@@ -360,6 +363,7 @@ impl PartitionPeriods {
             stored_ids: BTreeMap::new(),
             dirty: BTreeSet::new(),
             watermark_moved: false,
+            forgotten_moved: false,
             changed: BTreeMap::new(),
             counts: PeriodCounts::default(),
             journal: None,
@@ -711,6 +715,7 @@ impl PartitionPeriods {
             idle_through: self.idle_through,
             forgotten_through: self.forgotten_through,
             watermark_moved: self.watermark_moved,
+            forgotten_moved: self.forgotten_moved,
             counts: self.counts,
             dirty: self.dirty.clone(),
             changed: self.changed.clone(),
@@ -790,6 +795,7 @@ impl PartitionPeriods {
         self.idle_through = journal.idle_through;
         self.forgotten_through = journal.forgotten_through;
         self.watermark_moved = journal.watermark_moved;
+        self.forgotten_moved = journal.forgotten_moved;
         self.counts = journal.counts;
         self.dirty = journal.dirty;
         self.changed = journal.changed;
@@ -873,6 +879,12 @@ impl PartitionPeriods {
             let (key, value) = codec::watermark(watermark);
             self.changed.insert(key, Some(value));
         }
+        if std::mem::take(&mut self.forgotten_moved)
+            && let Some(through) = self.forgotten_through
+        {
+            let (key, value) = codec::forgotten_through(through);
+            self.changed.insert(key, Some(value));
+        }
         for (period_end, ids) in &self.ids_by_end {
             let stored = self.stored_ids.get(period_end).copied().unwrap_or_default();
             if ids.len() <= stored.ids {
@@ -904,6 +916,7 @@ impl PartitionPeriods {
             || self.has_unstored_ids()
             || !self.dirty.is_empty()
             || self.watermark_moved
+            || self.forgotten_moved
             || !self.marked.is_empty()
     }
 
@@ -949,12 +962,10 @@ impl PartitionPeriods {
             self.dirty.insert(id.clone());
             self.closed.insert(id, period);
         }
-        let mut forgot = false;
         while let Some((id, _)) = self.closed.first_key_value() {
             if after(id.0, horizon) > effective {
                 break;
             }
-            forgot = true;
             let id = id.clone();
             self.touch(&id);
             let Some(mut period) = self.closed.remove(&id) else { break };
@@ -973,7 +984,6 @@ impl PartitionPeriods {
             if after(*entry.key(), horizon) > effective {
                 break;
             }
-            forgot = true;
             let (period_end, ids) = entry.remove_entry();
             let mut forgotten = Vec::new();
             for id in ids {
@@ -991,13 +1001,13 @@ impl PartitionPeriods {
                 journal.log.push(Undo::Purged(period_end, forgotten, stored));
             }
         }
-        // Whatever ends at or before `effective - horizon` may be gone now:
-        // a longer horizon later must not open such a period anew.
+        // Whatever ends at or before `effective - horizon` is gone now (or,
+        // in a store from before this line was kept, may be): a longer
+        // horizon later must not open such a period anew.
         let line = effective.saturating_sub(horizon).unwrap_or(Timestamp::MIN);
-        if forgot && self.forgotten_through.is_none_or(|through| through < line) {
+        if self.forgotten_through.is_none_or(|through| through < line) {
             self.forgotten_through = Some(line);
-            let (key, value) = codec::forgotten_through(line);
-            self.changed.insert(key, Some(value));
+            self.forgotten_moved = true;
         }
         Ok(())
     }

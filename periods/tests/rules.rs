@@ -802,3 +802,42 @@ fn a_longer_horizon_after_a_restart_never_opens_a_forgotten_period_anew() {
             .starts_with("too_old: ")
     );
 }
+
+/// A store written before the partition kept how far it may have forgotten
+/// (no `f` entry) gets that line from the first event it takes after the
+/// upgrade: a horizon raised at a later restart then opens nothing anew.
+#[test]
+fn a_store_from_before_the_forgotten_line_gets_it_at_its_next_event() {
+    let short = settings(r#"{"grace": "24h", "horizon": "35d"}"#);
+    let mut partition = Partition::new(short.clone());
+    assert_eq!(partition.offer(&event("a", "2026-11-10T00:00:00Z", "acme"), "5"), Verdict::Applied);
+    assert_eq!(partition.offer(&event("b", "2027-01-05T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    partition.end_transaction();
+    let mut old: BTreeMap<Vec<u8>, Vec<u8>> = partition
+        .periods
+        .take_changes()
+        .into_iter()
+        .filter_map(|(key, value)| Some((key, value?)))
+        .collect();
+    assert_eq!(partition.emitted(), vec![("final", "2026-11".into(), 5, 1, None)]);
+    // As the store was before the line was kept.
+    assert!(old.remove(b"f".as_slice()).is_some(), "the line is committed: {old:?}");
+
+    // The upgraded run, same horizon: its first event keeps the line.
+    let mut partition = Partition::new(short.clone());
+    partition.periods = PartitionPeriods::restore(short, old.clone()).unwrap();
+    assert_eq!(partition.offer(&event("c", "2027-01-06T00:00:00Z", "acme"), "1"), Verdict::Applied);
+    partition.end_transaction();
+    for (key, value) in partition.periods.take_changes() {
+        match value {
+            Some(value) => old.insert(key, value),
+            None => old.remove(&key),
+        };
+    }
+    let long = settings(r#"{"grace": "24h", "horizon": "60d"}"#);
+    let mut partition = Partition::new(long.clone());
+    partition.periods = PartitionPeriods::restore(long, old).unwrap();
+    let late = reason(partition.offer(&event("d", "2026-11-20T00:00:00Z", "acme"), "7"));
+    assert!(late.contains("may be forgotten already"), "{late}");
+    assert_eq!(partition.emitted(), vec![], "no second FINAL for November");
+}

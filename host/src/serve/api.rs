@@ -100,7 +100,7 @@ struct Api {
 /// One tenant's share of the API's turns.
 struct TenantTurns {
     /// Its requests doing work ([`MAX_WORKING_PER_TENANT`]).
-    working: Semaphore,
+    working: Arc<Semaphore>,
     /// Its bodies being read ([`MAX_UPLOADS_PER_TENANT`]).
     uploads: Semaphore,
 }
@@ -116,7 +116,7 @@ impl Api {
                     .keys()
                     .map(|tenant| {
                         let turns = TenantTurns {
-                            working: Semaphore::new(MAX_WORKING_PER_TENANT),
+                            working: Arc::new(Semaphore::new(MAX_WORKING_PER_TENANT)),
                             uploads: Semaphore::new(MAX_UPLOADS_PER_TENANT),
                         };
                         (tenant.clone(), Arc::new(turns))
@@ -129,30 +129,37 @@ impl Api {
 
     /// Runs `work` on the blocking pool, within the bound on working
     /// requests (and on the tenant's, for a tenant's request); a panic in
-    /// it is a 500, not a dead worker.
+    /// it is a 500, not a dead worker. The turns go with the work: a
+    /// request the client or the time limit gave up on keeps them until its
+    /// work ends.
     async fn run<T: Send + 'static>(
         &self,
         tenant: Option<&TenantTurns>,
         work: impl FnOnce(&Arc<Host>) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let _tenant_permit = match tenant {
+        let tenant_permit = match tenant {
             Some(turns) => Some(
                 turns
                     .working
-                    .acquire()
+                    .clone()
+                    .acquire_owned()
                     .await
                     .map_err(|_| ApiError::new(503, "the host is shutting down"))?,
             ),
             None => None,
         };
-        let _permit = self
+        let permit = self
             .working
             .clone()
             .acquire_owned()
             .await
             .map_err(|_| ApiError::new(503, "the host is shutting down"))?;
         let host = self.host.clone();
-        match tokio::task::spawn_blocking(move || work(&host)).await {
+        let work = move || {
+            let _turns = (tenant_permit, permit);
+            work(&host)
+        };
+        match tokio::task::spawn_blocking(work).await {
             Ok(result) => result,
             Err(err) if err.is_panic() => {
                 tracing::error!("an admin request panicked; the API goes on");
