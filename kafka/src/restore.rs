@@ -18,6 +18,7 @@ use super::fetch_wire::{FetchAnswer, PartitionAnswer};
 use super::keys::checkpoint_key;
 use super::leader_fetch::{FetchSettings, LeaderConnection, LeaderError};
 use super::record_batch::{self, BatchError, Batches, ReadCommitted};
+use super::topics::{ADMIN_TIMEOUT, watermarks};
 use tally_core::observe::RestoreProgress;
 use tally_core::state::{BulkLoad, StateError, StateStore};
 
@@ -201,10 +202,8 @@ impl Restorer {
         let mut restoring = Vec::with_capacity(partitions.len());
         for &partition in partitions {
             let checkpoint = read_offset(&*self.store, &checkpoint_key(partition))?.unwrap_or(0);
-            let (low, end) = self
-                .consumer
-                .fetch_watermarks(&self.topic, partition, super::topics::ADMIN_TIMEOUT)
-                .map_err(kafka)?;
+            let (low, end) =
+                watermarks(self.consumer.client(), &self.topic, partition).map_err(kafka)?;
             let next = checkpoint.max(low);
             if next < end {
                 restoring.push(Restoring {
@@ -442,9 +441,9 @@ impl Restorer {
         settings: &FetchSettings,
     ) -> Result<Vec<Leader>, Interrupted> {
         let metadata =
-            self.consumer.fetch_metadata(Some(&self.topic), super::topics::ADMIN_TIMEOUT).map_err(
-                |err| Interrupted::Retry(format!("asking the cluster's metadata failed: {err}")),
-            )?;
+            self.consumer.fetch_metadata(Some(&self.topic), ADMIN_TIMEOUT).map_err(|err| {
+                Interrupted::Retry(format!("asking the cluster's metadata failed: {err}"))
+            })?;
         let topic = metadata.topics().iter().find(|topic| topic.name() == self.topic);
         let mut leaders: Vec<Leader> = Vec::new();
         for (slot, partition) in

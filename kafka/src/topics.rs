@@ -17,6 +17,15 @@ use tally_core::settings::JobSettings;
 /// How long metadata and admin requests may take.
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest a topic just created may take to show every partition with a
+/// leader, and longest a client waits for its metadata to learn a
+/// partition it does not know yet, before the failure is reported.
+pub const METADATA_WAIT: Duration = Duration::from_secs(15);
+/// Pause between two metadata requests while waiting for it.
+const METADATA_RETRY: Duration = Duration::from_millis(100);
+/// Longest one refresh of a topic's metadata waits for its leaders.
+const METADATA_REFRESH_WAIT: Duration = Duration::from_millis(500);
+
 /// librdkafka properties Tally sets itself: the guarantee depends on them,
 /// so a job's `client` table may not change them.
 pub const OWNED_PROPERTIES: &[&str] = &[
@@ -396,16 +405,90 @@ fn prepare_with(
         let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
         let results = futures_executor::block_on(admin.create_topics(&to_create, &options))
             .map_err(|err| setup(SetupError::CreateTopics(err)))?;
+        let mut created = Vec::new();
         for result in results {
             match result {
-                Ok(topic) => tracing::info!(job = %job.name, %topic, partitions, "created topic"),
+                Ok(topic) => {
+                    tracing::info!(job = %job.name, %topic, partitions, "created topic");
+                    created.push(topic);
+                }
                 // Another process of the job created it first.
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((topic, code)) => return Err(setup(SetupError::CreateTopic { topic, code })),
             }
         }
+        // A topic is usable once its partitions have leaders: a client
+        // that asks about it earlier can cache it without them and fail
+        // on it until its next metadata refresh (minutes).
+        for topic in &created {
+            if !wait_for_leaders(admin.inner(), topic, METADATA_WAIT) {
+                tracing::warn!(job = %job.name, %topic, wait_s = METADATA_WAIT.as_secs(), "created topic has partitions without a leader yet; starting anyway");
+            }
+        }
     }
     Ok(TopicLayout { partitions, changelog, watermarks })
+}
+
+/// Whether `topic`'s metadata, asked of the cluster (not the client's
+/// cache) until `limit` is up, shows it with partitions that all have a
+/// leader.
+fn wait_for_leaders<C: ClientContext>(client: &Client<C>, topic: &str, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let ready = client.fetch_metadata(Some(topic), limit).is_ok_and(|metadata| {
+            metadata.topics().iter().any(|found| {
+                found.name() == topic
+                    && found.error().is_none()
+                    && !found.partitions().is_empty()
+                    && found
+                        .partitions()
+                        .iter()
+                        .all(|partition| partition.error().is_none() && partition.leader() >= 0)
+            })
+        });
+        if ready || Instant::now() >= deadline {
+            return ready;
+        }
+        std::thread::sleep(METADATA_RETRY);
+    }
+}
+
+/// The low and high watermarks of `topic`'s partition `partition`, asked of
+/// its leader through `client`. A partition the client's cached metadata
+/// does not know (a topic just created, a leader just moved) is asked
+/// again after fresh metadata, for up to [`METADATA_WAIT`]: the cache alone
+/// would fail every session until its next refresh, minutes later.
+pub(crate) fn watermarks<C: ClientContext>(
+    client: &Client<C>,
+    topic: &str,
+    partition: i32,
+) -> Result<(i64, i64), rdkafka::error::KafkaError> {
+    let deadline = Instant::now() + METADATA_WAIT;
+    loop {
+        match client.fetch_watermarks(topic, partition, ADMIN_TIMEOUT) {
+            Err(err) if stale_metadata(&err) && Instant::now() < deadline => {
+                tracing::debug!(%topic, partition, error = %err, "partition unknown to the cached metadata; asking again");
+                wait_for_leaders(client, topic, METADATA_REFRESH_WAIT);
+            }
+            answer => return answer,
+        }
+    }
+}
+
+/// Whether `err` says the client's metadata does not know a partition's
+/// leader (yet): the topic was just created, or its leader just moved.
+/// Asking the cluster for fresh metadata and trying again fixes it.
+fn stale_metadata(err: &rdkafka::error::KafkaError) -> bool {
+    matches!(
+        err.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::UnknownPartition
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NotLeaderForPartition
+        )
+    )
 }
 
 /// Partition counts of every topic the cluster has.

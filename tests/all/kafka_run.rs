@@ -581,3 +581,69 @@ fn a_job_that_commits_when_caught_up_commits_each_trickle_long_before_its_interv
     drop(tally);
     run_until_caught_up_exactly_once(&job, &job_file, &lines, &placed);
 }
+
+#[test]
+fn jobs_on_topics_they_create_start_without_a_failed_session_and_count_once() {
+    // A changelog asked about before its partitions had leaders was cached
+    // without them, and every session failed on it until the client's next
+    // metadata refresh (minutes). Several jobs starting at once, each
+    // creating its own topics, make that race likely on a busy broker.
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let input = unique("create-own-usage");
+    let partitions = 8;
+    create_topic(&input, partitions);
+    let lines = usage_lines(29, 4_000, 10);
+    let placed = produce_usage(&input, &lines, partitions);
+    let jobs: Vec<KafkaBillingJob> = (0..3)
+        .map(|_| {
+            let name = unique("create-own");
+            KafkaBillingJob {
+                input: input.clone(),
+                totals: format!("{name}-totals"),
+                dead_letters: format!("{name}-dead-letters"),
+                name,
+                partitions,
+                owns_input: false,
+            }
+        })
+        .collect();
+    let runs: Vec<_> = jobs
+        .iter()
+        .enumerate()
+        .map(|(number, job)| {
+            let state = dir.path().join(format!("state-{number}"));
+            let file = job.write_job_file_with_kafka(
+                dir.path(),
+                USAGE_BILLING,
+                &state,
+                "",
+                "create_topics = true",
+                "",
+            );
+            Command::new(tally_binary())
+                .args(["run", "--until-caught-up"])
+                .arg(file)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (job, run) in jobs.iter().zip(runs) {
+        let output = run.wait_with_output().unwrap();
+        let log = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{} failed: {log}", job.name);
+        assert!(
+            !log.contains("session failed"),
+            "{}'s session failed on its new topics: {log}",
+            job.name
+        );
+        let totals = read_topic(&job.totals, true);
+        let dead = read_topic(&job.dead_letters, true);
+        let verdict = check(&input, &lines, &placed, &totals, &dead);
+        assert_eq!((verdict.missing, verdict.doubled), (0, 0), "{}", job.name);
+        assert_eq!(verdict.totals, expected_totals(&lines), "{}", job.name);
+    }
+    delete_topics(&[&input]);
+}
