@@ -202,8 +202,7 @@ impl Restorer {
         let mut restoring = Vec::with_capacity(partitions.len());
         for &partition in partitions {
             let checkpoint = read_offset(&*self.store, &checkpoint_key(partition))?.unwrap_or(0);
-            let (low, end) =
-                watermarks(self.consumer.client(), &self.topic, partition).map_err(kafka)?;
+            let (low, end) = watermarks(&self.consumer, &self.topic, partition).map_err(kafka)?;
             let next = checkpoint.max(low);
             if next < end {
                 restoring.push(Restoring {

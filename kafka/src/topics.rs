@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{Client, DefaultClientContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext};
 
@@ -412,16 +413,19 @@ fn prepare_with(
                     tracing::info!(job = %job.name, %topic, partitions, "created topic");
                     created.push(topic);
                 }
-                // Another process of the job created it first.
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                // Another process of the job created it first (moments ago,
+                // perhaps: it is waited for too).
+                Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => created.push(topic),
                 Err((topic, code)) => return Err(setup(SetupError::CreateTopic { topic, code })),
             }
         }
         // A topic is usable once its partitions have leaders: a client
         // that asks about it earlier can cache it without them and fail
-        // on it until its next metadata refresh (minutes).
+        // on it until its next metadata refresh (minutes). The topics
+        // exist now, so asking about them creates nothing.
+        let deadline = Instant::now() + METADATA_WAIT;
         for topic in &created {
-            if !wait_for_leaders(admin.inner(), topic, METADATA_WAIT) {
+            if !wait_for_leaders(admin.inner(), topic, deadline) {
                 tracing::warn!(job = %job.name, %topic, wait_s = METADATA_WAIT.as_secs(), "created topic has partitions without a leader yet; starting anyway");
             }
         }
@@ -430,45 +434,68 @@ fn prepare_with(
 }
 
 /// Whether `topic`'s metadata, asked of the cluster (not the client's
-/// cache) until `limit` is up, shows it with partitions that all have a
-/// leader.
-fn wait_for_leaders<C: ClientContext>(client: &Client<C>, topic: &str, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
+/// cache) until `deadline`, shows it with partitions that all have a
+/// leader. The topic must exist, or `client` be a consumer: a producer's
+/// metadata request may have the broker create a topic it asks about.
+fn wait_for_leaders<C: ClientContext>(client: &Client<C>, topic: &str, deadline: Instant) -> bool {
     loop {
-        let ready = client.fetch_metadata(Some(topic), limit).is_ok_and(|metadata| {
-            metadata.topics().iter().any(|found| {
-                found.name() == topic
-                    && found.error().is_none()
-                    && !found.partitions().is_empty()
-                    && found
-                        .partitions()
-                        .iter()
-                        .all(|partition| partition.error().is_none() && partition.leader() >= 0)
-            })
-        });
-        if ready || Instant::now() >= deadline {
-            return ready;
+        let left = deadline.saturating_duration_since(Instant::now()).max(METADATA_RETRY);
+        if topic_metadata(client, topic, left).is_some_and(|(leaders, count)| leaders == count) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
         }
         std::thread::sleep(METADATA_RETRY);
     }
 }
 
-/// The low and high watermarks of `topic`'s partition `partition`, asked of
-/// its leader through `client`. A partition the client's cached metadata
-/// does not know (a topic just created, a leader just moved) is asked
-/// again after fresh metadata, for up to [`METADATA_WAIT`]: the cache alone
-/// would fail every session until its next refresh, minutes later.
-pub(crate) fn watermarks<C: ClientContext>(
+/// `topic`'s partitions with a leader and its partition count, asked of
+/// the cluster within `timeout`; `None` if the answer did not come or
+/// does not show the topic (yet).
+fn topic_metadata<C: ClientContext>(
     client: &Client<C>,
+    topic: &str,
+    timeout: Duration,
+) -> Option<(usize, usize)> {
+    let metadata = client.fetch_metadata(Some(topic), timeout).ok()?;
+    let found = metadata.topics().iter().find(|found| found.name() == topic)?;
+    if found.error().is_some() || found.partitions().is_empty() {
+        return None;
+    }
+    let partitions = found.partitions();
+    let leaders = partitions
+        .iter()
+        .filter(|partition| partition.error().is_none() && partition.leader() >= 0)
+        .count();
+    Some((leaders, partitions.len()))
+}
+
+/// The low and high watermarks of `topic`'s partition `partition`, asked of
+/// its leader through `consumer`. A partition the consumer's cached
+/// metadata does not know (a topic just created, a leader just moved) is
+/// asked again after fresh metadata, every [`METADATA_RETRY`] for up to
+/// [`METADATA_WAIT`]: the cache alone would fail every session until its
+/// next refresh, minutes later. A partition the fresh metadata shows the
+/// topic does not have fails at once. (A consumer: its metadata requests
+/// never have the broker create a topic.)
+pub(crate) fn watermarks<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
     topic: &str,
     partition: i32,
 ) -> Result<(i64, i64), rdkafka::error::KafkaError> {
+    let client = consumer.client();
     let deadline = Instant::now() + METADATA_WAIT;
     loop {
         match client.fetch_watermarks(topic, partition, ADMIN_TIMEOUT) {
             Err(err) if stale_metadata(&err) && Instant::now() < deadline => {
                 tracing::debug!(%topic, partition, error = %err, "partition unknown to the cached metadata; asking again");
-                wait_for_leaders(client, topic, METADATA_REFRESH_WAIT);
+                std::thread::sleep(METADATA_RETRY);
+                if let Some((_, count)) = topic_metadata(client, topic, METADATA_REFRESH_WAIT)
+                    && partition as usize >= count
+                {
+                    return Err(err);
+                }
             }
             answer => return answer,
         }

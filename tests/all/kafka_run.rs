@@ -596,7 +596,7 @@ fn jobs_on_topics_they_create_start_without_a_failed_session_and_count_once() {
     let lines = usage_lines(29, 4_000, 10);
     let placed = produce_usage(&input, &lines, partitions);
     let jobs: Vec<KafkaBillingJob> = (0..3)
-        .map(|_| {
+        .map(|number| {
             let name = unique("create-own");
             KafkaBillingJob {
                 input: input.clone(),
@@ -604,11 +604,20 @@ fn jobs_on_topics_they_create_start_without_a_failed_session_and_count_once() {
                 dead_letters: format!("{name}-dead-letters"),
                 name,
                 partitions,
-                owns_input: false,
+                // The first job deletes the shared input when dropped.
+                owns_input: number == 0,
             }
         })
         .collect();
-    let runs: Vec<_> = jobs
+    /// Killed when dropped: a failed check leaves no job running.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let runs: Vec<(Killed, std::path::PathBuf)> = jobs
         .iter()
         .enumerate()
         .map(|(number, job)| {
@@ -621,22 +630,43 @@ fn jobs_on_topics_they_create_start_without_a_failed_session_and_count_once() {
                 "create_topics = true",
                 "",
             );
-            Command::new(tally_binary())
+            let log = dir.path().join(format!("job-{number}.log"));
+            let child = Command::new(tally_binary())
                 .args(["run", "--until-caught-up"])
                 .arg(file)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
+                .env("RUST_LOG", "warn")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
                 .spawn()
-                .unwrap()
+                .unwrap();
+            (Killed(child), log)
         })
         .collect();
-    for (job, run) in jobs.iter().zip(runs) {
-        let output = run.wait_with_output().unwrap();
-        let log = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{} failed: {log}", job.name);
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    for (job, (mut run, log)) in jobs.iter().zip(runs) {
+        let status = loop {
+            if let Some(status) = run.0.try_wait().unwrap() {
+                break status;
+            }
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} still runs after 180 s: {log}",
+                job.name
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let log = std::fs::read_to_string(&log).unwrap();
+        assert!(status.success(), "{} failed: {log}", job.name);
+        let metadata_failures: Vec<&str> = log
+            .lines()
+            .filter(|line| {
+                line.contains("session failed") && line.contains("Meta data fetch error")
+            })
+            .collect();
         assert!(
-            !log.contains("session failed"),
-            "{}'s session failed on its new topics: {log}",
+            metadata_failures.is_empty(),
+            "{}'s sessions failed on its new topics' metadata: {metadata_failures:#?}",
             job.name
         );
         let totals = read_topic(&job.totals, true);
@@ -645,5 +675,4 @@ fn jobs_on_topics_they_create_start_without_a_failed_session_and_count_once() {
         assert_eq!((verdict.missing, verdict.doubled), (0, 0), "{}", job.name);
         assert_eq!(verdict.totals, expected_totals(&lines), "{}", job.name);
     }
-    delete_topics(&[&input]);
 }

@@ -390,15 +390,18 @@ impl UpdaterParts {
             let Some(checkpoint) = checkpoint.filter(|&checkpoint| checkpoint > 0) else {
                 continue;
             };
-            let (_, end) =
-                crate::topics::watermarks(self.owner.producer().client(), changelog, partition)
-                    .map_err(|err| {
-                        SessionError::from(Restart::ChangelogEnd {
-                            changelog: changelog.to_string(),
-                            partition,
-                            source: err,
-                        })
-                    })?;
+            let (_, end) = self
+                .owner
+                .producer()
+                .client()
+                .fetch_watermarks(changelog, partition, KAFKA_TIMEOUT)
+                .map_err(|err| {
+                    SessionError::from(Restart::ChangelogEnd {
+                        changelog: changelog.to_string(),
+                        partition,
+                        source: err,
+                    })
+                })?;
             if checkpoint > end {
                 return Err(SessionError::Fatal(KafkaJobError::Setup {
                     job: self.job.clone(),
