@@ -21,7 +21,7 @@ pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest a topic just created may take to show every partition with a
 /// leader, and longest a client waits for its metadata to learn a
 /// partition it does not know yet, before the failure is reported.
-pub const METADATA_WAIT: Duration = Duration::from_secs(15);
+const METADATA_WAIT: Duration = Duration::from_secs(15);
 /// Pause between two metadata requests while waiting for it.
 const METADATA_RETRY: Duration = Duration::from_millis(100);
 /// Longest one refresh of a topic's metadata waits for its leaders.
